@@ -1,0 +1,505 @@
+"""The local AI factory: a real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler), kwok simulating NVL72 racks of GPU nodes, and Prometheus, all on loopback.
+
+One run directory holds everything: certificates, kubeconfig, an env file to source, each component's
+log and a state file with PIDs and ports. `up` is idempotent (a healthy factory is left alone, a
+crashed one is cleaned up first), `down` stops every process by its PID.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import ssl
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tokenfab_factory import process
+from tokenfab_factory.pki import Pki, make_pki
+from tokenfab_factory.racks import FACTORY_LABEL, SYSTEMS, rack_nodes
+
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "prometheus")
+PORT_OFFSETS = {
+    "etcd": 0,
+    "etcd-peer": 1,
+    "kube-apiserver": 2,
+    "kube-controller-manager": 3,
+    "kube-scheduler": 4,
+    "kwok": 5,
+    "prometheus": 6,
+}
+KWOK_STAGES = (
+    "node/fast/node-initialize.yaml",
+    "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+    "pod/fast/pod-ready.yaml",
+    "pod/fast/pod-delete.yaml",
+)
+NODE_LEASE_SECONDS = 40
+
+
+class FactoryError(RuntimeError):
+    """Something the user must act on; the message says what."""
+
+
+def default_run_dir() -> Path:
+    env = os.environ.get("TOKENFAB_FACTORY_DIR")
+    if env:
+        return Path(env)
+    return Path.home() / ".cache" / "tokenfab" / "factory"
+
+
+def default_bin_dir() -> Path:
+    env = os.environ.get("TOKENFAB_BIN")
+    if env:
+        return Path(env)
+    return Path.home() / ".cache" / "tokenfab" / "bin" / "current"
+
+
+@dataclass
+class FactoryConfig:
+    """What to bring up, and where."""
+
+    run_dir: Path = field(default_factory=default_run_dir)
+    racks: int = 4
+    gpu: str = "gb200"
+    port_base: int = 31000
+    bin_dir: Path = field(default_factory=default_bin_dir)
+    scrape_interval: str = "2s"
+
+    def port(self, component: str) -> int:
+        return self.port_base + PORT_OFFSETS[component]
+
+    @property
+    def name(self) -> str:
+        return self.run_dir.name
+
+
+@dataclass
+class State:
+    """What `up` started: persisted in the run directory so `down` and `status` work from any shell."""
+
+    racks: int
+    gpu: str
+    port_base: int
+    pids: dict[str, int] = field(default_factory=dict)
+    started: float = 0.0
+    ready_seconds: float | None = None
+
+
+@dataclass
+class ComponentStatus:
+    name: str
+    pid: int | None
+    running: bool
+    healthy: bool
+    detail: str
+    rss_bytes: int = 0
+
+
+class Factory:
+    """Control of one factory run directory."""
+
+    def __init__(self, config: FactoryConfig, say: Callable[[str], None] = print) -> None:
+        self.config = config
+        self.run = config.run_dir
+        self.say = say
+        self.pki = Pki(self.run / "pki")
+
+    # ------------------------------------------------------------------ paths
+    @property
+    def kubeconfig(self) -> Path:
+        return self.run / "kubeconfig"
+
+    @property
+    def env_file(self) -> Path:
+        return self.run / "env"
+
+    @property
+    def state_file(self) -> Path:
+        return self.run / "state.json"
+
+    @property
+    def file_sd_dir(self) -> Path:
+        """Drop Prometheus file_sd target files (*.json) here; they are picked up within seconds."""
+        return self.run / "prometheus" / "file_sd"
+
+    @property
+    def prometheus_url(self) -> str:
+        return f"http://127.0.0.1:{self.config.port('prometheus')}"
+
+    @property
+    def apiserver_url(self) -> str:
+        return f"https://127.0.0.1:{self.config.port('kube-apiserver')}"
+
+    def log(self, component: str) -> Path:
+        return self.run / "logs" / f"{component}.log"
+
+    def binary(self, name: str) -> str:
+        if name == "prometheus":
+            found = shutil.which("prometheus")
+            if not found:
+                raise FactoryError("prometheus not found: install Debian's package (apt-get install prometheus)")
+            return found
+        path = self.config.bin_dir / name
+        if not path.exists():
+            raise FactoryError(f"{path} missing: build the toolchain with e2e/toolchain/build.sh")
+        return str(path)
+
+    # ------------------------------------------------------------------ state
+    def read_state(self) -> State | None:
+        try:
+            return State(**json.loads(self.state_file.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def write_state(self, state: State) -> None:
+        self.state_file.write_text(json.dumps(asdict(state), indent=2))
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """One `up`/`down` at a time per run directory."""
+        self.run.mkdir(parents=True, exist_ok=True)
+        with (self.run / "lock").open("w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise FactoryError(f"another `tokenfab factory` command is working on {self.run}") from None
+            yield
+
+    # ------------------------------------------------------------------ up
+    def up(self, timeout: float = 600.0) -> State:
+        """Bring the factory up (or confirm it is up). Returns the state with PIDs and ready time."""
+        with self.locked():
+            existing = self.read_state()
+            if existing is not None:
+                statuses = self.component_status(existing)
+                if all(s.running and s.healthy for s in statuses):
+                    if existing.racks != self.config.racks or existing.gpu != self.config.gpu:
+                        raise FactoryError(
+                            f"a factory with {existing.racks} {existing.gpu} racks already runs in {self.run}: "
+                            "run `tokenfab factory down` first to change its size"
+                        )
+                    self.say(f"factory already running in {self.run}; nothing to do")
+                    return existing
+                dead = [s.name for s in statuses if not s.running]
+                self.say(
+                    f"found a stale factory in {self.run} (not running: {', '.join(dead) or 'none'}; "
+                    "left by a crash or a reboot): stopping what is left of it and starting fresh"
+                )
+                self._stop_all(existing)
+            self._check_ports()
+            return self._start(timeout)
+
+    def _check_ports(self) -> None:
+        busy = []
+        for comp in PORT_OFFSETS:
+            port = self.config.port(comp)
+            if not process.port_free(port):
+                owner = process.port_owner(port)
+                who = f"pid {owner} ({process.cmdline(owner)[:80]})" if owner else "an unknown process"
+                busy.append(f"{port} ({comp}) is held by {who}")
+        if busy:
+            raise FactoryError(
+                "ports in use: " + "; ".join(busy) + ". Stop that process, or choose other ports with "
+                "--port-base (each factory uses 7 consecutive ports)."
+            )
+
+    def _start(self, timeout: float) -> State:
+        t0 = time.monotonic()
+        cfg = self.config
+        for sub in ("etcd", "prometheus/data"):
+            shutil.rmtree(self.run / sub, ignore_errors=True)
+        (self.run / "logs").mkdir(parents=True, exist_ok=True)
+        self.file_sd_dir.mkdir(parents=True, exist_ok=True)
+        make_pki(self.run / "pki")
+        self._write_kubeconfig()
+        self._write_kwok_config()
+        self._write_prometheus_config()
+        state = State(racks=cfg.racks, gpu=cfg.gpu, port_base=cfg.port_base, started=time.time())
+        self.write_state(state)
+        deadline = t0 + timeout
+        try:
+            for comp in COMPONENTS:
+                state.pids[comp] = process.start(self._argv(comp), self.log(comp))
+                self.write_state(state)
+                if comp in ("etcd", "kube-apiserver"):
+                    self._wait(comp, state, deadline)
+            self._create_nodes()
+            for comp in COMPONENTS:
+                self._wait(comp, state, deadline)
+            self._wait_nodes_ready(state, deadline)
+            self._wait_default_service_account(state, deadline)
+        except BaseException:
+            self.say("factory failed to start; stopping what was started (logs kept in "
+                     f"{self.run / 'logs'})")
+            self._stop_all(state)
+            raise
+        state.ready_seconds = round(time.monotonic() - t0, 2)
+        self.write_state(state)
+        self._write_env()
+        return state
+
+    def _argv(self, comp: str) -> list[str]:
+        cfg, pki, run = self.config, self.pki, self.run
+        kc = str(self.kubeconfig)
+        if comp == "etcd":
+            client, peer = f"http://127.0.0.1:{cfg.port('etcd')}", f"http://127.0.0.1:{cfg.port('etcd-peer')}"
+            return [self.binary("etcd"), "--name=tokenfab", f"--data-dir={run / 'etcd'}",
+                    f"--listen-client-urls={client}", f"--advertise-client-urls={client}",
+                    f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
+                    f"--initial-cluster=tokenfab={peer}", "--unsafe-no-fsync=true",
+                    "--quota-backend-bytes=8589934592", "--log-level=warn"]
+        if comp == "kube-apiserver":
+            return [self.binary("kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{cfg.port('etcd')}",
+                    "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+                    f"--secure-port={cfg.port('kube-apiserver')}",
+                    f"--tls-cert-file={pki.server_crt}", f"--tls-private-key-file={pki.server_key}",
+                    f"--client-ca-file={pki.ca_crt}",
+                    "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                    f"--service-account-key-file={pki.sa_pub}",
+                    f"--service-account-signing-key-file={pki.sa_key}",
+                    "--service-cluster-ip-range=10.96.0.0/16", "--authorization-mode=Node,RBAC",
+                    "--allow-privileged=true", "--endpoint-reconciler-type=none", "--profiling=false",
+                    "--event-ttl=2h"]
+        if comp in ("kube-controller-manager", "kube-scheduler"):
+            argv = [self.binary(comp), f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}",
+                    f"--authorization-kubeconfig={kc}", "--bind-address=127.0.0.1",
+                    f"--secure-port={cfg.port(comp)}", "--leader-elect=false", "--profiling=false"]
+            if comp == "kube-controller-manager":
+                argv += [f"--root-ca-file={pki.ca_crt}", f"--service-account-private-key-file={pki.sa_key}",
+                         "--use-service-account-credentials=true", "--node-monitor-grace-period=50s",
+                         "--concurrent-gc-syncs=10", "--kube-api-qps=200", "--kube-api-burst=400"]
+            else:
+                argv += ["--kube-api-qps=200", "--kube-api-burst=400"]
+            return argv
+        if comp == "kwok":
+            return [self.binary("kwok"), f"--kubeconfig={kc}", f"--config={run / 'kwok.yaml'}",
+                    "--manage-all-nodes=false", f"--manage-nodes-with-label-selector={FACTORY_LABEL}",
+                    "--cidr=127.64.0.0/16", "--node-ip=127.0.0.1",
+                    f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}",
+                    f"--server-address=127.0.0.1:{cfg.port('kwok')}"]
+        if comp == "prometheus":
+            return [self.binary("prometheus"), f"--config.file={run / 'prometheus' / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={run / 'prometheus' / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{cfg.port('prometheus')}",
+                    "--storage.tsdb.retention.time=1d", "--web.enable-lifecycle"]
+        raise ValueError(comp)
+
+    def _write_kubeconfig(self) -> None:
+        kubeconfig = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "tokenfab", "cluster": {"server": self.apiserver_url,
+                                                          "certificate-authority": str(self.pki.ca_crt)}}],
+            "users": [{"name": "admin", "user": {"client-certificate": str(self.pki.admin_crt),
+                                                 "client-key": str(self.pki.admin_key)}}],
+            "contexts": [{"name": "tokenfab", "context": {"cluster": "tokenfab", "user": "admin",
+                                                          "namespace": "default"}}],
+            "current-context": "tokenfab",
+        }
+        self.kubeconfig.write_text(yaml.safe_dump(kubeconfig, sort_keys=False))
+        self.kubeconfig.chmod(0o600)
+
+    def _write_kwok_config(self) -> None:
+        stage_dir = self.config.bin_dir / "kwok-stage"
+        docs = [(stage_dir / s).read_text() for s in KWOK_STAGES]
+        (self.run / "kwok.yaml").write_text("\n---\n".join(docs))
+
+    def _write_prometheus_config(self) -> None:
+        pki = self.pki
+        config = {
+            "global": {"scrape_interval": self.config.scrape_interval,
+                       "evaluation_interval": self.config.scrape_interval},
+            "scrape_configs": [
+                {"job_name": "kube-apiserver", "scheme": "https",
+                 "tls_config": {"ca_file": str(pki.ca_crt), "cert_file": str(pki.admin_crt),
+                                "key_file": str(pki.admin_key)},
+                 "scrape_interval": "15s",
+                 "static_configs": [{"targets": [f"127.0.0.1:{self.config.port('kube-apiserver')}"]}]},
+                {"job_name": "tokenfab", "file_sd_configs": [
+                    {"files": [str(self.file_sd_dir / "*.json")], "refresh_interval": "2s"}]},
+            ],
+        }
+        path = self.run / "prometheus" / "prometheus.yml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+
+    def _write_env(self) -> None:
+        lines = [
+            "# Source this file to use the local AI factory: `source " + str(self.env_file) + "`",
+            f"export KUBECONFIG={self.kubeconfig}",
+            f"export PATH={self.config.bin_dir}:$PATH",
+            f"export TOKENFAB_FACTORY_DIR={self.run}",
+            f"export TOKENFAB_PROMETHEUS_URL={self.prometheus_url}",
+            f"export TOKENFAB_FILE_SD_DIR={self.file_sd_dir}",
+        ]
+        self.env_file.write_text("\n".join(lines) + "\n")
+
+    # ------------------------------------------------------------------ health
+    def _https(self, url: str, client_cert: bool) -> tuple[int, str]:
+        ctx = ssl.create_default_context(cafile=str(self.pki.ca_crt)) if client_cert else ssl._create_unverified_context()
+        if client_cert:
+            ctx.load_cert_chain(str(self.pki.admin_crt), str(self.pki.admin_key))
+        return _get(url, ctx)
+
+    def health(self, comp: str) -> tuple[bool, str]:
+        cfg = self.config
+        try:
+            if comp == "etcd":
+                code, body = _get(f"http://127.0.0.1:{cfg.port('etcd')}/health")
+                return code == 200 and '"health":"true"' in body.replace(" ", ""), body.strip()[:80]
+            if comp == "kube-apiserver":
+                code, body = self._https(f"{self.apiserver_url}/readyz", client_cert=True)
+            elif comp in ("kube-controller-manager", "kube-scheduler"):
+                code, body = self._https(f"https://127.0.0.1:{cfg.port(comp)}/healthz", client_cert=False)
+            elif comp == "kwok":
+                code, body = _get(f"http://127.0.0.1:{cfg.port('kwok')}/healthz")
+            elif comp == "prometheus":
+                code, body = _get(f"{self.prometheus_url}/-/ready")
+            else:
+                raise ValueError(comp)
+        except (OSError, ssl.SSLError) as exc:
+            return False, f"not answering: {exc}"[:120]
+        return code == 200, f"HTTP {code} {body.strip()[:60]}"
+
+    def _wait(self, comp: str, state: State, deadline: float) -> None:
+        pid = state.pids[comp]
+        while True:
+            if not process.alive(pid):
+                raise FactoryError(f"{comp} exited during start-up; last lines of {self.log(comp)}:\n"
+                                   + process.tail(self.log(comp)))
+            ok, detail = self.health(comp)
+            if ok:
+                return
+            if time.monotonic() > deadline:
+                raise FactoryError(f"{comp} not healthy in time ({detail}); see {self.log(comp)}")
+            time.sleep(0.25)
+
+    def component_status(self, state: State | None = None) -> list[ComponentStatus]:
+        state = state or self.read_state()
+        out = []
+        for comp in COMPONENTS:
+            pid = state.pids.get(comp) if state else None
+            running = pid is not None and process.alive(pid, _expect(comp))
+            healthy, detail = self.health(comp) if running else (False, "not running")
+            out.append(ComponentStatus(comp, pid, running, healthy, detail,
+                                       process.rss_bytes(pid) if pid and running else 0))
+        return out
+
+    # ------------------------------------------------------------------ nodes
+    def api(self) -> Any:
+        """An official kubernetes-client ApiClient for this factory (admin)."""
+        from kubernetes import client, config
+
+        return config.new_client_from_config(str(self.kubeconfig))
+
+    def _create_nodes(self) -> None:
+        from kubernetes import client
+
+        system = SYSTEMS[self.config.gpu]
+        nodes = rack_nodes(system, self.config.racks, self.config.name)
+        api = self.api()
+        core = client.CoreV1Api(api)
+
+        def create(node: dict[str, Any]) -> None:
+            core.create_node(node)
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(create, nodes))
+        api.close()
+
+    def node_counts(self) -> tuple[int, int]:
+        """(Ready nodes, all nodes) of this factory."""
+        from kubernetes import client
+
+        api = self.api()
+        try:
+            nodes = client.CoreV1Api(api).list_node(label_selector=FACTORY_LABEL).items
+        finally:
+            api.close()
+        ready = sum(
+            1 for n in nodes
+            if any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))
+        )
+        return ready, len(nodes)
+
+    def _wait_nodes_ready(self, state: State, deadline: float) -> None:
+        want = self.config.racks * 18
+        while True:
+            ready, total = self.node_counts()
+            if ready >= want:
+                return
+            for comp in COMPONENTS:
+                if not process.alive(state.pids[comp]):
+                    raise FactoryError(f"{comp} died; see {self.log(comp)}:\n" + process.tail(self.log(comp)))
+            if time.monotonic() > deadline:
+                raise FactoryError(f"only {ready}/{want} nodes Ready in time; see {self.log('kwok')}")
+            time.sleep(0.5)
+
+    def _wait_default_service_account(self, state: State, deadline: float) -> None:
+        from kubernetes import client
+        from kubernetes.client.rest import ApiException
+
+        api = self.api()
+        try:
+            core = client.CoreV1Api(api)
+            while True:
+                try:
+                    core.read_namespaced_service_account("default", "default")
+                    return
+                except ApiException as exc:
+                    if exc.status != 404:
+                        raise
+                if time.monotonic() > deadline:
+                    raise FactoryError("the default ServiceAccount never appeared; see "
+                                       f"{self.log('kube-controller-manager')}")
+                time.sleep(0.25)
+        finally:
+            api.close()
+
+    # ------------------------------------------------------------------ down
+    def _stop_all(self, state: State) -> list[str]:
+        stopped = []
+        for comp in reversed(COMPONENTS):
+            pid = state.pids.get(comp)
+            if pid and process.stop(pid, _expect(comp)):
+                stopped.append(comp)
+        with contextlib.suppress(FileNotFoundError):
+            self.state_file.unlink()
+        return stopped
+
+    def down(self, purge: bool = False) -> list[str]:
+        """Stop every component by PID. Logs stay for diagnosis unless `purge`."""
+        with self.locked():
+            state = self.read_state()
+            stopped = self._stop_all(state) if state else []
+            for sub in ("etcd", "prometheus/data"):
+                shutil.rmtree(self.run / sub, ignore_errors=True)
+            with contextlib.suppress(FileNotFoundError):
+                self.env_file.unlink()
+        if purge:
+            shutil.rmtree(self.run, ignore_errors=True)
+        return stopped
+
+
+def _expect(comp: str) -> str:
+    return "prometheus" if comp == "prometheus" else comp
+
+
+def _get(url: str, ctx: ssl.SSLContext | None = None) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=3, context=ctx) as resp:
+            return int(resp.status), resp.read(2000).decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read(2000).decode(errors="replace")

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs what the quick start and the test suite need, on a fresh machine or a warm one:
+#   - Debian packages: prometheus, openssl (apt-get, once);
+#   - the Python virtualenv .venv with tokenfab and its dev tools (pip, re-run when pyproject changes);
+#   - the local AI factory's binaries, built from Go modules and cached in ~/.cache/tokenfab
+#     (the first build takes roughly 20-40 minutes on 2 cores; later runs take a second).
+# Source it: it exports TOKENFAB_BIN (the binaries) and puts .venv/bin and TOKENFAB_BIN on PATH.
+set -euo pipefail
+
+TOKENFAB_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+export TOKENFAB_ROOT
+say() { printf '[tokenfab] %s\n' "$*" >&2; }
+
+need_apt=()
+command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
+command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  say "installing Debian packages: ${need_apt[*]}"
+  sudo_cmd=""; [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+venv="$TOKENFAB_ROOT/.venv"
+stamp="$venv/.tokenfab-installed"
+if [ ! -x "$venv/bin/python" ]; then
+  say "creating the Python virtualenv $venv"
+  python3 -m venv "$venv"
+fi
+if [ ! -f "$stamp" ] || [ "$TOKENFAB_ROOT/pyproject.toml" -nt "$stamp" ]; then
+  say "installing tokenfab and its dev tools into $venv (about a minute)"
+  "$venv/bin/python" -m pip install -q --upgrade pip
+  "$venv/bin/python" -m pip install -q -e "$TOKENFAB_ROOT[dev]"
+  touch "$stamp"
+fi
+export PATH="$venv/bin:$PATH"
+
+TOKENFAB_BIN="$("$TOKENFAB_ROOT/e2e/toolchain/build.sh" --print-bin-dir)"
+export TOKENFAB_BIN
+export PATH="$TOKENFAB_BIN:$PATH"

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The whole test suite: installs what it needs (see e2e/lib/bootstrap.sh), then runs the linters
+# (ruff, mypy --strict, import-linter), the CRD freshness check, and pytest over the unit tests (tests/)
+# and the end-to-end tests (e2e/, on a local AI factory the tests start and stop themselves).
+# Extra arguments go to pytest, e.g. `e2e/test.sh -m "not e2e"` for the unit tests only.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=lib/bootstrap.sh
+source "$here/lib/bootstrap.sh"
+cd "$TOKENFAB_ROOT"
+
+say "ruff"; ruff check operator tests e2e; ruff format --check operator tests e2e
+say "mypy --strict"; mypy operator/tokenfab e2e/factory
+say "import-linter"; lint-imports
+say "CRDs are current"; tokenfab crds --check
+say "pytest"
+set +e
+python -m pytest "$@"
+rc=$?
+set -e
+if [ "$rc" -eq 5 ]; then say "pytest collected no tests"; fi
+exit "$rc"

@@ -1,0 +1,217 @@
+"""CustomResourceDefinitions generated from the pydantic models (pure: models in, dicts out).
+
+The JSON schema pydantic produces is turned into a Kubernetes structural schema: references inlined,
+optional fields unwrapped, exclusive bounds in OpenAPI v3.0 form, object defaults so nested defaults
+apply, and the rules from `tokenfab.api.rules` attached as `x-kubernetes-validations`.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from pydantic import BaseModel
+
+from tokenfab.api import models as m
+
+JSON = dict[str, Any]
+
+# Object-typed fields that get `default: {}` so the API server fills in their nested defaults.
+_DEFAULT_EMPTY_OBJECTS = {
+    "runtime",
+    "serving",
+    "speculativeDecoding",
+    "topology",
+    "autoscaling",
+    "parallelism",
+    "resources",
+}
+
+
+def _inline(node: Any, defs: JSON) -> Any:
+    if isinstance(node, list):
+        return [_inline(n, defs) for n in node]
+    if not isinstance(node, dict):
+        return node
+    node = dict(node)
+    if "$ref" in node:
+        target = copy.deepcopy(defs[node.pop("$ref").split("/")[-1]])
+        target_desc = target.get("description")
+        target.update(node)
+        if "description" not in node and target_desc:
+            target["description"] = target_desc
+        node = target
+    if "allOf" in node and len(node["allOf"]) == 1:
+        inner = node.pop("allOf")[0]
+        inner = _inline(inner, defs)
+        inner.update(node)
+        node = inner
+    return {k: _inline(v, defs) for k, v in node.items()}
+
+
+def _structural(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_structural(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    node = dict(node)
+    if "anyOf" in node:
+        options = [o for o in node["anyOf"] if o.get("type") != "null"]
+        if len(options) == 1:
+            node.pop("anyOf")
+            merged = dict(options[0])
+            merged.update(node)
+            node = merged
+            if node.get("default", 0) is None:
+                node.pop("default")
+        elif {o.get("type") for o in options} == {"integer", "string"}:
+            node.pop("anyOf")
+            node["x-kubernetes-int-or-string"] = True
+    node.pop("title", None)
+    if node.get("default", 0) is None:
+        node.pop("default")
+    if "const" in node:
+        node["enum"] = [node.pop("const")]
+    for bound, plain in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if bound in node and not isinstance(node[bound], bool):
+            node[plain] = node[bound]
+            node[bound] = True
+    if node.get("additionalProperties") is False:
+        node.pop("additionalProperties")
+    if node.get("additionalProperties") is True:
+        node.pop("additionalProperties")
+        node["x-kubernetes-preserve-unknown-fields"] = True
+    if "enum" in node and "type" not in node:
+        node["type"] = "string"
+    out = {k: _structural(v) for k, v in node.items()}
+    props = out.get("properties")
+    if isinstance(props, dict):
+        for name, prop in props.items():
+            if name in _DEFAULT_EMPTY_OBJECTS and prop.get("type") == "object" and "default" not in prop:
+                prop["default"] = {}
+    return out
+
+
+def openapi_schema(model: type[BaseModel]) -> JSON:
+    """Structural OpenAPI v3 schema of a model (by alias, inlined)."""
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    defs = raw.pop("$defs", {})
+    result: JSON = _structural(_inline(raw, defs))
+    return result
+
+
+def printer_columns() -> list[JSON]:
+    ready = '.status.conditions[?(@.type=="Ready")]'
+    return [
+        {
+            "name": "Mode",
+            "type": "string",
+            "jsonPath": ".spec.serving.mode",
+            "description": "aggregated or disaggregated",
+        },
+        {"name": "Ready", "type": "string", "jsonPath": f"{ready}.status", "description": "Ready condition"},
+        {
+            "name": "Prefill",
+            "type": "string",
+            "jsonPath": ".status.roles.prefill.groups",
+            "description": "ready/desired prefill groups",
+        },
+        {
+            "name": "Decode",
+            "type": "string",
+            "jsonPath": ".status.roles.decode.groups",
+            "description": "ready/desired decode groups",
+        },
+        {
+            "name": "Workers",
+            "type": "string",
+            "jsonPath": ".status.roles.worker.groups",
+            "description": "ready/desired aggregated worker groups",
+        },
+        {"name": "GPUs", "type": "string", "jsonPath": ".status.gpus", "description": "ready/desired GPUs"},
+        {
+            "name": "Ratio",
+            "type": "string",
+            "jsonPath": ".spec.serving.prefillDecodeRatio",
+            "priority": 1,
+            "description": "prefill:decode ratio",
+        },
+        {
+            "name": "MTP",
+            "type": "integer",
+            "jsonPath": ".spec.speculativeDecoding.mtpDepth",
+            "priority": 1,
+            "description": "MTP depth",
+        },
+        {
+            "name": "Reason",
+            "type": "string",
+            "jsonPath": f"{ready}.reason",
+            "priority": 1,
+            "description": "reason of the Ready condition",
+        },
+        {
+            "name": "Endpoint",
+            "type": "string",
+            "jsonPath": ".status.endpoint",
+            "priority": 1,
+            "description": "OpenAI-compatible endpoint",
+        },
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]
+
+
+def model_deployment_crd() -> JSON:
+    """The ModelDeployment CRD."""
+    spec_schema = openapi_schema(m.ModelDeploymentSpec)
+    status_schema = openapi_schema(m.ModelDeploymentStatus)
+    spec_schema["description"] = m.ModelDeploymentSpec.__doc__
+    status_schema["description"] = m.ModelDeploymentStatus.__doc__
+    root: JSON = {
+        "type": "object",
+        "description": "A model served by TensorRT-LLM worker groups behind an NVIDIA Dynamo frontend, each "
+        "group placed whole inside one NVLink (NVL72) domain, scaled from KV-cache utilization.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {
+                "type": "string",
+                "description": "APIVersion of this object: tokenfab.dev/v1alpha1.",
+            },
+            "kind": {"type": "string", "description": "Kind of this object: ModelDeployment."},
+            "metadata": {"type": "object"},
+            "spec": spec_schema,
+            "status": status_schema,
+        },
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{m.PLURAL}.{m.GROUP}"},
+        "spec": {
+            "group": m.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": m.KIND,
+                "listKind": f"{m.KIND}List",
+                "plural": m.PLURAL,
+                "singular": m.SINGULAR,
+                "shortNames": list(m.SHORT_NAMES),
+                "categories": list(m.CATEGORIES),
+            },
+            "versions": [
+                {
+                    "name": m.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": root},
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": printer_columns(),
+                }
+            ],
+        },
+    }
+
+
+def all_crds() -> dict[str, JSON]:
+    """File name -> CRD, for everything tokenfab installs."""
+    return {f"{m.GROUP}_{m.PLURAL}.yaml": model_deployment_crd()}
