@@ -88,7 +88,7 @@ def k8s_error_text(err: Any) -> list[str]:
     if typ == "tokenfab_rules":
         return list(ctx["texts"])
     if typ in ("tokenfab_rule", "tokenfab_reserved_key"):
-        return [f'{path}: Invalid value: "object": {err["msg"]}']
+        return [f"{path}: Invalid value: {err['msg']}"]
     if typ == "missing":
         return [f"{path}: Required value"]
     if typ == "extra_forbidden":

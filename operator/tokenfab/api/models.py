@@ -133,11 +133,13 @@ def _engine_args_schema(schema: dict[str, Any]) -> None:
     schema["type"] = "object"
     schema["description"] = description
     schema["x-kubernetes-preserve-unknown-fields"] = True
+    # Declared (with the type TensorRT-LLM expects) only so that CEL can see them and refuse them.
+    types: dict[str, dict[str, Any]] = {
+        "enable_attention_dp": {"type": "boolean"},
+        "speculative_config": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+    }
     schema["properties"] = {
-        key: {
-            "description": f"Reserved: set through {field} instead.",
-            "x-kubernetes-preserve-unknown-fields": True,
-        }
+        key: {"description": f"Reserved: set through {field} instead.", **types.get(key, {"type": "integer"})}
         for key, field in RESERVED_ENGINE_KEYS.items()
     }
     schema["x-kubernetes-validations"] = [r.x_kubernetes_validation() for r in RESERVED_KEY_RULES]

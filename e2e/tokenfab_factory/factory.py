@@ -149,7 +149,9 @@ class Factory:
         if name == "prometheus":
             found = shutil.which("prometheus")
             if not found:
-                raise FactoryError("prometheus not found: install Debian's package (apt-get install prometheus)")
+                raise FactoryError(
+                    "prometheus not found: install Debian's package (apt-get install prometheus)"
+                )
             return found
         path = self.config.bin_dir / name
         if not path.exists():
@@ -187,7 +189,7 @@ class Factory:
                 if all(s.running and s.healthy for s in statuses):
                     if existing.racks != self.config.racks or existing.gpu != self.config.gpu:
                         raise FactoryError(
-                            f"a factory with {existing.racks} {existing.gpu} racks already runs in {self.run}: "
+                            f"a factory of {existing.racks} {existing.gpu} racks already runs in {self.run}: "
                             "run `tokenfab factory down` first to change its size"
                         )
                     self.say(f"factory already running in {self.run}; nothing to do")
@@ -201,19 +203,28 @@ class Factory:
             self._check_ports()
             return self._start(timeout)
 
-    def _check_ports(self) -> None:
-        busy = []
-        for comp in PORT_OFFSETS:
-            port = self.config.port(comp)
-            if not process.port_free(port):
+    def _check_ports(self, linger: float = 90.0) -> None:
+        """Refuse ports another process listens on; wait out sockets a killed process left behind."""
+        deadline = time.monotonic() + linger
+        while True:
+            busy, owned = [], False
+            for comp in PORT_OFFSETS:
+                port = self.config.port(comp)
+                if process.port_free(port):
+                    continue
                 owner = process.port_owner(port)
-                who = f"pid {owner} ({process.cmdline(owner)[:80]})" if owner else "an unknown process"
+                owned = owned or owner is not None
+                who = f"pid {owner} ({process.cmdline(owner)[:80]})" if owner else "a socket with no listener"
                 busy.append(f"{port} ({comp}) is held by {who}")
-        if busy:
-            raise FactoryError(
-                "ports in use: " + "; ".join(busy) + ". Stop that process, or choose other ports with "
-                "--port-base (each factory uses 7 consecutive ports)."
-            )
+            if not busy:
+                return
+            # Without a listener, the kernel is still closing a killed process's connections: wait.
+            if owned or time.monotonic() > deadline:
+                raise FactoryError(
+                    "ports in use: " + "; ".join(busy) + ". Stop that process, or choose other ports with "
+                    "--port-base (each factory uses 7 consecutive ports)."
+                )
+            time.sleep(1)
 
     def _start(self, timeout: float) -> State:
         t0 = time.monotonic()
@@ -241,8 +252,7 @@ class Factory:
             self._wait_nodes_ready(state, deadline)
             self._wait_default_service_account(state, deadline)
         except BaseException:
-            self.say("factory failed to start; stopping what was started (logs kept in "
-                     f"{self.run / 'logs'})")
+            self.say(f"factory failed to start; stopping what was started (logs kept in {self.run / 'logs'})")
             self._stop_all(state)
             raise
         state.ready_seconds = round(time.monotonic() - t0, 2)
@@ -255,57 +265,111 @@ class Factory:
         kc = str(self.kubeconfig)
         if comp == "etcd":
             client, peer = f"http://127.0.0.1:{cfg.port('etcd')}", f"http://127.0.0.1:{cfg.port('etcd-peer')}"
-            return [self.binary("etcd"), "--name=tokenfab", f"--data-dir={run / 'etcd'}",
-                    f"--listen-client-urls={client}", f"--advertise-client-urls={client}",
-                    f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
-                    f"--initial-cluster=tokenfab={peer}", "--unsafe-no-fsync=true",
-                    "--quota-backend-bytes=8589934592", "--log-level=warn"]
+            return [
+                self.binary("etcd"),
+                "--name=tokenfab",
+                f"--data-dir={run / 'etcd'}",
+                f"--listen-client-urls={client}",
+                f"--advertise-client-urls={client}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=tokenfab={peer}",
+                "--unsafe-no-fsync=true",
+                "--quota-backend-bytes=8589934592",
+                "--log-level=warn",
+            ]
         if comp == "kube-apiserver":
-            return [self.binary("kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{cfg.port('etcd')}",
-                    "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
-                    f"--secure-port={cfg.port('kube-apiserver')}",
-                    f"--tls-cert-file={pki.server_crt}", f"--tls-private-key-file={pki.server_key}",
-                    f"--client-ca-file={pki.ca_crt}",
-                    "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                    f"--service-account-key-file={pki.sa_pub}",
-                    f"--service-account-signing-key-file={pki.sa_key}",
-                    "--service-cluster-ip-range=10.96.0.0/16", "--authorization-mode=Node,RBAC",
-                    "--allow-privileged=true", "--endpoint-reconciler-type=none", "--profiling=false",
-                    "--event-ttl=2h"]
+            return [
+                self.binary("kube-apiserver"),
+                f"--etcd-servers=http://127.0.0.1:{cfg.port('etcd')}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={cfg.port('kube-apiserver')}",
+                f"--tls-cert-file={pki.server_crt}",
+                f"--tls-private-key-file={pki.server_key}",
+                f"--client-ca-file={pki.ca_crt}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki.sa_pub}",
+                f"--service-account-signing-key-file={pki.sa_key}",
+                "--service-cluster-ip-range=10.96.0.0/16",
+                "--authorization-mode=Node,RBAC",
+                "--allow-privileged=true",
+                "--endpoint-reconciler-type=none",
+                "--profiling=false",
+                "--event-ttl=2h",
+            ]
         if comp in ("kube-controller-manager", "kube-scheduler"):
-            argv = [self.binary(comp), f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}",
-                    f"--authorization-kubeconfig={kc}", "--bind-address=127.0.0.1",
-                    f"--secure-port={cfg.port(comp)}", "--leader-elect=false", "--profiling=false"]
+            argv = [
+                self.binary(comp),
+                f"--kubeconfig={kc}",
+                f"--authentication-kubeconfig={kc}",
+                f"--authorization-kubeconfig={kc}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={cfg.port(comp)}",
+                "--leader-elect=false",
+                "--profiling=false",
+            ]
             if comp == "kube-controller-manager":
-                argv += [f"--root-ca-file={pki.ca_crt}", f"--service-account-private-key-file={pki.sa_key}",
-                         "--use-service-account-credentials=true", "--node-monitor-grace-period=50s",
-                         "--concurrent-gc-syncs=10", "--kube-api-qps=200", "--kube-api-burst=400"]
+                argv += [
+                    f"--root-ca-file={pki.ca_crt}",
+                    f"--service-account-private-key-file={pki.sa_key}",
+                    "--use-service-account-credentials=true",
+                    "--node-monitor-grace-period=50s",
+                    "--concurrent-gc-syncs=10",
+                    "--kube-api-qps=200",
+                    "--kube-api-burst=400",
+                ]
             else:
                 argv += ["--kube-api-qps=200", "--kube-api-burst=400"]
             return argv
         if comp == "kwok":
-            return [self.binary("kwok"), f"--kubeconfig={kc}", f"--config={run / 'kwok.yaml'}",
-                    "--manage-all-nodes=false", f"--manage-nodes-with-label-selector={FACTORY_LABEL}",
-                    "--cidr=127.64.0.0/16", "--node-ip=127.0.0.1",
-                    f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}",
-                    f"--server-address=127.0.0.1:{cfg.port('kwok')}"]
+            return [
+                self.binary("kwok"),
+                f"--kubeconfig={kc}",
+                f"--config={run / 'kwok.yaml'}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-label-selector={FACTORY_LABEL}",
+                "--cidr=127.64.0.0/16",
+                "--node-ip=127.0.0.1",
+                f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}",
+                f"--server-address=127.0.0.1:{cfg.port('kwok')}",
+            ]
         if comp == "prometheus":
-            return [self.binary("prometheus"), f"--config.file={run / 'prometheus' / 'prometheus.yml'}",
-                    f"--storage.tsdb.path={run / 'prometheus' / 'data'}",
-                    f"--web.listen-address=127.0.0.1:{cfg.port('prometheus')}",
-                    "--storage.tsdb.retention.time=1d", "--web.enable-lifecycle"]
+            return [
+                self.binary("prometheus"),
+                f"--config.file={run / 'prometheus' / 'prometheus.yml'}",
+                f"--storage.tsdb.path={run / 'prometheus' / 'data'}",
+                f"--web.listen-address=127.0.0.1:{cfg.port('prometheus')}",
+                "--storage.tsdb.retention.time=1d",
+                "--web.enable-lifecycle",
+            ]
         raise ValueError(comp)
 
     def _write_kubeconfig(self) -> None:
         kubeconfig = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "tokenfab", "cluster": {"server": self.apiserver_url,
-                                                          "certificate-authority": str(self.pki.ca_crt)}}],
-            "users": [{"name": "admin", "user": {"client-certificate": str(self.pki.admin_crt),
-                                                 "client-key": str(self.pki.admin_key)}}],
-            "contexts": [{"name": "tokenfab", "context": {"cluster": "tokenfab", "user": "admin",
-                                                          "namespace": "default"}}],
+            "clusters": [
+                {
+                    "name": "tokenfab",
+                    "cluster": {"server": self.apiserver_url, "certificate-authority": str(self.pki.ca_crt)},
+                }
+            ],
+            "users": [
+                {
+                    "name": "admin",
+                    "user": {
+                        "client-certificate": str(self.pki.admin_crt),
+                        "client-key": str(self.pki.admin_key),
+                    },
+                }
+            ],
+            "contexts": [
+                {
+                    "name": "tokenfab",
+                    "context": {"cluster": "tokenfab", "user": "admin", "namespace": "default"},
+                }
+            ],
             "current-context": "tokenfab",
         }
         self.kubeconfig.write_text(yaml.safe_dump(kubeconfig, sort_keys=False))
@@ -319,16 +383,28 @@ class Factory:
     def _write_prometheus_config(self) -> None:
         pki = self.pki
         config = {
-            "global": {"scrape_interval": self.config.scrape_interval,
-                       "evaluation_interval": self.config.scrape_interval},
+            "global": {
+                "scrape_interval": self.config.scrape_interval,
+                "evaluation_interval": self.config.scrape_interval,
+            },
             "scrape_configs": [
-                {"job_name": "kube-apiserver", "scheme": "https",
-                 "tls_config": {"ca_file": str(pki.ca_crt), "cert_file": str(pki.admin_crt),
-                                "key_file": str(pki.admin_key)},
-                 "scrape_interval": "15s",
-                 "static_configs": [{"targets": [f"127.0.0.1:{self.config.port('kube-apiserver')}"]}]},
-                {"job_name": "tokenfab", "file_sd_configs": [
-                    {"files": [str(self.file_sd_dir / "*.json")], "refresh_interval": "2s"}]},
+                {
+                    "job_name": "kube-apiserver",
+                    "scheme": "https",
+                    "tls_config": {
+                        "ca_file": str(pki.ca_crt),
+                        "cert_file": str(pki.admin_crt),
+                        "key_file": str(pki.admin_key),
+                    },
+                    "scrape_interval": "15s",
+                    "static_configs": [{"targets": [f"127.0.0.1:{self.config.port('kube-apiserver')}"]}],
+                },
+                {
+                    "job_name": "tokenfab",
+                    "file_sd_configs": [
+                        {"files": [str(self.file_sd_dir / "*.json")], "refresh_interval": "2s"}
+                    ],
+                },
             ],
         }
         path = self.run / "prometheus" / "prometheus.yml"
@@ -348,7 +424,11 @@ class Factory:
 
     # ------------------------------------------------------------------ health
     def _https(self, url: str, client_cert: bool) -> tuple[int, str]:
-        ctx = ssl.create_default_context(cafile=str(self.pki.ca_crt)) if client_cert else ssl._create_unverified_context()
+        ctx = (
+            ssl.create_default_context(cafile=str(self.pki.ca_crt))
+            if client_cert
+            else ssl._create_unverified_context()
+        )
         if client_cert:
             ctx.load_cert_chain(str(self.pki.admin_crt), str(self.pki.admin_key))
         return _get(url, ctx)
@@ -377,8 +457,10 @@ class Factory:
         pid = state.pids[comp]
         while True:
             if not process.alive(pid):
-                raise FactoryError(f"{comp} exited during start-up; last lines of {self.log(comp)}:\n"
-                                   + process.tail(self.log(comp)))
+                raise FactoryError(
+                    f"{comp} exited during start-up; last lines of {self.log(comp)}:\n"
+                    + process.tail(self.log(comp))
+                )
             ok, detail = self.health(comp)
             if ok:
                 return
@@ -393,14 +475,17 @@ class Factory:
             pid = state.pids.get(comp) if state else None
             running = pid is not None and process.alive(pid, _expect(comp))
             healthy, detail = self.health(comp) if running else (False, "not running")
-            out.append(ComponentStatus(comp, pid, running, healthy, detail,
-                                       process.rss_bytes(pid) if pid and running else 0))
+            out.append(
+                ComponentStatus(
+                    comp, pid, running, healthy, detail, process.rss_bytes(pid) if pid and running else 0
+                )
+            )
         return out
 
     # ------------------------------------------------------------------ nodes
     def api(self) -> Any:
         """An official kubernetes-client ApiClient for this factory (admin)."""
-        from kubernetes import client, config
+        from kubernetes import config
 
         return config.new_client_from_config(str(self.kubeconfig))
 
@@ -429,7 +514,8 @@ class Factory:
         finally:
             api.close()
         ready = sum(
-            1 for n in nodes
+            1
+            for n in nodes
             if any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))
         )
         return ready, len(nodes)
@@ -437,7 +523,7 @@ class Factory:
     def _wait_nodes_ready(self, state: State, deadline: float) -> None:
         want = self.config.racks * 18
         while True:
-            ready, total = self.node_counts()
+            ready, _total = self.node_counts()
             if ready >= want:
                 return
             for comp in COMPONENTS:
@@ -462,8 +548,10 @@ class Factory:
                     if exc.status != 404:
                         raise
                 if time.monotonic() > deadline:
-                    raise FactoryError("the default ServiceAccount never appeared; see "
-                                       f"{self.log('kube-controller-manager')}")
+                    raise FactoryError(
+                        "the default ServiceAccount never appeared; see "
+                        f"{self.log('kube-controller-manager')}"
+                    )
                 time.sleep(0.25)
         finally:
             api.close()

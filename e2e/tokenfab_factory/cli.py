@@ -12,28 +12,38 @@ from tokenfab_factory.racks import SYSTEMS
 
 app = typer.Typer(no_args_is_help=True, add_completion=False)
 
-RunDir = Annotated[Path, typer.Option("--run-dir", help="Run directory (state, logs, kubeconfig, env).")]
+RunDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--run-dir", help="Run directory (state, logs, kubeconfig, env) [default: ~/.cache/tokenfab/factory]."
+    ),
+]
 PortBase = Annotated[int, typer.Option(help="First of 7 consecutive loopback ports the factory uses.")]
 
 
-def _factory(run_dir: Path, port_base: int = 31000, racks: int = 4, gpu: str = "gb200") -> Factory:
-    return Factory(FactoryConfig(run_dir=run_dir, racks=racks, gpu=gpu, port_base=port_base),
-                   say=lambda s: typer.echo(s, err=True))
+def _factory(run_dir: Path | None, port_base: int = 31000, racks: int = 4, gpu: str = "gb200") -> Factory:
+    return Factory(
+        FactoryConfig(run_dir=run_dir or default_run_dir(), racks=racks, gpu=gpu, port_base=port_base),
+        say=lambda s: typer.echo(s, err=True),
+    )
 
 
 @app.command()
 def up(
     racks: Annotated[int, typer.Option(min=1, max=128, help="NVL72 racks (18 nodes x 4 GPUs each).")] = 4,
     gpu: Annotated[str, typer.Option(help="GPU system: " + ", ".join(SYSTEMS))] = "gb200",
-    run_dir: RunDir = default_run_dir(),
+    run_dir: RunDir = None,
     port_base: PortBase = 31000,
 ) -> None:
     """Start etcd, kube-apiserver, controller-manager, scheduler, kwok with N racks, and Prometheus."""
     if gpu not in SYSTEMS:
         raise typer.BadParameter(f"unknown GPU system {gpu!r}; choose one of {', '.join(SYSTEMS)}")
     f = _factory(run_dir, port_base, racks, gpu)
-    typer.echo(f"starting the local AI factory: {racks} {gpu} NVL72 racks ({racks * 18} nodes, "
-               f"{racks * 72} GPUs) in {run_dir}", err=True)
+    typer.echo(
+        f"starting the local AI factory: {racks} {gpu} NVL72 racks ({racks * 18} nodes, "
+        f"{racks * 72} GPUs) in {f.run}",
+        err=True,
+    )
     try:
         state = f.up()
     except FactoryError as exc:
@@ -47,7 +57,7 @@ def up(
 
 @app.command()
 def down(
-    run_dir: RunDir = default_run_dir(),
+    run_dir: RunDir = None,
     purge: Annotated[bool, typer.Option(help="Also delete the run directory and its logs.")] = False,
 ) -> None:
     """Stop every factory process by its PID; logs stay in the run directory unless --purge."""
@@ -61,11 +71,11 @@ def down(
 
 
 @app.command()
-def status(run_dir: RunDir = default_run_dir()) -> None:
+def status(run_dir: RunDir = None) -> None:
     """Report each component's process and health, and the nodes; exit 1 if anything is unhealthy."""
     f = _factory(run_dir)
     if f.read_state() is None:
-        typer.echo(f"no factory in {run_dir} (start one with `tokenfab factory up`)")
+        typer.echo(f"no factory in {f.run} (start one with `tokenfab factory up`)")
         raise typer.Exit(1)
     if not _print_status(f):
         raise typer.Exit(1)
@@ -80,7 +90,9 @@ def _print_status(f: Factory) -> bool:
         port = f.config.port(port_of.get(s.name, s.name)) if state else 0
         rss = f"{s.rss_bytes / 2**20:.0f}Mi" if s.rss_bytes else "-"
         health = "ok" if s.healthy else ("DOWN" if not s.running else "UNHEALTHY")
-        typer.echo(f"{s.name:<24} {s.pid or '-':>8} {port:>6} {rss:>8}  {health}  {s.detail if not s.healthy else ''}")
+        typer.echo(
+            f"{s.name:<24} {s.pid or '-':>8} {port:>6} {rss:>8}  {health}  {'' if s.healthy else s.detail}"
+        )
     ok = all(s.healthy for s in statuses)
     if statuses[1].healthy:
         ready, total = f.node_counts()

@@ -45,8 +45,16 @@ class Pki:
         return self.dir / "sa.pub"
 
     def complete(self) -> bool:
-        files = (self.ca_crt, self.ca_key, self.server_crt, self.server_key, self.admin_crt, self.admin_key,
-                 self.sa_key, self.sa_pub)
+        files = (
+            self.ca_crt,
+            self.ca_key,
+            self.server_crt,
+            self.server_key,
+            self.admin_crt,
+            self.admin_key,
+            self.sa_key,
+            self.sa_pub,
+        )
         return all(p.exists() for p in files)
 
 
@@ -60,11 +68,32 @@ def make_pki(directory: Path) -> Pki:
     if pki.complete():
         return pki
     directory.mkdir(parents=True, exist_ok=True)
-    _openssl("req", "-x509", "-new", "-nodes", "-newkey", "rsa:2048", "-keyout", str(pki.ca_key),
-             "-out", str(pki.ca_crt), "-days", "3650", "-subj", "/CN=tokenfab-factory-ca")
+    _openssl(
+        "req",
+        "-x509",
+        "-new",
+        "-nodes",
+        "-newkey",
+        "rsa:2048",
+        "-keyout",
+        str(pki.ca_key),
+        "-out",
+        str(pki.ca_crt),
+        "-days",
+        "3650",
+        "-subj",
+        "/CN=tokenfab-factory-ca",
+    )
     sans = ",".join(
-        ["IP:127.0.0.1", "IP:10.96.0.1", "DNS:localhost", "DNS:kubernetes", "DNS:kubernetes.default",
-         "DNS:kubernetes.default.svc", "DNS:kubernetes.default.svc.cluster.local"]
+        [
+            "IP:127.0.0.1",
+            "IP:10.96.0.1",
+            "DNS:localhost",
+            "DNS:kubernetes",
+            "DNS:kubernetes.default",
+            "DNS:kubernetes.default.svc",
+            "DNS:kubernetes.default.svc.cluster.local",
+        ]
     )
     for name, subject, ext in (
         ("apiserver", "/CN=kube-apiserver", f"subjectAltName={sans}\nextendedKeyUsage=serverAuth\n"),
@@ -72,10 +101,36 @@ def make_pki(directory: Path) -> Pki:
     ):
         key, csr, crt, extfile = (directory / f"{name}.{s}" for s in ("key", "csr", "crt", "ext"))
         extfile.write_text("basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n" + ext)
-        _openssl("req", "-new", "-nodes", "-newkey", "rsa:2048", "-keyout", str(key), "-out", str(csr),
-                 "-subj", subject)
-        _openssl("x509", "-req", "-in", str(csr), "-CA", str(pki.ca_crt), "-CAkey", str(pki.ca_key),
-                 "-CAcreateserial", "-out", str(crt), "-days", "3650", "-extfile", str(extfile))
+        _openssl(
+            "req",
+            "-new",
+            "-nodes",
+            "-newkey",
+            "rsa:2048",
+            "-keyout",
+            str(key),
+            "-out",
+            str(csr),
+            "-subj",
+            subject,
+        )
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            str(csr),
+            "-CA",
+            str(pki.ca_crt),
+            "-CAkey",
+            str(pki.ca_key),
+            "-CAcreateserial",
+            "-out",
+            str(crt),
+            "-days",
+            "3650",
+            "-extfile",
+            str(extfile),
+        )
         csr.unlink()
         extfile.unlink()
     _openssl("genrsa", "-out", str(pki.sa_key), "2048")

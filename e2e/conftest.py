@@ -1,0 +1,41 @@
+"""End-to-end fixtures: one local AI factory for the whole session, started and stopped by PID.
+
+The suite uses its own run directory and ports (TOKENFAB_E2E_PORT_BASE, default 32000), so a factory a
+user has up on the default ports is never touched.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from e2e.helpers import kubectl
+from tokenfab_factory.factory import Factory, FactoryConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+E2E_PORT_BASE = int(os.environ.get("TOKENFAB_E2E_PORT_BASE", "32000"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if Path(str(item.fspath)).is_relative_to(ROOT / "e2e"):
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session")
+def factory() -> Iterator[Factory]:
+    run_dir = Path(tempfile.mkdtemp(prefix="tokenfab-e2e-"))
+    f = Factory(FactoryConfig(run_dir=run_dir, racks=4, port_base=E2E_PORT_BASE), say=print)
+    f.up()
+    try:
+        kubectl(f, "apply", "--server-side", "-f", str(ROOT / "crds"))
+        kubectl(
+            f, "wait", "--for=condition=Established", "crd/modeldeployments.tokenfab.dev", "--timeout=60s"
+        )
+        yield f
+    finally:
+        f.down()

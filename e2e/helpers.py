@@ -1,0 +1,45 @@
+"""Helpers for end-to-end tests: drive the factory with its own kubectl, as a user would."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any
+
+import yaml
+
+from tokenfab_factory.factory import Factory
+
+
+def kubectl(
+    f: Factory, *args: str, input: str | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """Run the factory's kubectl against it, as a user would."""
+    return subprocess.run(
+        [str(f.config.bin_dir / "kubectl"), f"--kubeconfig={f.kubeconfig}", *args],
+        input=input,
+        capture_output=True,
+        text=True,
+        check=check,
+        timeout=120,
+    )
+
+
+def apply_yaml(
+    f: Factory, doc: dict[str, Any] | list[dict[str, Any]], *args: str, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    docs = doc if isinstance(doc, list) else [doc]
+    return kubectl(f, "apply", *args, "-f", "-", input=yaml.safe_dump_all(docs), check=check)
+
+
+def wait_for(what: str, probe: Callable[[], Any], timeout: float = 90.0, interval: float = 0.5) -> Any:
+    """Poll until probe() returns something truthy; fail with `what` on timeout."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
