@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import ssl
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -95,6 +96,7 @@ class State:
     pids: dict[str, int] = field(default_factory=dict)
     started: float = 0.0
     ready_seconds: float | None = None
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -214,7 +216,7 @@ class Factory:
                     continue
                 owner = process.port_owner(port)
                 owned = owned or owner is not None
-                who = f"pid {owner} ({process.cmdline(owner)[:80]})" if owner else "a socket with no listener"
+                who = f"pid {owner} ({_program(owner)})" if owner else "a socket with no listener"
                 busy.append(f"{port} ({comp}) is held by {who}")
             if not busy:
                 return
@@ -246,11 +248,16 @@ class Factory:
                 self.write_state(state)
                 if comp in ("etcd", "kube-apiserver"):
                     self._wait(comp, state, deadline)
+                    state.phases[f"{comp}_ready"] = round(time.monotonic() - t0, 2)
             self._create_nodes()
+            state.phases["nodes_created"] = round(time.monotonic() - t0, 2)
             for comp in COMPONENTS:
                 self._wait(comp, state, deadline)
+            state.phases["components_healthy"] = round(time.monotonic() - t0, 2)
             self._wait_nodes_ready(state, deadline)
+            state.phases["nodes_ready"] = round(time.monotonic() - t0, 2)
             self._wait_default_service_account(state, deadline)
+            state.phases["default_service_account"] = round(time.monotonic() - t0, 2)
         except BaseException:
             self.say(f"factory failed to start; stopping what was started (logs kept in {self.run / 'logs'})")
             self._stop_all(state)
@@ -415,7 +422,7 @@ class Factory:
         lines = [
             "# Source this file to use the local AI factory: `source " + str(self.env_file) + "`",
             f"export KUBECONFIG={self.kubeconfig}",
-            f"export PATH={self.config.bin_dir}:$PATH",
+            f"export PATH={self.config.bin_dir}:{Path(sys.executable).parent}:$PATH",
             f"export TOKENFAB_FACTORY_DIR={self.run}",
             f"export TOKENFAB_PROMETHEUS_URL={self.prometheus_url}",
             f"export TOKENFAB_FILE_SD_DIR={self.file_sd_dir}",
@@ -591,3 +598,8 @@ def _get(url: str, ctx: ssl.SSLContext | None = None) -> tuple[int, str]:
             return int(resp.status), resp.read(2000).decode(errors="replace")
     except urllib.error.HTTPError as exc:
         return int(exc.code), exc.read(2000).decode(errors="replace")
+
+
+def _program(pid: int) -> str:
+    argv = process.cmdline(pid).split()
+    return Path(argv[0]).name if argv else "?"

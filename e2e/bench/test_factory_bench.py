@@ -1,0 +1,22 @@
+"""Runs the factory benchmark (4 racks as the baseline, 64 racks = 1,152 nodes) and checks what must
+hold regardless of speed: both come up with every node Ready and stay healthy. Figures are printed and
+saved to e2e/bench/results/factory.json; no time is asserted."""
+
+from __future__ import annotations
+
+import pytest
+
+from e2e.bench.factory_bench import report, run
+
+
+@pytest.mark.slow
+def test_factory_benchmark_64_racks_stays_healthy(capsys):
+    result = run([4, 64], hold=60)
+    with capsys.disabled():
+        print("\n" + report(result))
+    for start in result["starts"]:
+        assert start["stayed_healthy"], (
+            f"{start['racks']}-rack factory was not healthy: {start['samples'][-3:]}"
+        )
+        assert start["samples"], "no health samples taken"
+    assert result["starts"][1]["nodes"] == 1152
