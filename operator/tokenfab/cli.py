@@ -63,6 +63,35 @@ def validate(files: Annotated[list[Path], typer.Argument(help="YAML files with M
         raise typer.Exit(1)
 
 
+@app.command()
+def operator(
+    namespace: Annotated[
+        list[str] | None,
+        typer.Option("--namespace", "-n", help="Watch only these namespaces (default: all)."),
+    ] = None,
+    liveness: Annotated[str, typer.Option(help="kopf liveness endpoint.")] = "http://127.0.0.1:8080/healthz",
+    verbose: Annotated[bool, typer.Option(help="Debug logging.")] = False,
+) -> None:
+    """Run the tokenfab operator (kopf) against the cluster of the current kubeconfig or service account."""
+    import logging
+
+    import kopf
+
+    import tokenfab.handlers  # noqa: F401  (registers the handlers)
+
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    kopf.configure(verbose=verbose)
+    kopf.run(
+        standalone=True,
+        clusterwide=not namespace,
+        namespaces=namespace or [],
+        liveness_endpoint=liveness,
+    )
+
+
 def _register_factory() -> None:
     try:
         from tokenfab_factory.cli import app as factory_app  # type: ignore[import-not-found,unused-ignore]

@@ -212,6 +212,65 @@ def model_deployment_crd() -> JSON:
     }
 
 
+def nvlink_domain_crd() -> JSON:
+    """NVLinkDomain: cluster-scoped, status-only view of each domain's capacity (`kubectl get nvld`)."""
+    status_schema = openapi_schema(m.NVLinkDomainStatus)
+    root: JSON = {
+        "type": "object",
+        "description": "One NVLink domain (an NVL72 rack) and its free GPUs, as tokenfab sees it. Written by "
+        "the operator; read it with `kubectl get nvlinkdomains`.",
+        "properties": {
+            "apiVersion": {
+                "type": "string",
+                "description": "APIVersion of this object: tokenfab.dev/v1alpha1.",
+            },
+            "kind": {"type": "string", "description": "Kind of this object: NVLinkDomain."},
+            "metadata": {"type": "object"},
+            "status": status_schema,
+        },
+    }
+    columns: list[JSON] = [
+        {"name": "Domain", "type": "string", "jsonPath": ".status.domain", "priority": 1},
+        {"name": "Nodes", "type": "integer", "jsonPath": ".status.nodes"},
+        {"name": "Ready", "type": "integer", "jsonPath": ".status.readyNodes"},
+        {"name": "GPUs", "type": "integer", "jsonPath": ".status.gpus"},
+        {"name": "Free", "type": "integer", "jsonPath": ".status.freeGpus"},
+        {"name": "Free-Nodes", "type": "integer", "jsonPath": ".status.freeNodes"},
+        {"name": "Groups", "type": "integer", "jsonPath": ".status.groupCount"},
+        {"name": "Updated", "type": "date", "jsonPath": ".status.updated"},
+    ]
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{m.DOMAIN_PLURAL}.{m.GROUP}"},
+        "spec": {
+            "group": m.GROUP,
+            "scope": "Cluster",
+            "names": {
+                "kind": m.DOMAIN_KIND,
+                "listKind": f"{m.DOMAIN_KIND}List",
+                "plural": m.DOMAIN_PLURAL,
+                "singular": m.DOMAIN_SINGULAR,
+                "shortNames": list(m.DOMAIN_SHORT_NAMES),
+                "categories": list(m.CATEGORIES),
+            },
+            "versions": [
+                {
+                    "name": m.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": root},
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": columns,
+                }
+            ],
+        },
+    }
+
+
 def all_crds() -> dict[str, JSON]:
     """File name -> CRD, for everything tokenfab installs."""
-    return {f"{m.GROUP}_{m.PLURAL}.yaml": model_deployment_crd()}
+    return {
+        f"{m.GROUP}_{m.PLURAL}.yaml": model_deployment_crd(),
+        f"{m.GROUP}_{m.DOMAIN_PLURAL}.yaml": nvlink_domain_crd(),
+    }

@@ -518,3 +518,34 @@ class ModelDeployment(BaseModel):
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: ModelDeploymentSpec
     status: ModelDeploymentStatus | None = None
+
+
+# ------------------------------------------------------------------------------------ NVLinkDomain
+
+DOMAIN_KIND = "NVLinkDomain"
+DOMAIN_PLURAL = "nvlinkdomains"
+DOMAIN_SINGULAR = "nvlinkdomain"
+DOMAIN_SHORT_NAMES = ("nvld",)
+
+
+class DomainGroup(_Model):
+    """A worker group placed in the domain."""
+
+    namespace: str = Field(description="Namespace of the group's ModelDeployment.")
+    group: str = Field(description="Group name.")
+    gpus: int = Field(description="GPUs the group uses.")
+
+
+class NVLinkDomainStatus(_Model):
+    """Capacity of one NVLink domain (one NVL72 rack), kept current by the operator."""
+
+    domain: str = Field(description="Value of the domain label on the domain's nodes.")
+    label: str = Field(description="The node label that names domains (e.g. nvidia.com/gpu.clique).")
+    nodes: int = Field(description="Nodes in the domain.")
+    ready_nodes: int = Field(description="Ready nodes in the domain.")
+    gpus: int = Field(description="Allocatable GPUs of all nodes.")
+    free_gpus: int = Field(description="GPUs free on ready, schedulable nodes.")
+    free_nodes: int = Field(description="Ready, schedulable nodes with every GPU free.")
+    group_count: int = Field(description="tokenfab worker groups placed in the domain.")
+    groups: list[DomainGroup] = Field(default_factory=list, description="The groups placed in the domain.")
+    updated: str = Field(description="When the operator last refreshed this status (RFC 3339).")

@@ -1,0 +1,72 @@
+"""TensorRT-LLM engine configuration (LLM-API YAML) of a role, built from the spec (pure).
+
+First-class fields (parallelism, batch limits, MTP depth, disaggregation) are written by tokenfab; the
+user's `extraEngineArgs` (deployment-wide, then per role) are merged underneath for everything else. The
+API refuses user keys that would contradict a first-class field, so nothing here has to arbitrate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import yaml
+
+from tokenfab.api.models import ModelDeploymentSpec, RoleName
+
+DEFAULT_KV_CACHE = {"free_gpu_memory_fraction": 0.85}
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` merged into a copy of `base`; nested dicts merge, everything else replaces."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def disaggregation_mode(spec: ModelDeploymentSpec, role: RoleName) -> str | None:
+    """The worker's --disaggregation-mode: prefill or decode, or None when aggregated."""
+    return role if role in ("prefill", "decode") and spec.serving.mode == "disaggregated" else None
+
+
+def engine_config(spec: ModelDeploymentSpec, role_name: RoleName) -> dict[str, Any]:
+    """The engine YAML (as a dict) for one role."""
+    role = spec.role(role_name)
+    if role is None:
+        raise ValueError(f"the deployment has no {role_name} role")
+    defaults: dict[str, Any] = {"kv_cache_config": dict(DEFAULT_KV_CACHE)}
+    mode = disaggregation_mode(spec, role_name)
+    if mode is not None:
+        # KV-cache transfer between prefill and decode groups.
+        defaults["cache_transceiver_config"] = {"backend": "DEFAULT"}
+        if mode == "prefill":
+            defaults["disable_overlap_scheduler"] = True
+    cfg = deep_merge(deep_merge(defaults, spec.runtime.extra_engine_args), role.extra_engine_args)
+    p = role.parallelism
+    cfg["tensor_parallel_size"] = p.tensor
+    cfg["pipeline_parallel_size"] = p.pipeline
+    cfg["moe_expert_parallel_size"] = p.expert
+    cfg["enable_attention_dp"] = p.attention_data_parallel
+    if role.max_batch_size is not None:
+        cfg["max_batch_size"] = role.max_batch_size
+    if role.max_num_tokens is not None:
+        cfg["max_num_tokens"] = role.max_num_tokens
+    depth = spec.speculative_decoding.mtp_depth
+    if depth > 0:
+        cfg["speculative_config"] = {"decoding_type": "MTP", "num_nextn_predict_layers": depth}
+    return dict(sorted(cfg.items()))
+
+
+def render(cfg: dict[str, Any]) -> str:
+    return yaml.safe_dump(cfg, sort_keys=True)
+
+
+def content_hash(obj: Any, length: int = 10) -> str:
+    """Stable short hash of any JSON-serialisable value."""
+    raw = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(raw.encode()).hexdigest()[:length]

@@ -1,0 +1,183 @@
+"""Status of a ModelDeployment from a plan and what was observed (pure; time is a parameter).
+
+Conditions follow Kubernetes conventions: type, status, CamelCase reason, message, lastTransitionTime
+(kept while the status does not change) and observedGeneration. `changed_conditions` tells the caller
+which conditions moved, so an Event is emitted on a change and not on every pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from tokenfab.api.models import Condition, GroupPlacement, ModelDeploymentStatus, RoleStatus
+from tokenfab.planning.groups import RolePlan
+
+CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "Placed")
+
+
+def rfc3339(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Facts besides the plan that status depends on."""
+
+    generation: int
+    frontend_available: int
+    frontend_desired: int
+    endpoint: str
+
+
+def _cond(type_: str, ok: bool, reason: str, message: str) -> Condition:
+    return Condition(type=type_, status="True" if ok else "False", reason=reason, message=message)
+
+
+def _placement_message(p: RolePlan) -> str:
+    block, where = p.largest_block
+    return (
+        f"a {p.role} group needs {p.shape.gpus} GPUs on {p.shape.nodes} node(s) in one NVLink domain; "
+        f"the largest free block is {block} GPUs" + (f" (domain {where})" if where else "")
+    )
+
+
+def conditions(plans: Sequence[RolePlan], obs: Observed) -> list[Condition]:
+    unplaced = [p for p in plans if p.unplaced]
+    blocked = [p for p in plans if p.rollout_blocked]
+    broken = {name: why for p in plans for name, why in p.broken_reasons.items()}
+    short = [p for p in plans if p.ready < p.desired]
+    rolling = [
+        p
+        for p in plans
+        if any(c.reason in ("Surge", "Replace") for c in p.create)
+        or any(d.reason == "Rollout" for d in p.delete)
+    ]
+
+    held = [p for p in plans if p.blocked]
+    if held:
+        placed = _cond("Placed", False, "ComputeDomainUnavailable", "; ".join(p.blocked for p in held))
+    elif unplaced:
+        placed = _cond(
+            "Placed",
+            False,
+            "InsufficientCapacity",
+            "; ".join(f"{p.unplaced} {_placement_message(p)}" for p in unplaced),
+        )
+    elif blocked:
+        placed = _cond(
+            "Placed",
+            False,
+            "RolloutBlocked",
+            "; ".join(f"new revision not started, old groups kept: {_placement_message(p)}" for p in blocked),
+        )
+    else:
+        placed = _cond("Placed", True, "AllGroupsPlaced", "every group sits whole inside one NVLink domain")
+
+    counts = ", ".join(f"{p.role} {p.ready}/{p.desired}" for p in plans)
+    if short:
+        ready = _cond("Ready", False, "GroupsNotReady", f"ready groups: {counts}")
+    elif obs.frontend_available < 1:
+        ready = _cond(
+            "Ready", False, "FrontendNotReady", f"frontend {obs.frontend_available}/{obs.frontend_desired}"
+        )
+    else:
+        ready = _cond("Ready", True, "AllGroupsReady", f"ready groups: {counts}; serving at {obs.endpoint}")
+
+    creating = sum(len(p.create) for p in plans)
+    deleting = sum(len(p.delete) for p in plans)
+    starting = sum(1 for p in plans for s in p.states.values() if s in ("starting", "incomplete"))
+    if rolling or any(p.old_groups for p in plans):
+        progressing = _cond(
+            "Progressing",
+            True,
+            "RollingOut",
+            f"replacing groups one at a time ({creating} creating, {deleting} deleting)",
+        )
+    elif broken:
+        progressing = _cond("Progressing", True, "Recovering", f"recreating {len(broken)} broken group(s)")
+    elif creating or deleting or starting:
+        progressing = _cond(
+            "Progressing",
+            True,
+            "Scaling",
+            f"{creating} group(s) creating, {starting} starting, {deleting} deleting",
+        )
+    else:
+        progressing = _cond("Progressing", False, "Stable", "nothing to do")
+
+    if broken:
+        degraded = _cond(
+            "Degraded",
+            True,
+            "GroupFailed",
+            "; ".join(f"{name}: {why}" for name, why in sorted(broken.items())),
+        )
+    elif unplaced:
+        degraded = _cond("Degraded", True, "InsufficientCapacity", placed.message)
+    else:
+        degraded = _cond("Degraded", False, "AsExpected", "no failed groups")
+    return [ready, progressing, degraded, placed]
+
+
+def merge_conditions(
+    old: Sequence[Condition], new: Sequence[Condition], generation: int, now: float
+) -> tuple[list[Condition], list[Condition]]:
+    """New conditions with lastTransitionTime carried over when the status did not change.
+
+    Returns (all conditions, the ones whose status or reason changed)."""
+    previous = {c.type: c for c in old}
+    out, changed = [], []
+    for cond in new:
+        prev = previous.get(cond.type)
+        moved = prev is None or prev.status != cond.status
+        ltt = rfc3339(now) if moved or prev is None else prev.last_transition_time
+        merged = cond.model_copy(update={"last_transition_time": ltt, "observed_generation": generation})
+        out.append(merged)
+        if prev is None or prev.status != cond.status or prev.reason != cond.reason:
+            changed.append(merged)
+    # Keep conditions owned by other parts of the operator (e.g. the autoscaler's).
+    out += [c for c in old if c.type not in {n.type for n in new}]
+    return out, changed
+
+
+def role_statuses(plans: Sequence[RolePlan]) -> dict[str, RoleStatus]:
+    out: dict[str, RoleStatus] = {}
+    for p in plans:
+        g = p.shape.gpus
+        out[p.role] = RoleStatus(
+            desired_groups=p.desired,
+            ready_groups=p.ready,
+            gpus_per_group=g,
+            desired_gpus=p.desired * g,
+            ready_gpus=p.ready * g,
+            groups=f"{p.ready}/{p.desired}",
+        )
+    return out
+
+
+def build_status(
+    plans: Sequence[RolePlan],
+    placement: list[GroupPlacement],
+    obs: Observed,
+    old: ModelDeploymentStatus | None,
+    now: float,
+) -> tuple[ModelDeploymentStatus, list[Condition]]:
+    """The whole status, and the conditions that changed (for Events)."""
+    conds, changed = merge_conditions(
+        old.conditions if old else [], conditions(plans, obs), obs.generation, now
+    )
+    roles = role_statuses(plans)
+    ready = sum(r.ready_gpus for r in roles.values())
+    desired = sum(r.desired_gpus for r in roles.values())
+    status = ModelDeploymentStatus(
+        observed_generation=obs.generation,
+        conditions=conds,
+        roles=roles,
+        gpus=f"{ready}/{desired}",
+        placement=sorted(placement, key=lambda p: (p.role, p.group)),
+        endpoint=obs.endpoint,
+        autoscaling=old.autoscaling if old else None,
+    )
+    return status, changed

@@ -1,0 +1,304 @@
+"""One idempotent reconcile pass of a ModelDeployment: observe -> plan -> apply -> status.
+
+Creation, updates, operator restarts, a resync timer and child events all call `reconcile`; it compares
+desired with observed state every time, so a restart at any point converges. Everything it remembers
+lives in the cluster (children's labels, the resource's status).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from tokenfab.adapters.kube import Kube, Obj
+from tokenfab.api.errors import SpecError, parse_model_deployment
+from tokenfab.api.models import ROLES, GroupPlacement, ModelDeployment, ModelDeploymentSpec, RoleName
+from tokenfab.planning import builders as b
+from tokenfab.planning import contract as c
+from tokenfab.planning.groups import GroupView, NodeHealth, PodView, RolePlan, plan_role
+from tokenfab.planning.status import Observed, build_status
+from tokenfab.planning.topology import Domain, GpuUse, NodeInfo, build_domains
+
+log = logging.getLogger(__name__)
+
+# Decode (or the aggregated worker) is planned first: it is the larger role and prefill follows it.
+PLAN_ORDER: tuple[RoleName, ...] = ("decode", "worker", "prefill")
+
+
+@dataclass
+class Result:
+    """What one pass did (for logs, tests and the operator's metrics)."""
+
+    created: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    conditions_changed: list[str] = field(default_factory=list)
+    plans: list[RolePlan] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------------ observation
+
+
+def _time(ts: str | None) -> float | None:
+    if not ts:
+        return None
+    return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+
+
+def _ready_condition(node: Obj) -> dict[str, Any] | None:
+    for cond in (node.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return dict(cond)
+    return None
+
+
+def node_views(
+    nodes: Iterable[Obj], domain_label: str, gpu_resource: str
+) -> tuple[list[NodeInfo], dict[str, NodeHealth]]:
+    infos, health = [], {}
+    for n in nodes:
+        meta, spec, status = n["metadata"], n.get("spec") or {}, n.get("status") or {}
+        cond = _ready_condition(n)
+        ready = bool(cond and cond.get("status") == "True")
+        tainted = any(t.get("effect") in ("NoSchedule", "NoExecute") for t in spec.get("taints") or [])
+        gpus = int(str((status.get("allocatable") or {}).get(gpu_resource, "0")))
+        infos.append(
+            NodeInfo(
+                name=meta["name"],
+                domain=(meta.get("labels") or {}).get(domain_label),
+                allocatable_gpus=gpus,
+                ready=ready,
+                schedulable=not spec.get("unschedulable") and not tainted,
+            )
+        )
+        since = None if ready or cond is None else _time(cond.get("lastTransitionTime"))
+        health[meta["name"]] = NodeHealth(ready=ready, not_ready_since=since)
+    return infos, health
+
+
+def pod_gpus(pod: Obj, gpu_resource: str) -> int:
+    total = 0
+    for ctr in pod.get("spec", {}).get("containers") or []:
+        res = ctr.get("resources") or {}
+        value = (res.get("limits") or {}).get(gpu_resource) or (res.get("requests") or {}).get(gpu_resource)
+        total += int(str(value or 0))
+    return total
+
+
+def gpu_uses(pods: Iterable[Obj], gpu_resource: str) -> list[GpuUse]:
+    uses = []
+    for p in pods:
+        gpus = pod_gpus(p, gpu_resource)
+        if gpus:
+            labels = p["metadata"].get("labels") or {}
+            uses.append(GpuUse(gpus=gpus, node=p["spec"].get("nodeName"), domain=labels.get(c.LABEL_DOMAIN)))
+    return uses
+
+
+def _pod_view(p: Obj) -> PodView:
+    meta, status = p["metadata"], p.get("status") or {}
+    ready = any(
+        cd.get("type") == "Ready" and cd.get("status") == "True" for cd in status.get("conditions") or []
+    )
+    return PodView(
+        name=meta["name"],
+        rank=int(meta["labels"][c.LABEL_RANK]),
+        phase=status.get("phase") or "Pending",
+        ready=ready,
+        node=p["spec"].get("nodeName"),
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+def group_views(pods: Iterable[Obj], recorded: set[str]) -> dict[RoleName, list[GroupView]]:
+    by_group: dict[str, list[Obj]] = {}
+    for p in pods:
+        labels = p["metadata"].get("labels") or {}
+        if labels.get(c.COMPONENT) == "worker" and c.LABEL_GROUP in labels:
+            by_group.setdefault(labels[c.LABEL_GROUP], []).append(p)
+    out: dict[RoleName, list[GroupView]] = {}
+    for name, members in sorted(by_group.items()):
+        first = members[0]["metadata"]
+        labels, ann = first["labels"], first.get("annotations") or {}
+        role: RoleName = labels[c.LABEL_ROLE]
+        out.setdefault(role, []).append(
+            GroupView(
+                name=name,
+                role=role,
+                slot=int(labels[c.LABEL_SLOT]),
+                revision=labels[c.LABEL_REVISION],
+                domain=labels[c.LABEL_DOMAIN],
+                size=int(ann.get(c.ANN_GROUP_SIZE, len(members))),
+                gpus=int(ann.get(c.ANN_GROUP_GPUS, 0)),
+                pods=tuple(_pod_view(p) for p in members),
+                recorded=name in recorded,
+            )
+        )
+    return out
+
+
+def desired_groups(md: ModelDeployment) -> dict[RoleName, int]:
+    """Groups per role: the spec's, or the autoscaler's decision (kept in status) when it is on."""
+    spec = md.spec
+    wanted = b.spec_groups(spec)
+    scaler = md.status.autoscaling if md.status else None
+    if spec.autoscaling.enabled and scaler is not None:
+        for role, n in scaler.desired.items():
+            if role in wanted:
+                wanted[role] = n
+        if "prefill" in wanted and "decode" in wanted and "prefill" not in scaler.desired:
+            wanted["prefill"] = b.follow_ratio(spec, wanted["decode"], wanted["prefill"])
+    return wanted
+
+
+# ------------------------------------------------------------------------------------------- pass
+
+
+def plan_all(
+    spec: ModelDeploymentSpec,
+    desired: dict[RoleName, int],
+    groups: dict[RoleName, list[GroupView]],
+    domains: dict[str, Domain],
+    health: dict[str, NodeHealth],
+    now: float,
+) -> tuple[list[RolePlan], dict[str, Domain]]:
+    """Plan every role present in the spec or in the cluster (a removed role plans 0 groups)."""
+    plans = []
+    for role in PLAN_ORDER:
+        if role not in desired and role not in groups:
+            continue
+        in_spec = spec.role(role) is not None
+        shape = b.group_shape(spec, role) if in_spec else _observed_shape(groups[role], spec)
+        revision = b.role_revision(spec, role) if in_spec else ""
+        plan, domains = plan_role(
+            role,
+            desired.get(role, 0),
+            revision,
+            shape,
+            groups.get(role, []),
+            domains,
+            spec.topology.placement,
+            health,
+            now,
+            float(spec.topology.node_failure_toleration_seconds),
+        )
+        plans.append(plan)
+    return plans, domains
+
+
+def _observed_shape(groups: list[GroupView], spec: ModelDeploymentSpec) -> Any:
+    from tokenfab.planning.topology import GroupShape
+
+    return GroupShape(gpus=max(g.gpus for g in groups) or 1, gpus_per_node=spec.topology.gpus_per_node)
+
+
+def reconcile(kube: Kube, namespace: str, name: str, now: float) -> Result | None:
+    """One pass. Returns None when the ModelDeployment is gone."""
+    body = kube.model_deployment(namespace, name)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return None
+    try:
+        md = parse_model_deployment(body)
+    except SpecError as exc:  # admission should have refused it; say so instead of crashing
+        kube.event(body, "Warning", "InvalidSpec", str(exc))
+        return None
+    spec = md.spec
+    owner = b.Owner(name=name, namespace=namespace, uid=body["metadata"]["uid"])
+    topo = spec.topology
+
+    # observe
+    pods = kube.children(namespace, name, "Pod")
+    nodes, health = node_views(kube.nodes(), topo.domain_label, topo.gpu_resource)
+    domains = build_domains(nodes, gpu_uses(kube.gpu_pods(), topo.gpu_resource))
+    recorded = {p.group for p in (md.status.placement if md.status else [])}
+    groups = group_views(pods, recorded)
+    frontend = kube.get("apps/v1", "Deployment", b.frontend_name(owner), namespace)
+
+    # plan
+    plans, _ = plan_all(spec, desired_groups(md), groups, domains, health, now)
+
+    if any(b.uses_compute_domain(spec, p.role) and p.create for p in plans if spec.role(p.role)) and not (
+        kube.has_kind(c.COMPUTE_DOMAIN_API, "ComputeDomain")
+    ):
+        for p in plans:
+            if spec.role(p.role) is not None and b.uses_compute_domain(spec, p.role) and p.create:
+                p.create = []
+                p.blocked = (
+                    f"{p.role} groups need an NVIDIA ComputeDomain ({c.COMPUTE_DOMAIN_API}) but its CRD is not "
+                    "installed: install NVIDIA's DRA driver, or set spec.topology.computeDomain to false"
+                )
+
+    # apply: shared children first, then deletions (free capacity), then new groups whole
+    result = Result(plans=plans)
+    kube.apply(b.workers_service(owner))
+    kube.apply(b.frontend_deployment(owner, spec))
+    kube.apply(b.frontend_service(owner))
+    for role in ROLES:
+        if spec.role(role) is not None:
+            kube.apply(b.engine_configmap(owner, spec, role))
+        else:
+            kube.delete("v1", "ConfigMap", b.engine_configmap_name(owner, role), namespace)
+    for plan in plans:
+        for d in plan.delete:
+            kube.delete_group(namespace, d.name)
+            result.deleted.append(d.name)
+            kube.event(
+                body,
+                "Normal" if d.reason != "Broken" else "Warning",
+                f"GroupDeleted{d.reason}",
+                f"deleted group {d.name} ({d.reason.lower()}"
+                + (f": {plan.broken_reasons[d.name]})" if d.name in plan.broken_reasons else ")"),
+            )
+        for cr in plan.create:
+            cd = b.compute_domain(owner, spec, cr.role, cr.slot)
+            if cd is not None:
+                kube.apply(cd)
+            for pod in b.group_pods(owner, spec, cr.role, cr.slot, cr.domain, cr.revision):
+                kube.apply(pod)
+            group = b.group_name(owner, cr.role, cr.slot)
+            result.created.append(group)
+            if cr.reason != "Complete":
+                kube.event(
+                    body,
+                    "Normal",
+                    f"GroupCreated{cr.reason}",
+                    f"created group {group}: {plan.shape.gpus} GPUs on {plan.shape.nodes} node(s) "
+                    f"in NVLink domain {cr.domain}",
+                )
+
+    # status
+    placement = _placement(plans, groups, owner)
+    available = int(((frontend or {}).get("status") or {}).get("availableReplicas") or 0)
+    obs = Observed(md.metadata.generation or 0, available, spec.serving.frontend_replicas, b.endpoint(owner))
+    status, changed = build_status(plans, placement, obs, md.status, now)
+    new_status = status.model_dump(by_alias=True, exclude_none=True, mode="json")
+    if new_status != body.get("status"):
+        kube.apply_status(namespace, name, new_status)
+    for cond in changed:
+        kind = (
+            "Warning"
+            if (cond.type in ("Degraded",) and cond.status == "True")
+            or (cond.type in ("Ready", "Placed") and cond.status == "False")
+            else "Normal"
+        )
+        kube.event(body, kind, cond.reason, f"{cond.type}={cond.status}: {cond.message}")
+        result.conditions_changed.append(f"{cond.type}={cond.status}/{cond.reason}")
+    return result
+
+
+def _placement(
+    plans: list[RolePlan], groups: dict[RoleName, list[GroupView]], owner: b.Owner
+) -> list[GroupPlacement]:
+    out = []
+    for plan in plans:
+        gone = {d.name for d in plan.delete}
+        for g in groups.get(plan.role, []):
+            if g.name not in gone and plan.states.get(g.name) != "terminating":
+                out.append(GroupPlacement(group=g.name, role=g.role, domain=g.domain, gpus=g.gpus))
+        for cr in plan.create:
+            name = b.group_name(owner, cr.role, cr.slot)
+            if not any(p.group == name for p in out):
+                out.append(GroupPlacement(group=name, role=cr.role, domain=cr.domain, gpus=plan.shape.gpus))
+    return out
