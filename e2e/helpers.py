@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -43,3 +45,30 @@ def wait_for(what: str, probe: Callable[[], Any], timeout: float = 90.0, interva
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
+
+
+def get_json(f: Factory, *args: str) -> Any:
+    return json.loads(kubectl(f, "get", *args, "-o", "json").stdout)
+
+
+def condition(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond["type"] == type_:
+            return dict(cond)
+    return None
+
+
+def start_operator(f: Factory, liveness_port: int) -> int:
+    """The operator as a real process against the factory (stopped by PID with the factory)."""
+    return f.start_extra(
+        "operator",
+        [
+            sys.executable,
+            "-m",
+            "tokenfab.cli",
+            "operator",
+            "--liveness",
+            f"http://127.0.0.1:{liveness_port}/healthz",
+        ],
+        env={"TOKENFAB_RESYNC_SECONDS": "5", "TOKENFAB_INVENTORY_SECONDS": "3"},
+    )

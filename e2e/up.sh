@@ -19,9 +19,8 @@ source "$run_dir/env"
 say "installing the tokenfab CRDs"
 kubectl apply --server-side --force-conflicts --field-manager=tokenfab-quickstart -f crds/ >/dev/null
 kubectl wait --for=condition=Established crd/modeldeployments.tokenfab.dev --timeout=60s >/dev/null
-if [ -x "$TOKENFAB_ROOT/e2e/operator.sh" ]; then
-  "$TOKENFAB_ROOT/e2e/operator.sh" start
-fi
+say "starting the tokenfab operator"
+tokenfab factory operator
 say "applying examples/deepseek-r1-disaggregated.yaml"
 kubectl apply --server-side --field-manager=tokenfab-quickstart -f examples/deepseek-r1-disaggregated.yaml
 cat <<MSG
@@ -29,7 +28,8 @@ cat <<MSG
 The local AI factory is up. Try:
   source $run_dir/env
   kubectl get nodes -L nvidia.com/gpu.clique | head
-  kubectl get mdep -o wide
+  kubectl get mdep -o wide                 # Ready within seconds: 2 prefill + 2 decode groups
+  kubectl get nvlinkdomains                # free GPUs and groups per NVL72 rack
   kubectl explain modeldeployment.spec.decode.parallelism
   tokenfab factory status
 Stop it with: tokenfab factory down   (the env file puts kubectl, helm and tokenfab on PATH)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from tokenfab_factory import process
 from tokenfab_factory.factory import Factory, FactoryConfig, FactoryError, default_run_dir
 from tokenfab_factory.racks import SYSTEMS
 
@@ -71,6 +73,36 @@ def down(
 
 
 @app.command()
+def operator(
+    run_dir: RunDir = None,
+    stop: Annotated[bool, typer.Option(help="Stop the operator instead.")] = False,
+    liveness_port: Annotated[
+        int, typer.Option(help="Loopback port of the operator's health endpoint.")
+    ] = 31080,
+) -> None:
+    """Run the tokenfab operator against this factory in the background (log: <run-dir>/logs/operator.log)."""
+    f = _factory(run_dir)
+    if stop:
+        typer.echo("operator stopped" if f.stop_extra("operator") else "operator was not running")
+        return
+    if f.read_state() is None:
+        typer.echo(f"no factory in {f.run} (start one with `tokenfab factory up`)", err=True)
+        raise typer.Exit(1)
+    pid = f.start_extra(
+        "operator",
+        [
+            sys.executable,
+            "-m",
+            "tokenfab.cli",
+            "operator",
+            "--liveness",
+            f"http://127.0.0.1:{liveness_port}/healthz",
+        ],
+    )
+    typer.echo(f"operator running, pid {pid}, log {f.log('operator')}")
+
+
+@app.command()
 def status(run_dir: RunDir = None) -> None:
     """Report each component's process and health, and the nodes; exit 1 if anything is unhealthy."""
     f = _factory(run_dir)
@@ -97,6 +129,10 @@ def _print_status(f: Factory) -> bool:
     if statuses[1].healthy:
         ready, total = f.node_counts()
         typer.echo(f"nodes: {ready}/{total} Ready")
+    for name, pid in f.extra_pids().items():
+        alive = process.alive(pid)
+        typer.echo(f"{name}: pid {pid} {'running' if alive else 'DOWN'} (log {f.log(name)})")
+        ok = ok and alive
         ok = ok and ready == total and total > 0
     typer.echo(f"kubeconfig: {f.kubeconfig}\nprometheus: {f.prometheus_url}\nlogs: {f.run / 'logs'}")
     return ok

@@ -563,9 +563,37 @@ class Factory:
         finally:
             api.close()
 
+    # ------------------------------------------------------------------ extra processes
+    @property
+    def procs_dir(self) -> Path:
+        return self.run / "procs"
+
+    def start_extra(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> int:
+        """Start a process that belongs with this factory (e.g. the operator); `down` stops it by PID."""
+        self.stop_extra(name)
+        pid = process.start(argv, self.log(name), env={"KUBECONFIG": str(self.kubeconfig), **(env or {})})
+        self.procs_dir.mkdir(parents=True, exist_ok=True)
+        (self.procs_dir / f"{name}.json").write_text(json.dumps({"pid": pid, "argv": argv}))
+        return pid
+
+    def extra_pids(self) -> dict[str, int]:
+        out = {}
+        for f in sorted(self.procs_dir.glob("*.json")) if self.procs_dir.exists() else []:
+            with contextlib.suppress(ValueError, OSError, KeyError):
+                out[f.stem] = int(json.loads(f.read_text())["pid"])
+        return out
+
+    def stop_extra(self, name: str) -> bool:
+        f = self.procs_dir / f"{name}.json"
+        pid = self.extra_pids().get(name)
+        stopped = pid is not None and process.stop(pid)
+        with contextlib.suppress(FileNotFoundError):
+            f.unlink()
+        return stopped
+
     # ------------------------------------------------------------------ down
     def _stop_all(self, state: State) -> list[str]:
-        stopped = []
+        stopped = [name for name in self.extra_pids() if self.stop_extra(name)]
         for comp in reversed(COMPONENTS):
             pid = state.pids.get(comp)
             if pid and process.stop(pid, _expect(comp)):

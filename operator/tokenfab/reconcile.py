@@ -226,8 +226,8 @@ def reconcile(kube: Kube, namespace: str, name: str, now: float) -> Result | Non
             if spec.role(p.role) is not None and b.uses_compute_domain(spec, p.role) and p.create:
                 p.create = []
                 p.blocked = (
-                    f"{p.role} groups need an NVIDIA ComputeDomain ({c.COMPUTE_DOMAIN_API}) but its CRD is not "
-                    "installed: install NVIDIA's DRA driver, or set spec.topology.computeDomain to false"
+                    f"{p.role} groups need an NVIDIA ComputeDomain ({c.COMPUTE_DOMAIN_API}) but its CRD is "
+                    "not installed: install NVIDIA's DRA driver, or set spec.topology.computeDomain to false"
                 )
 
     # apply: shared children first, then deletions (free capacity), then new groups whole

@@ -1,0 +1,264 @@
+"""The operator, running as a real process against the local AI factory, reconciles ModelDeployments into
+NVL72-pinned worker groups: Ready on 4 racks, whole-group recovery from a lost node, convergence through
+SIGKILLs during a rollout, no partial groups when capacity runs out, and clean deletion."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+import yaml
+
+from e2e.conftest import E2E_PORT_BASE
+from e2e.helpers import apply_yaml, condition, get_json, kubectl, start_operator, wait_for
+from tests.cases import EXAMPLES
+from tokenfab.planning import contract as c
+from tokenfab_factory import process
+from tokenfab_factory.factory import Factory
+from tokenfab_factory.racks import CLIQUE_LABEL
+
+NS = "ds"
+LIVENESS = E2E_PORT_BASE + 20
+
+
+def _healthy() -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{LIVENESS}/healthz", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def operator(factory: Factory) -> Iterator[Factory]:
+    for ns in (NS, "big"):
+        kubectl(factory, "create", "namespace", ns, check=False)
+    start_operator(factory, LIVENESS)
+    wait_for("the operator's health endpoint", _healthy, timeout=60)
+    yield factory
+    factory.stop_extra("operator")
+
+
+def deepseek() -> dict:
+    doc = yaml.safe_load((EXAMPLES / "deepseek-r1-disaggregated.yaml").read_text())
+    doc["metadata"]["namespace"] = NS
+    return doc
+
+
+def md(f: Factory, name: str = "deepseek-r1", ns: str = NS) -> dict:
+    return get_json(f, "mdep", name, "-n", ns)
+
+
+def is_ready(f: Factory, name: str = "deepseek-r1", ns: str = NS) -> bool:
+    cond = condition(md(f, name, ns), "Ready")
+    return bool(cond and cond["status"] == "True")
+
+
+def worker_pods(f: Factory, ns: str = NS, owner: str = "deepseek-r1") -> list[dict]:
+    sel = f"{c.LABEL_DEPLOYMENT}={owner},{c.COMPONENT}=worker"
+    return get_json(f, "pods", "-n", ns, "-l", sel)["items"]
+
+
+def groups(pods: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for p in pods:
+        out.setdefault(p["metadata"]["labels"][c.LABEL_GROUP], []).append(p)
+    return out
+
+
+def node_cliques(f: Factory) -> dict[str, str]:
+    return {
+        n["metadata"]["name"]: n["metadata"]["labels"][CLIQUE_LABEL] for n in get_json(f, "nodes")["items"]
+    }
+
+
+def test_deepseek_becomes_ready_with_every_group_in_one_clique(operator):
+    f = operator
+    apply_yaml(f, deepseek(), "--server-side", "--field-manager=e2e")
+    wait_for("deepseek-r1 Ready", lambda: is_ready(f), timeout=120)
+    obj = md(f)
+    assert obj["status"]["roles"]["decode"]["groups"] == "2/2"
+    assert obj["status"]["roles"]["prefill"]["groups"] == "2/2"
+    assert obj["status"]["gpus"] == "80/80"
+    assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
+    cliques = node_cliques(f)
+    by_group = groups(worker_pods(f))
+    sizes = sorted(len(p) for p in by_group.values())
+    assert sizes == [2, 2, 8, 8], "2 prefill groups of 2 pods (8 GPUs), 2 decode groups of 8 pods (32 GPUs)"
+    placement = {p["group"]: p["domain"] for p in obj["status"]["placement"]}
+    for name, members in by_group.items():
+        domains = {cliques[p["spec"]["nodeName"]] for p in members}
+        assert len(domains) == 1, f"group {name} split across NVLink domains: {domains}"
+        assert placement[name] == domains.pop()
+        assert sorted(int(p["metadata"]["labels"][c.LABEL_RANK]) for p in members) == list(
+            range(len(members))
+        )
+    # Engine config carries the first-class fields.
+    engine = yaml.safe_load(
+        get_json(f, "configmap", "deepseek-r1-decode-engine", "-n", NS)["data"]["engine.yaml"]
+    )
+    assert engine["tensor_parallel_size"] == 32
+    assert engine["moe_expert_parallel_size"] == 32
+    assert engine["speculative_config"] == {"decoding_type": "MTP", "num_nextn_predict_layers": 3}
+    assert engine["cache_transceiver_config"]["backend"] == "DEFAULT"
+    # kubectl get shows it; the NVLinkDomain inventory counts the groups; Events tell the story.
+    row = kubectl(f, "get", "mdep", "-n", NS).stdout.splitlines()[1].split()
+    assert row[1:6] == ["disaggregated", "True", "2/2", "2/2", "80/80"]
+    wait_for(
+        "NVLinkDomains listing the 4 groups",
+        lambda: sum(d["status"]["groupCount"] for d in get_json(f, "nvlinkdomains")["items"]) >= 4,
+        timeout=30,
+    )
+    events = get_json(f, "events", "-n", NS, "--field-selector", "involvedObject.name=deepseek-r1")["items"]
+    reasons = {e["reason"] for e in events}
+    assert {"GroupCreatedMissing", "AllGroupsReady"} <= reasons
+
+
+def test_losing_a_node_recreates_its_decode_group_whole(operator):
+    f = operator
+    before = groups(worker_pods(f))
+    victim_group = sorted(g for g in before if "-decode-" in g)[0]
+    victim_node = sorted(p["spec"]["nodeName"] for p in before[victim_group])[3]
+    node = get_json(f, "node", victim_node)
+    kubectl(f, "delete", "node", victim_node)
+    try:
+
+        def recovered() -> bool:
+            now = groups(worker_pods(f))
+            decode = {g: m for g, m in now.items() if "-decode-" in g}
+            return (
+                victim_group not in now
+                and len(decode) == 2
+                and all(len(m) == 8 for m in decode.values())
+                and is_ready(f)
+            )
+
+        wait_for("the decode group recreated whole and Ready again", recovered, timeout=120)
+        cliques = node_cliques(f)
+        for name, members in groups(worker_pods(f)).items():
+            assert len({cliques[p["spec"]["nodeName"]] for p in members}) == 1, name
+            assert victim_node not in {p["spec"]["nodeName"] for p in members}
+        events = get_json(f, "events", "-n", NS, "--field-selector", "involvedObject.name=deepseek-r1")[
+            "items"
+        ]
+        assert any(e["reason"] == "GroupDeletedBroken" and victim_group in e["message"] for e in events)
+    finally:
+        for key in ("resourceVersion", "uid", "creationTimestamp", "managedFields"):
+            node["metadata"].pop(key, None)
+        node["status"] = {
+            "capacity": node["status"]["capacity"],
+            "allocatable": node["status"]["allocatable"],
+        }
+        kubectl(f, "create", "-f", "-", input=json.dumps(node), check=False)
+
+
+def test_sigkill_during_a_rollout_converges_to_exactly_the_desired_groups(operator):
+    f = operator
+    wait_for("Ready before the rollout", lambda: is_ready(f), timeout=60)
+    old_rev = {
+        p["metadata"]["labels"][c.LABEL_REVISION]
+        for p in worker_pods(f)
+        if p["metadata"]["labels"][c.LABEL_ROLE] == "decode"
+    }
+    doc = deepseek()
+    doc["spec"]["decode"]["maxBatchSize"] = 128
+    apply_yaml(f, doc, "--server-side", "--field-manager=e2e")
+    min_ready_decode = 2
+    for _ in range(5):
+        time.sleep(2)
+        pid = f.extra_pids()["operator"]
+        process.stop(pid, timeout=0)  # SIGTERM then SIGKILL at once: no graceful shutdown
+        ready_decode = sum(
+            1
+            for m in groups(worker_pods(f)).values()
+            if m[0]["metadata"]["labels"][c.LABEL_ROLE] == "decode"
+            and all(
+                any(
+                    cd["type"] == "Ready" and cd["status"] == "True"
+                    for cd in p["status"].get("conditions", [])
+                )
+                for p in m
+            )
+        )
+        min_ready_decode = min(min_ready_decode, ready_decode)
+        start_operator(f, LIVENESS)
+    wait_for("the operator back", _healthy, timeout=60)
+
+    def converged() -> bool:
+        pods = worker_pods(f)
+        by_role = Counter(m[0]["metadata"]["labels"][c.LABEL_ROLE] for m in groups(pods).values())
+        revs = {
+            p["metadata"]["labels"][c.LABEL_REVISION]
+            for p in pods
+            if p["metadata"]["labels"][c.LABEL_ROLE] == "decode"
+        }
+        return by_role == Counter({"decode": 2, "prefill": 2}) and not (revs & old_rev) and is_ready(f)
+
+    wait_for("exactly 2 decode groups at the new revision and 2 prefill groups", converged, timeout=180)
+    pods = worker_pods(f)
+    for name, members in groups(pods).items():
+        assert len(members) == int(members[0]["metadata"]["annotations"][c.ANN_GROUP_SIZE]), (
+            f"partial group {name}"
+        )
+        assert not any(p["metadata"].get("deletionTimestamp") for p in members)
+    assert len({p["metadata"]["name"] for p in pods}) == len(pods) == 2 * 8 + 2 * 2
+    assert min_ready_decode >= 1, "serving dropped to zero decode groups during the rollout"
+    assert md(f)["status"]["observedGeneration"] == md(f)["metadata"]["generation"]
+
+
+def test_too_large_a_deployment_reports_capacity_and_creates_no_partial_group(operator):
+    f = operator
+    big = {
+        "apiVersion": "tokenfab.dev/v1alpha1",
+        "kind": "ModelDeployment",
+        "metadata": {"name": "huge", "namespace": "big"},
+        "spec": {
+            "model": {"name": "huge", "source": "pvc://models/huge"},
+            "serving": {"mode": "aggregated"},
+            "worker": {"parallelism": {"tensor": 64}, "replicas": 4},
+        },
+    }
+    apply_yaml(f, big)
+    try:
+
+        def placed_false() -> dict | None:
+            cond = condition(md(f, "huge", "big"), "Placed")
+            return cond if cond and cond["status"] == "False" else None
+
+        cond = wait_for("Placed=False on the huge deployment", placed_false, timeout=60)
+        assert cond["reason"] == "InsufficientCapacity"
+        assert "needs 64 GPUs on 16 node(s) in one NVLink domain" in cond["message"]
+        assert "largest free block" in cond["message"]
+        time.sleep(3)
+        by_group = groups(worker_pods(f, "big", "huge"))
+        assert len(by_group) < 4
+        for name, members in by_group.items():
+            assert len(members) == 16, f"partial group {name}: {len(members)} pods"
+        obj = md(f, "huge", "big")
+        assert obj["status"]["roles"]["worker"]["desiredGroups"] == 4
+        assert condition(obj, "Ready")["status"] == "False"
+    finally:
+        kubectl(f, "delete", "mdep", "huge", "-n", "big", "--wait=true")
+
+
+def test_deleting_the_deployment_removes_every_child(operator):
+    f = operator
+    kubectl(f, "delete", "mdep", "deepseek-r1", "-n", NS, "--wait=true")
+    sel = f"{c.LABEL_DEPLOYMENT}=deepseek-r1"
+
+    def gone() -> bool:
+        left = get_json(f, "pods,configmaps,services,deployments", "-n", NS, "-l", sel)["items"]
+        return not left
+
+    wait_for("every child of deepseek-r1 garbage-collected", gone, timeout=120)
+
+
+def test_kubectl_shows_domain_capacity(operator):
+    f = operator
+    out = kubectl(f, "get", "nvlinkdomains").stdout.splitlines()
+    assert out[0].split()[:7] == ["NAME", "NODES", "READY", "GPUS", "FREE", "FREE-NODES", "GROUPS"]
+    assert len(out) == 1 + 4
