@@ -8,16 +8,26 @@ from __future__ import annotations
 
 import os
 import tempfile
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from e2e.helpers import kubectl
+from e2e.helpers import kubectl, start_operator, wait_for
 from tokenfab_factory.factory import Factory, FactoryConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 E2E_PORT_BASE = int(os.environ.get("TOKENFAB_E2E_PORT_BASE", "32000"))
+LIVENESS = E2E_PORT_BASE + 20
+
+
+def operator_healthy() -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{LIVENESS}/healthz", timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -39,3 +49,12 @@ def factory() -> Iterator[Factory]:
         yield f
     finally:
         f.down()
+
+
+@pytest.fixture(scope="session")
+def operator(factory: Factory) -> Iterator[Factory]:
+    """The tokenfab operator as a real process against the session's factory (stopped by PID)."""
+    start_operator(factory, LIVENESS)
+    wait_for("the operator's health endpoint", operator_healthy, timeout=60)
+    yield factory
+    factory.stop_extra("operator")

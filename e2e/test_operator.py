@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.request
 from collections import Counter
-from collections.abc import Iterator
 
 import pytest
 import yaml
 
-from e2e.conftest import E2E_PORT_BASE
+from e2e.conftest import LIVENESS, operator_healthy
 from e2e.helpers import apply_yaml, condition, get_json, kubectl, start_operator, wait_for
 from tests.cases import EXAMPLES
 from tokenfab.planning import contract as c
@@ -22,25 +20,12 @@ from tokenfab_factory.factory import Factory
 from tokenfab_factory.racks import CLIQUE_LABEL
 
 NS = "ds"
-LIVENESS = E2E_PORT_BASE + 20
 
 
-def _healthy() -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{LIVENESS}/healthz", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
-@pytest.fixture(scope="module")
-def operator(factory: Factory) -> Iterator[Factory]:
+@pytest.fixture(scope="module", autouse=True)
+def namespaces(operator: Factory) -> None:
     for ns in (NS, "big"):
-        kubectl(factory, "create", "namespace", ns, check=False)
-    start_operator(factory, LIVENESS)
-    wait_for("the operator's health endpoint", _healthy, timeout=60)
-    yield factory
-    factory.stop_extra("operator")
+        kubectl(operator, "create", "namespace", ns, check=False)
 
 
 def deepseek() -> dict:
@@ -186,7 +171,7 @@ def test_sigkill_during_a_rollout_converges_to_exactly_the_desired_groups(operat
         )
         min_ready_decode = min(min_ready_decode, ready_decode)
         start_operator(f, LIVENESS)
-    wait_for("the operator back", _healthy, timeout=60)
+    wait_for("the operator back", operator_healthy, timeout=60)
 
     def converged() -> bool:
         pods = worker_pods(f)

@@ -195,6 +195,7 @@ class Factory:
                             "run `tokenfab factory down` first to change its size"
                         )
                     self.say(f"factory already running in {self.run}; nothing to do")
+                    self._write_env()
                     return existing
                 dead = [s.name for s in statuses if not s.running]
                 self.say(

@@ -26,6 +26,7 @@ from tokenfab.planning.topology import (
     GroupShape,
     PlacementPolicy,
     choose_domain,
+    fits,
     largest_block,
     reserve,
 )
@@ -160,8 +161,19 @@ def plan_role(
             plan.broken_reasons[g.name] = why
             plan.delete.append(Delete(role, g.name, "Broken"))
         elif state == "incomplete":
-            plan.create.append(Create(role, g.slot, g.domain, g.revision, "Complete"))
-            alive.append(g)
+            # Finish a group the operator started before it stopped, if its ranks still fit where it is
+            # and its revision is current; otherwise start it over.
+            missing = g.size - len({p.rank for p in g.pods})
+            rest = GroupShape(gpus=missing * shape.pod_gpus, gpus_per_node=shape.gpus_per_node)
+            where = domains.get(g.domain)
+            if g.revision == revision and where is not None and fits(where, rest):
+                domains = {**domains, g.domain: reserve(where, rest)}
+                plan.create.append(Create(role, g.slot, g.domain, g.revision, "Complete"))
+                alive.append(g)
+            else:
+                plan.states[g.name] = "broken"
+                plan.broken_reasons[g.name] = "could not be completed where it was started"
+                plan.delete.append(Delete(role, g.name, "Broken"))
         elif state != "terminating":
             alive.append(g)
     used_slots = {g.slot for g in groups}
@@ -173,7 +185,7 @@ def plan_role(
         nonlocal domains
         chosen = choose_domain(domains, shape, policy, per_domain)
         if chosen is None:
-            plan.unplaced += 1
+            plan.unplaced = 1  # the caller counts the rest
             plan.largest_block = largest_block(domains, shape)
             return False
         slot = next(i for i in range(len(used_slots) + 1) if i not in used_slots)
@@ -192,8 +204,9 @@ def plan_role(
 
     if total < desired:
         reason = "Replace" if plan.delete else "Missing"
-        for _ in range(desired - total):
+        for placed in range(desired - total):
             if not place(reason):
+                plan.unplaced = desired - total - placed
                 break
     elif total > desired and not (old and not new_all_ready):
         # (During a rollout a surge group may be starting: old groups go only once it is ready.)
@@ -210,4 +223,7 @@ def plan_role(
         else:
             plan.rollout_blocked = True
             plan.largest_block = largest_block(domains, shape)
+    # A group deleted by this plan is not also completed.
+    doomed = {g.slot for g in groups if g.name in {d.name for d in plan.delete}}
+    plan.create = [cr for cr in plan.create if not (cr.reason == "Complete" and cr.slot in doomed)]
     return plan, domains

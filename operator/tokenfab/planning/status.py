@@ -51,8 +51,7 @@ def conditions(plans: Sequence[RolePlan], obs: Observed) -> list[Condition]:
     rolling = [
         p
         for p in plans
-        if any(c.reason in ("Surge", "Replace") for c in p.create)
-        or any(d.reason == "Rollout" for d in p.delete)
+        if any(c.reason == "Surge" for c in p.create) or any(d.reason == "Rollout" for d in p.delete)
     ]
 
     held = [p for p in plans if p.blocked]

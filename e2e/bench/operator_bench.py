@@ -1,0 +1,209 @@
+"""Benchmarks of the reconciler on the local AI factory, each against a baseline measured in the same run.
+
+1. Apply -> Ready: the DeepSeek-R1 example (2 prefill + 2 decode groups, 20 pods, 80 GPUs) versus a
+   plain Deployment of the same 20 GPU pods (the control-plane floor: scheduler + kwok, no operator).
+2. Placement of a mixed sequence of multi-node groups: tokenfab's best fit (the planner the operator
+   runs) versus first fit, and versus the kube-scheduler alone (the same groups as plain pods with no
+   domain affinity, placed by the real scheduler): how many groups end up split across NVLink domains.
+
+Figures are printed and saved to e2e/bench/results/operator.json; nothing passes or fails on a time.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from e2e.helpers import apply_yaml, condition, get_json, kubectl, wait_for
+from tests.cases import EXAMPLES
+from tokenfab.planning.topology import GroupShape, first_fit, place_sequence
+from tokenfab.reconcile import node_views
+from tokenfab_factory.factory import Factory
+from tokenfab_factory.racks import CLIQUE_LABEL, GPU_RESOURCE
+
+RESULTS = Path(__file__).resolve().parent / "results"
+NS = "bench"
+
+
+def _wait_gone(f: Factory, selector: str) -> None:
+    wait_for(
+        "bench pods gone", lambda: not get_json(f, "pods", "-n", NS, "-l", selector)["items"], timeout=180
+    )
+
+
+def apply_to_ready(f: Factory, trials: int = 3) -> dict[str, Any]:
+    kubectl(f, "create", "namespace", NS, check=False)
+    doc = yaml.safe_load((EXAMPLES / "deepseek-r1-disaggregated.yaml").read_text())
+    doc["metadata"] = {"name": "bench-ds", "namespace": NS}
+    plain = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "bench-plain", "namespace": NS},
+        "spec": {
+            "replicas": 20,
+            "selector": {"matchLabels": {"app": "bench-plain"}},
+            "template": {
+                "metadata": {"labels": {"app": "bench-plain"}},
+                "spec": {
+                    "containers": [
+                        {"name": "w", "image": "worker", "resources": {"limits": {GPU_RESOURCE: "4"}}}
+                    ]
+                },
+            },
+        },
+    }
+    tokenfab_s, plain_s = [], []
+    for _ in range(trials):
+        t0 = time.monotonic()
+        apply_yaml(f, doc)
+
+        def ready() -> bool:
+            cond = condition(get_json(f, "mdep", "bench-ds", "-n", NS), "Ready")
+            return bool(cond and cond["status"] == "True")
+
+        wait_for("bench-ds Ready", ready, timeout=180, interval=0.2)
+        tokenfab_s.append(round(time.monotonic() - t0, 2))
+        kubectl(f, "delete", "mdep", "bench-ds", "-n", NS, "--wait=true")
+        _wait_gone(f, "tokenfab.dev/deployment=bench-ds")
+
+        t0 = time.monotonic()
+        apply_yaml(f, plain)
+        wait_for(
+            "bench-plain available",
+            lambda: (
+                get_json(f, "deployment", "bench-plain", "-n", NS).get("status", {}).get("availableReplicas")
+                == 20
+            ),
+            timeout=180,
+            interval=0.2,
+        )
+        plain_s.append(round(time.monotonic() - t0, 2))
+        kubectl(f, "delete", "deployment", "bench-plain", "-n", NS, "--wait=true")
+        _wait_gone(f, "app=bench-plain")
+    med = sorted(tokenfab_s)[len(tokenfab_s) // 2], sorted(plain_s)[len(plain_s) // 2]
+    return {
+        "pods": 20,
+        "gpus": 80,
+        "tokenfab_seconds": tokenfab_s,
+        "plain_deployment_seconds": plain_s,
+        "median_tokenfab": med[0],
+        "median_plain": med[1],
+        "overhead_vs_floor": round(med[0] / med[1], 2) if med[1] else None,
+    }
+
+
+def mixed_sequence(seed: int, budget: int) -> list[int]:
+    rng = random.Random(seed)
+    sizes, total = [], 0
+    while True:
+        g = rng.choice([4, 8, 16, 32])
+        if total + g > budget:
+            return sizes
+        sizes.append(g)
+        total += g
+
+
+def scheduler_alone(f: Factory, sizes: list[int]) -> dict[str, Any]:
+    """The same groups as plain pods (4 GPUs per pod, no domain affinity), placed by the real scheduler."""
+    kubectl(f, "create", "namespace", NS, check=False)
+    pods = []
+    for i, gpus in enumerate(sizes):
+        for rank in range(max(1, gpus // 4)):
+            pods.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": f"g{i}-{rank}", "namespace": NS, "labels": {"bench-group": str(i)}},
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": "w",
+                                "image": "worker",
+                                "resources": {"limits": {GPU_RESOURCE: str(min(gpus, 4))}},
+                            }
+                        ]
+                    },
+                }
+            )
+    apply_yaml(f, pods)
+
+    def settled() -> list[dict] | None:
+        items = get_json(f, "pods", "-n", NS, "-l", "bench-group")["items"]
+        return items if len(items) == len(pods) and all(p["spec"].get("nodeName") for p in items) else None
+
+    items = wait_for("every bench pod scheduled", settled, timeout=180)
+    cliques = {
+        n["metadata"]["name"]: n["metadata"]["labels"][CLIQUE_LABEL] for n in get_json(f, "nodes")["items"]
+    }
+    spans: dict[str, set[str]] = {}
+    for p in items:
+        spans.setdefault(p["metadata"]["labels"]["bench-group"], set()).add(cliques[p["spec"]["nodeName"]])
+    kubectl(f, "delete", "pods", "-n", NS, "-l", "bench-group", "--wait=true")
+    multi = [i for i, g in enumerate(sizes) if g > 4]
+    split = sum(1 for i in multi if len(spans[str(i)]) > 1)
+    return {"groups": len(sizes), "multi_node_groups": len(multi), "split_across_domains": split}
+
+
+def planner(f: Factory, sizes: list[int]) -> dict[str, Any]:
+    nodes, _ = node_views(get_json(f, "nodes")["items"], CLIQUE_LABEL, GPU_RESOURCE)
+    from tokenfab.planning.topology import build_domains
+
+    domains = build_domains(nodes, [])
+    shapes = [GroupShape(gpus=g, gpus_per_node=4) for g in sizes]
+    out = {}
+    for name, chooser in (("best_fit", None), ("first_fit", first_fit)):
+        placed, _ = place_sequence(domains, shapes, "pack", chooser=chooser)
+        rejected = [s.gpus for s, d in zip(shapes, placed, strict=True) if d is None]
+        out[name] = {
+            "placed": len(shapes) - len(rejected),
+            "rejected_gpus": sum(rejected),
+            "split_across_domains": 0,
+        }
+    return out
+
+
+def placement(f: Factory, seeds: range = range(5)) -> dict[str, Any]:
+    runs = []
+    for seed in seeds:
+        sizes = mixed_sequence(seed, budget=280)
+        runs.append(
+            {"seed": seed, "sizes": sizes, "kube_scheduler": scheduler_alone(f, sizes), **planner(f, sizes)}
+        )
+    return {
+        "runs": runs,
+        "total_split_kube_scheduler": sum(r["kube_scheduler"]["split_across_domains"] for r in runs),
+        "total_multi_node_groups": sum(r["kube_scheduler"]["multi_node_groups"] for r in runs),
+        "total_rejected_gpus_best_fit": sum(r["best_fit"]["rejected_gpus"] for r in runs),
+        "total_rejected_gpus_first_fit": sum(r["first_fit"]["rejected_gpus"] for r in runs),
+    }
+
+
+def report(result: dict[str, Any]) -> str:
+    a, p = result["apply_to_ready"], result["placement"]
+    return "\n".join(
+        [
+            f"apply -> Ready, {a['pods']} pods / {a['gpus']} GPUs (median of {len(a['tokenfab_seconds'])}):",
+            f"  tokenfab ModelDeployment  {a['median_tokenfab']:>6} s   {a['tokenfab_seconds']}",
+            f"  plain Deployment (floor)  {a['median_plain']:>6} s   {a['plain_deployment_seconds']}",
+            f"  overhead vs floor         {a['overhead_vs_floor']}x",
+            f"placement of mixed group sequences on 4 NVL72 racks ({len(p['runs'])} sequences):",
+            f"  kube-scheduler alone: {p['total_split_kube_scheduler']} of {p['total_multi_node_groups']} "
+            "multi-node groups split across NVLink domains",
+            "  tokenfab best fit:    0 split (by construction); GPUs of groups left unplaced: "
+            f"{p['total_rejected_gpus_best_fit']}",
+            "  first fit:            0 split; GPUs of groups left unplaced: "
+            f"{p['total_rejected_gpus_first_fit']}",
+        ]
+    )
+
+
+def run(f: Factory) -> dict[str, Any]:
+    result = {"benchmark": "operator", "apply_to_ready": apply_to_ready(f), "placement": placement(f)}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "operator.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result

@@ -1,0 +1,301 @@
+"""Status of a ModelDeployment: conditions from role plans, merging them with the old ones, role counts."""
+
+from __future__ import annotations
+
+import pytest
+
+from tokenfab.api.models import (
+    AutoscalingStatus,
+    Condition,
+    GroupPlacement,
+    ModelDeploymentStatus,
+    RoleStatus,
+)
+from tokenfab.planning.groups import Create, Delete, GroupView, NodeHealth, PodView, RolePlan, plan_role
+from tokenfab.planning.status import (
+    Observed,
+    build_status,
+    conditions,
+    merge_conditions,
+    rfc3339,
+    role_statuses,
+)
+from tokenfab.planning.topology import GroupShape, NodeInfo, build_domains
+
+ENDPOINT = "http://m.ml.svc.cluster.local:8000/v1"
+OBS = Observed(generation=4, frontend_available=1, frontend_desired=1, endpoint=ENDPOINT)
+T0, T1 = 1_700_000_000.0, 1_700_000_600.0
+
+
+def role_plan(role="decode", desired=2, ready=None, gpus=32, **fields) -> RolePlan:
+    """A plan whose first `ready` groups (default: `desired`) are ready; `states` overrides them."""
+    states = fields.pop("states", None)
+    plan = RolePlan(role=role, desired=desired, revision="r2", shape=GroupShape(gpus, 4), **fields)
+    n = desired if ready is None else ready
+    plan.states = states if states is not None else {f"m-{role}-{i}": "ready" for i in range(n)}
+    return plan
+
+
+def summary(conds: list[Condition]) -> dict[str, tuple[str, str]]:
+    return {c.type: (c.status, c.reason) for c in conds}
+
+
+def message(conds: list[Condition], type_: str) -> str:
+    [cond] = [c for c in conds if c.type == type_]
+    return cond.message
+
+
+# ------------------------------------------------------------------------------------------- conditions
+
+
+def test_all_groups_ready():
+    conds = conditions([role_plan("prefill", 1, gpus=8), role_plan("decode", 2)], OBS)
+    assert [c.type for c in conds] == ["Ready", "Progressing", "Degraded", "Placed"]
+    assert summary(conds) == {
+        "Ready": ("True", "AllGroupsReady"),
+        "Progressing": ("False", "Stable"),
+        "Degraded": ("False", "AsExpected"),
+        "Placed": ("True", "AllGroupsPlaced"),
+    }
+    assert message(conds, "Ready") == f"ready groups: prefill 1/1, decode 2/2; serving at {ENDPOINT}"
+
+
+def test_insufficient_capacity_names_the_gpus_needed_and_the_largest_free_block():
+    plan = role_plan(ready=1, unplaced=1, largest_block=(12, "clique-b"))
+    conds = conditions([plan], OBS)
+    assert summary(conds)["Placed"] == ("False", "InsufficientCapacity")
+    assert summary(conds)["Ready"] == ("False", "GroupsNotReady")
+    assert summary(conds)["Degraded"] == ("True", "InsufficientCapacity")
+    assert message(conds, "Placed") == (
+        "1 a decode group needs 32 GPUs on 8 node(s) in one NVLink domain; "
+        "the largest free block is 12 GPUs (domain clique-b)"
+    )
+
+
+def test_insufficient_capacity_with_no_free_gpu_anywhere_names_no_domain():
+    conds = conditions([role_plan(ready=0, unplaced=1)], OBS)
+    assert message(conds, "Placed").endswith("the largest free block is 0 GPUs")
+
+
+def test_a_broken_group_degrades_and_recovers():
+    plan = role_plan(
+        desired=1,
+        states={"m-decode-0": "broken", "m-decode-1": "ready"},
+        delete=[Delete("decode", "m-decode-0", "Broken")],
+        broken_reasons={"m-decode-0": "node a-3 of pod m-decode-0-3 is not ready"},
+    )
+    conds = conditions([plan], OBS)
+    assert summary(conds)["Degraded"] == ("True", "GroupFailed")
+    assert message(conds, "Degraded") == "m-decode-0: node a-3 of pod m-decode-0-3 is not ready"
+    assert summary(conds)["Progressing"] == ("True", "Recovering")
+
+
+def test_several_broken_groups_are_named_in_order():
+    plan = role_plan(
+        desired=2,
+        ready=0,
+        broken_reasons={"m-decode-1": "pod m-decode-1-0 failed", "m-decode-0": "pod rank 2 is missing"},
+    )
+    assert message(conditions([plan], OBS), "Degraded") == (
+        "m-decode-0: pod rank 2 is missing; m-decode-1: pod m-decode-1-0 failed"
+    )
+
+
+def _replaced_broken_group() -> RolePlan:
+    """plan_role's answer for a failed 8-GPU group with room for its replacement."""
+    nodes = [NodeInfo(f"a-{i}", "a", 4, True, True) for i in range(4)]
+    pods = (
+        PodView("m-decode-0-0", 0, "Failed", False, "a-0", False),
+        PodView("m-decode-0-1", 1, "Running", True, "a-1", False),
+    )
+    broken = GroupView("m-decode-0", "decode", 0, "r2", "a", 2, 8, pods, True)
+    domains = build_domains(nodes, [])
+    health = {n.name: NodeHealth(True) for n in nodes}
+    plan, _ = plan_role("decode", 1, "r2", GroupShape(8, 4), [broken], domains, "pack", health, T0, 30)
+    assert plan.create == [Create("decode", 1, "a", "r2", "Replace")]
+    assert plan.delete == [Delete("decode", "m-decode-0", "Broken")]
+    return plan
+
+
+def test_replacing_a_broken_group_is_recovering_not_rolling_out():
+    conds = conditions([_replaced_broken_group()], OBS)
+    assert summary(conds)["Degraded"] == ("True", "GroupFailed")
+    assert summary(conds)["Progressing"] == ("True", "Recovering")
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [
+        role_plan(ready=2, old_groups=2, create=[Create("decode", 2, "a", "r2", "Surge")]),
+        role_plan(
+            ready=2,
+            old_groups=2,
+            states={"m-decode-0": "ready", "m-decode-1": "ready", "m-decode-2": "starting"},
+        ),
+        role_plan(ready=3, old_groups=2, delete=[Delete("decode", "m-decode-1", "Rollout")]),
+        role_plan(ready=2, old_groups=1, delete=[Delete("decode", "m-decode-1", "Rollout")]),
+    ],
+    ids=["surge created", "surge starting", "old group deleted", "in-place replacement"],
+)
+def test_rollout_is_progressing(plan):
+    conds = conditions([plan], OBS)
+    assert summary(conds)["Progressing"] == ("True", "RollingOut")
+    assert summary(conds)["Degraded"] == ("False", "AsExpected")
+
+
+def test_a_blocked_rollout_is_not_placed():
+    plan = role_plan(desired=1, old_groups=1, rollout_blocked=True, largest_block=(8, "a"))
+    conds = conditions([plan], OBS)
+    assert summary(conds)["Placed"] == ("False", "RolloutBlocked")
+    assert message(conds, "Placed").startswith("new revision not started, old groups kept: a decode group")
+    assert summary(conds)["Progressing"] == ("True", "RollingOut")
+
+
+def test_missing_compute_domain_support_is_not_placed():
+    plan = role_plan(ready=0, blocked="decode groups need an NVIDIA ComputeDomain")
+    conds = conditions([plan], OBS)
+    assert summary(conds)["Placed"] == ("False", "ComputeDomainUnavailable")
+    assert message(conds, "Placed") == "decode groups need an NVIDIA ComputeDomain"
+
+
+def test_new_groups_without_a_rollout_are_scaling():
+    plan = role_plan(desired=3, ready=2, create=[Create("decode", 2, "a", "r2", "Missing")])
+    conds = conditions([plan], OBS)
+    assert summary(conds)["Progressing"] == ("True", "Scaling")
+    assert message(conds, "Progressing") == "1 group(s) creating, 0 starting, 0 deleting"
+
+
+def test_frontend_not_available():
+    obs = Observed(generation=4, frontend_available=0, frontend_desired=2, endpoint=ENDPOINT)
+    conds = conditions([role_plan()], obs)
+    assert summary(conds)["Ready"] == ("False", "FrontendNotReady")
+    assert message(conds, "Ready") == "frontend 0/2"
+
+
+def test_groups_not_ready_is_reported_before_the_frontend():
+    obs = Observed(generation=4, frontend_available=0, frontend_desired=1, endpoint=ENDPOINT)
+    conds = conditions([role_plan("prefill", 1, gpus=8), role_plan(ready=1)], obs)
+    assert summary(conds)["Ready"] == ("False", "GroupsNotReady")
+    assert message(conds, "Ready") == "ready groups: prefill 1/1, decode 1/2"
+
+
+# ------------------------------------------------------------------------------------- merge_conditions
+
+
+def cond(type_, status, reason, message="", ltt=None, gen=None) -> Condition:
+    return Condition(
+        type=type_,
+        status=status,
+        reason=reason,
+        message=message,
+        last_transition_time=ltt,
+        observed_generation=gen,
+    )
+
+
+OLD_TIME = rfc3339(T0)
+
+
+def test_first_conditions_are_all_new():
+    merged, changed = merge_conditions([], [cond("Ready", "True", "AllGroupsReady")], 7, T0)
+    assert merged == [cond("Ready", "True", "AllGroupsReady", ltt="2023-11-14T22:13:20Z", gen=7)]
+    assert changed == merged
+
+
+def test_unchanged_status_keeps_the_transition_time_and_is_not_reported():
+    old = [cond("Ready", "True", "AllGroupsReady", "ready groups: decode 2/2", OLD_TIME, 3)]
+    new = [cond("Ready", "True", "AllGroupsReady", "ready groups: decode 3/3")]
+    merged, changed = merge_conditions(old, new, 4, T1)
+    assert merged == [cond("Ready", "True", "AllGroupsReady", "ready groups: decode 3/3", OLD_TIME, 4)]
+    assert changed == []
+
+
+def test_a_new_reason_with_the_same_status_is_reported_but_keeps_the_transition_time():
+    old = [cond("Progressing", "True", "Scaling", "", OLD_TIME, 3)]
+    merged, changed = merge_conditions(old, [cond("Progressing", "True", "RollingOut")], 4, T1)
+    assert merged == [cond("Progressing", "True", "RollingOut", "", OLD_TIME, 4)]
+    assert changed == merged
+
+
+def test_a_new_status_updates_the_transition_time_and_is_reported():
+    old = [cond("Ready", "True", "AllGroupsReady", "", OLD_TIME, 3)]
+    merged, changed = merge_conditions(old, [cond("Ready", "False", "GroupsNotReady")], 4, T1)
+    assert merged == [cond("Ready", "False", "GroupsNotReady", "", rfc3339(T1), 4)]
+    assert changed == merged
+    assert rfc3339(T1) != OLD_TIME
+
+
+def test_conditions_of_other_owners_are_kept_untouched():
+    metrics = cond("MetricsUnavailable", "True", "PrometheusUnreachable", "connection refused", OLD_TIME, 2)
+    old = [cond("Ready", "True", "AllGroupsReady", "", OLD_TIME, 2), metrics]
+    merged, changed = merge_conditions(old, [cond("Ready", "True", "AllGroupsReady")], 5, T1)
+    assert merged == [cond("Ready", "True", "AllGroupsReady", "", OLD_TIME, 5), metrics]
+    assert changed == []
+
+
+def test_only_the_conditions_that_moved_are_reported():
+    old = merge_conditions([], conditions([role_plan()], OBS), 1, T0)[0]
+    short = role_plan(states={"m-decode-0": "ready", "m-decode-1": "starting"})
+    merged, changed = merge_conditions(old, conditions([short], OBS), 2, T1)
+    assert [(c.type, c.status, c.reason) for c in changed] == [
+        ("Ready", "False", "GroupsNotReady"),
+        ("Progressing", "True", "Scaling"),
+    ]
+    times = {c.type: c.last_transition_time for c in merged}
+    assert times == {
+        "Ready": rfc3339(T1),
+        "Progressing": rfc3339(T1),
+        "Degraded": rfc3339(T0),
+        "Placed": rfc3339(T0),
+    }
+    assert {c.observed_generation for c in merged} == {2}
+
+
+# ---------------------------------------------------------------------------------------- role statuses
+
+
+def test_role_statuses_count_groups_and_gpus():
+    plans = [role_plan("prefill", 2, ready=1, gpus=8), role_plan("decode", 2, gpus=32)]
+    assert role_statuses(plans) == {
+        "prefill": RoleStatus(
+            desired_groups=2, ready_groups=1, gpus_per_group=8, desired_gpus=16, ready_gpus=8, groups="1/2"
+        ),
+        "decode": RoleStatus(
+            desired_groups=2, ready_groups=2, gpus_per_group=32, desired_gpus=64, ready_gpus=64, groups="2/2"
+        ),
+    }
+
+
+def test_only_ready_groups_count_as_ready():
+    plan = role_plan(
+        "worker",
+        3,
+        gpus=1,
+        states={
+            "w-0": "ready",
+            "w-1": "starting",
+            "w-2": "incomplete",
+            "w-3": "broken",
+            "w-4": "terminating",
+        },
+    )
+    status = role_statuses([plan])["worker"]
+    assert (status.groups, status.ready_gpus, status.desired_gpus) == ("1/3", 1, 3)
+
+
+def test_build_status_sums_gpus_and_keeps_the_autoscaler_state():
+    plans = [role_plan("prefill", 2, ready=1, gpus=8), role_plan("decode", 2, gpus=32)]
+    placement = [
+        GroupPlacement(group="m-prefill-1", role="prefill", domain="b", gpus=8),
+        GroupPlacement(group="m-decode-0", role="decode", domain="a", gpus=32),
+        GroupPlacement(group="m-prefill-0", role="prefill", domain="a", gpus=8),
+    ]
+    scaler = AutoscalingStatus(desired={"decode": 2})
+    old = ModelDeploymentStatus(autoscaling=scaler)
+    status, changed = build_status(plans, placement, OBS, old, T0)
+    assert status.gpus == "72/80"
+    assert status.observed_generation == 4
+    assert status.endpoint == ENDPOINT
+    assert status.autoscaling == scaler
+    assert [p.group for p in status.placement] == ["m-decode-0", "m-prefill-0", "m-prefill-1"]
+    assert [c.type for c in changed] == ["Ready", "Progressing", "Degraded", "Placed"]
