@@ -59,7 +59,8 @@ def condition(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
 
 
 def start_operator(f: Factory, liveness_port: int) -> int:
-    """The operator as a real process against the factory (stopped by PID with the factory)."""
+    """The operator as a real process against the factory (stopped by PID with the factory); its own
+    metrics are served on liveness_port + 1."""
     return f.start_extra(
         "operator",
         [
@@ -69,6 +70,8 @@ def start_operator(f: Factory, liveness_port: int) -> int:
             "operator",
             "--liveness",
             f"http://127.0.0.1:{liveness_port}/healthz",
+            "--metrics-port",
+            str(liveness_port + 1),
         ],
         env={"TOKENFAB_RESYNC_SECONDS": "5", "TOKENFAB_INVENTORY_SECONDS": "3"},
     )

@@ -103,6 +103,16 @@ def test_deepseek_becomes_ready_with_every_group_in_one_clique(operator):
     assert {"GroupCreatedMissing", "AllGroupsReady"} <= reasons
 
 
+def test_operator_exports_its_own_metrics(operator):
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{LIVENESS + 1}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    assert 'tokenfab_groups_ready{deployment="deepseek-r1",namespace="ds",role="decode"} 2.0' in text
+    assert 'tokenfab_reconciles_total{deployment="deepseek-r1",namespace="ds",result="ok"}' in text
+    assert "tokenfab_domain_free_gpus{" in text
+
+
 def test_losing_a_node_recreates_its_decode_group_whole(operator):
     f = operator
     before = groups(worker_pods(f))

@@ -70,6 +70,8 @@ def operator(
         typer.Option("--namespace", "-n", help="Watch only these namespaces (default: all)."),
     ] = None,
     liveness: Annotated[str, typer.Option(help="kopf liveness endpoint.")] = "http://127.0.0.1:8080/healthz",
+    metrics_port: Annotated[int, typer.Option(help="Port of the operator's /metrics (0: off).")] = 0,
+    metrics_addr: Annotated[str, typer.Option(help="Address /metrics listens on.")] = "127.0.0.1",
     verbose: Annotated[bool, typer.Option(help="Debug logging.")] = False,
 ) -> None:
     """Run the tokenfab operator (kopf) against the cluster of the current kubeconfig or service account."""
@@ -78,6 +80,10 @@ def operator(
     import kopf
 
     import tokenfab.handlers  # noqa: F401  (registers the handlers)
+    from tokenfab.adapters import telemetry
+
+    if metrics_port:
+        telemetry.serve(metrics_port, metrics_addr)
 
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,

@@ -13,11 +13,12 @@ from typing import Any
 
 import kopf
 
+from tokenfab.adapters import telemetry
 from tokenfab.adapters.kube import Kube
 from tokenfab.api.models import GROUP, PLURAL, VERSION
 from tokenfab.inventory import sync_domains
 from tokenfab.planning import contract as c
-from tokenfab.reconcile import reconcile
+from tokenfab.reconcile import Result, reconcile
 
 log = logging.getLogger("tokenfab")
 RESYNC_SECONDS = float(os.environ.get("TOKENFAB_RESYNC_SECONDS", "15"))
@@ -75,7 +76,17 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     memo["kube"] = kube
 
     def run(key: Key) -> None:
-        result = reconcile(kube, key[0], key[1], time.time())
+        t0 = time.monotonic()
+        try:
+            result = reconcile(kube, key[0], key[1], time.time())
+        except Exception:
+            telemetry.RECONCILES.labels(key[0], key[1], "error").inc()
+            raise
+        finally:
+            telemetry.RECONCILE_SECONDS.labels(*key).observe(time.monotonic() - t0)
+        telemetry.RECONCILES.labels(key[0], key[1], "ok" if result else "gone").inc()
+        if result is not None:
+            record(key, result)
         if result is None:
             memo["queue"].known.discard(key)
         elif result.created or result.deleted or result.conditions_changed:
@@ -89,6 +100,20 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
 
     memo["queue"] = Coalescer(run)
     memo["inventory"] = asyncio.get_running_loop().create_task(_inventory_loop(kube))
+
+
+def record(key: Key, result: Result) -> None:
+    """Export one pass's outcome as the operator's own metrics."""
+    for plan in result.plans:
+        labels = (key[0], key[1], plan.role)
+        telemetry.GROUPS_DESIRED.labels(*labels).set(plan.desired)
+        telemetry.GROUPS_READY.labels(*labels).set(plan.ready)
+        telemetry.GROUP_GPUS.labels(*labels).set(plan.shape.gpus)
+        if plan.unplaced:
+            telemetry.PLACEMENT_FAILURES.labels(*labels).inc(plan.unplaced)
+        broken = sum(1 for d in plan.delete if d.reason == "Broken")
+        if broken:
+            telemetry.GROUPS_RECREATED.labels(*labels).inc(broken)
 
 
 async def _inventory_loop(kube: Kube) -> None:

@@ -7,6 +7,7 @@ import os
 import re
 import time
 
+from tokenfab.adapters import telemetry
 from tokenfab.adapters.kube import Kube
 from tokenfab.api.models import API_VERSION, DOMAIN_KIND, DomainGroup, NVLinkDomainStatus
 from tokenfab.planning import contract as c
@@ -65,6 +66,8 @@ def sync_domains(kube: Kube, label: str = DOMAIN_LABEL, gpu_resource: str = GPU_
             DomainGroup(namespace=ns, group=g, gpus=gpus) for (ns, g), gpus in groups.get(name, {}).items()
         ]
         status = domain_status(d, members, now, label, alloc)
+        telemetry.DOMAIN_GPUS.labels(name).set(d.total_gpus)
+        telemetry.DOMAIN_FREE_GPUS.labels(name).set(d.free_gpus)
         wanted[object_name(name)] = status
         kube.apply_cluster_status(
             API_VERSION,
