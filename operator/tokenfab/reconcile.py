@@ -13,11 +13,21 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from tokenfab.adapters import metrics, telemetry
 from tokenfab.adapters.kube import Kube, Obj
 from tokenfab.api.errors import SpecError, parse_model_deployment
-from tokenfab.api.models import ROLES, GroupPlacement, ModelDeployment, ModelDeploymentSpec, RoleName
+from tokenfab.api.models import (
+    ROLES,
+    Autoscaling,
+    GroupPlacement,
+    ModelDeployment,
+    ModelDeploymentSpec,
+    RoleName,
+)
+from tokenfab.autoscale import Reader, autoscale
 from tokenfab.planning import builders as b
 from tokenfab.planning import contract as c
+from tokenfab.planning.autoscaling import Decision
 from tokenfab.planning.groups import GroupView, NodeHealth, PodView, RolePlan, plan_role
 from tokenfab.planning.status import Observed, build_status
 from tokenfab.planning.topology import Domain, GpuUse, NodeInfo, build_domains
@@ -35,6 +45,7 @@ class Result:
     created: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     conditions_changed: list[str] = field(default_factory=list)
+    decisions: list[str] = field(default_factory=list)
     plans: list[RolePlan] = field(default_factory=list)
 
 
@@ -99,10 +110,12 @@ def gpu_uses(pods: Iterable[Obj], gpu_resource: str) -> list[GpuUse]:
 
 def _pod_view(p: Obj) -> PodView:
     meta, status = p["metadata"], p.get("status") or {}
-    ready = any(
-        cd.get("type") == "Ready" and cd.get("status") == "True" for cd in status.get("conditions") or []
+    ready_cond: dict[str, Any] = next(
+        (cd for cd in status.get("conditions") or [] if cd.get("type") == "Ready"), {}
     )
+    ready = ready_cond.get("status") == "True"
     return PodView(
+        ready_since=_time(ready_cond.get("lastTransitionTime")) if ready else None,
         name=meta["name"],
         rank=int(meta["labels"][c.LABEL_RANK]),
         phase=status.get("phase") or "Pending",
@@ -156,6 +169,18 @@ def desired_groups(md: ModelDeployment) -> dict[RoleName, int]:
 # ------------------------------------------------------------------------------------------- pass
 
 
+def _default_reader(url: str, query: str) -> metrics.Reading:
+    return metrics.read(url, query)
+
+
+def telemetry_hook(namespace: str, name: str, role: str, metric: str, d: Decision, a: Autoscaling) -> None:
+    target = a.target_kv_cache_utilization if metric == "kv_cache_utilization" else a.target_queue_depth
+    telemetry.AUTOSCALER_TARGET.labels(namespace, name, role, metric).set(target)
+    if d.signal is not None:
+        telemetry.AUTOSCALER_SIGNAL.labels(namespace, name, role, metric).set(d.signal)
+    telemetry.SCALING_DECISIONS.labels(namespace, name, role, d.direction).inc()
+
+
 def plan_all(
     spec: ModelDeploymentSpec,
     desired: dict[RoleName, int],
@@ -194,7 +219,9 @@ def _observed_shape(groups: list[GroupView], spec: ModelDeploymentSpec) -> Any:
     return GroupShape(gpus=max(g.gpus for g in groups) or 1, gpus_per_node=spec.topology.gpus_per_node)
 
 
-def reconcile(kube: Kube, namespace: str, name: str, now: float) -> Result | None:
+def reconcile(
+    kube: Kube, namespace: str, name: str, now: float, reader: Reader = _default_reader
+) -> Result | None:
     """One pass. Returns None when the ModelDeployment is gone."""
     body = kube.model_deployment(namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
@@ -216,8 +243,15 @@ def reconcile(kube: Kube, namespace: str, name: str, now: float) -> Result | Non
     groups = group_views(pods, recorded)
     frontend = kube.get("apps/v1", "Deployment", b.frontend_name(owner), namespace)
 
-    # plan
-    plans, _ = plan_all(spec, desired_groups(md), groups, domains, health, now)
+    # autoscale (its decision lives in status and drives the plan), then plan
+    desired = desired_groups(md)
+    outcome = None
+    if spec.autoscaling.enabled:
+        outcome = autoscale(md, groups, health, domains, now, reader)
+        desired.update(outcome.desired)
+        if "prefill" in desired and "decode" in desired and spec.serving.ratio_policy == "fixed":
+            desired["prefill"] = b.follow_ratio(spec, desired["decode"], desired["prefill"])
+    plans, _ = plan_all(spec, desired, groups, domains, health, now)
 
     if any(b.uses_compute_domain(spec, p.role) and p.create for p in plans if spec.role(p.role)) and not (
         kube.has_kind(c.COMPUTE_DOMAIN_API, "ComputeDomain")
@@ -272,7 +306,25 @@ def reconcile(kube: Kube, namespace: str, name: str, now: float) -> Result | Non
     placement = _placement(plans, groups, owner)
     available = int(((frontend or {}).get("status") or {}).get("availableReplicas") or 0)
     obs = Observed(md.metadata.generation or 0, available, spec.serving.frontend_replicas, b.endpoint(owner))
-    status, changed = build_status(plans, placement, obs, md.status, now)
+    status, changed = build_status(
+        plans,
+        placement,
+        obs,
+        md.status,
+        now,
+        autoscaling=outcome.status if outcome else None,
+        extra=outcome.conditions if outcome else (),
+    )
+    for role, metric, dec in outcome.decisions if outcome else []:
+        telemetry_hook(namespace, name, role, metric, dec, spec.autoscaling)
+        if dec.direction != "hold":
+            kube.event(
+                body,
+                "Normal",
+                "ScaledUp" if dec.direction == "up" else "ScaledDown",
+                f"{role} {dec.current} -> {dec.desired} groups: {metric} {dec.message} ({dec.reason})",
+            )
+        result.decisions.append(f"{role}:{dec.direction}:{dec.reason}")
     new_status = status.model_dump(by_alias=True, exclude_none=True, mode="json")
     if new_status != body.get("status"):
         kube.apply_status(namespace, name, new_status)

@@ -470,7 +470,10 @@ class ScalingDecision(_Model):
     metric: str = Field(default="", description="Signal used (e.g. kv_cache_utilization).")
     value: float | None = Field(default=None, description="Observed value of the signal.")
     target: float | None = Field(default=None, description="Target value of the signal.")
-    reason: str = Field(description="Why: CamelCase reason and details.")
+    reason: str = Field(
+        description="Why, as a CamelCase reason (ScaleUp, ScaleDown, MetricsUnavailable, ...)."
+    )
+    message: str = Field(default="", description="The numbers behind the decision.")
 
 
 class AutoscalingStatus(_Model):
@@ -483,6 +486,9 @@ class AutoscalingStatus(_Model):
     )
     last_scale_time: dict[str, str] = Field(default_factory=dict, description="Last change per role.")
     last_decision: ScalingDecision | None = Field(default=None, description="The most recent decision.")
+    last_evaluation: dict[str, float] = Field(
+        default_factory=dict, description="Unix time of the last evaluation per role."
+    )
 
 
 class ModelDeploymentStatus(_Model):

@@ -49,3 +49,9 @@ MODEL_MOUNT = "/models"
 # NVIDIA ComputeDomain (IMEX channels for multi-node NVLink), from NVIDIA's DRA driver.
 COMPUTE_DOMAIN_API = "resource.nvidia.com/v1beta1"
 COMPUTE_DOMAIN_CLAIM = "imex"
+
+# Worker metrics in Prometheus carry the pod labels above, named as a standard Kubernetes relabelling
+# (`labelmap: __meta_kubernetes_pod_label_(.+)`) names them: dots and slashes become underscores.
+PROM_LABEL_DEPLOYMENT = "tokenfab_dev_deployment"
+PROM_LABEL_ROLE = "tokenfab_dev_role"
+PROM_LABEL_GROUP = "tokenfab_dev_group"

@@ -44,6 +44,7 @@ class PodView:
     ready: bool
     node: str | None
     deleting: bool
+    ready_since: float | None = None  # unix time the pod last became Ready
 
 
 @dataclass(frozen=True)

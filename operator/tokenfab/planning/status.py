@@ -11,7 +11,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from tokenfab.api.models import Condition, GroupPlacement, ModelDeploymentStatus, RoleStatus
+from tokenfab.api.models import (
+    AutoscalingStatus,
+    Condition,
+    GroupPlacement,
+    ModelDeploymentStatus,
+    RoleStatus,
+)
 from tokenfab.planning.groups import RolePlan
 
 CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "Placed")
@@ -121,7 +127,11 @@ def conditions(plans: Sequence[RolePlan], obs: Observed) -> list[Condition]:
 
 
 def merge_conditions(
-    old: Sequence[Condition], new: Sequence[Condition], generation: int, now: float
+    old: Sequence[Condition],
+    new: Sequence[Condition],
+    generation: int,
+    now: float,
+    drop: frozenset[str] = frozenset(),
 ) -> tuple[list[Condition], list[Condition]]:
     """New conditions with lastTransitionTime carried over when the status did not change.
 
@@ -137,7 +147,7 @@ def merge_conditions(
         if prev is None or prev.status != cond.status or prev.reason != cond.reason:
             changed.append(merged)
     # Keep conditions owned by other parts of the operator (e.g. the autoscaler's).
-    out += [c for c in old if c.type not in {n.type for n in new}]
+    out += [c for c in old if c.type not in {n.type for n in new} and c.type not in drop]
     return out, changed
 
 
@@ -156,16 +166,28 @@ def role_statuses(plans: Sequence[RolePlan]) -> dict[str, RoleStatus]:
     return out
 
 
+AUTOSCALER_CONDITIONS = frozenset({"MetricsUnavailable", "CapacityLimited"})
+
+
 def build_status(
     plans: Sequence[RolePlan],
     placement: list[GroupPlacement],
     obs: Observed,
     old: ModelDeploymentStatus | None,
     now: float,
+    autoscaling: AutoscalingStatus | None = None,
+    extra: Sequence[Condition] = (),
 ) -> tuple[ModelDeploymentStatus, list[Condition]]:
-    """The whole status, and the conditions that changed (for Events)."""
+    """The whole status, and the conditions that changed (for Events).
+
+    `autoscaling` is the autoscaler's new state (None when it is off: its conditions are then dropped);
+    `extra` are conditions computed outside the plan (the autoscaler's)."""
     conds, changed = merge_conditions(
-        old.conditions if old else [], conditions(plans, obs), obs.generation, now
+        old.conditions if old else [],
+        [*conditions(plans, obs), *extra],
+        obs.generation,
+        now,
+        drop=frozenset() if autoscaling is not None else AUTOSCALER_CONDITIONS,
     )
     roles = role_statuses(plans)
     ready = sum(r.ready_gpus for r in roles.values())
@@ -177,6 +199,6 @@ def build_status(
         gpus=f"{ready}/{desired}",
         placement=sorted(placement, key=lambda p: (p.role, p.group)),
         endpoint=obs.endpoint,
-        autoscaling=old.autoscaling if old else None,
+        autoscaling=autoscaling,
     )
     return status, changed
