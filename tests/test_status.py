@@ -283,7 +283,7 @@ def test_only_ready_groups_count_as_ready():
     assert (status.groups, status.ready_gpus, status.desired_gpus) == ("1/3", 1, 3)
 
 
-def test_build_status_sums_gpus_and_keeps_the_autoscaler_state():
+def test_build_status_sums_gpus_and_carries_the_autoscaler_state():
     plans = [role_plan("prefill", 2, ready=1, gpus=8), role_plan("decode", 2, gpus=32)]
     placement = [
         GroupPlacement(group="m-prefill-1", role="prefill", domain="b", gpus=8),
@@ -291,11 +291,21 @@ def test_build_status_sums_gpus_and_keeps_the_autoscaler_state():
         GroupPlacement(group="m-prefill-0", role="prefill", domain="a", gpus=8),
     ]
     scaler = AutoscalingStatus(desired={"decode": 2})
-    old = ModelDeploymentStatus(autoscaling=scaler)
-    status, changed = build_status(plans, placement, OBS, old, T0)
+    old = ModelDeploymentStatus(autoscaling=AutoscalingStatus(desired={"decode": 1}))
+    status, changed = build_status(plans, placement, OBS, old, T0, autoscaling=scaler)
     assert status.gpus == "72/80"
     assert status.observed_generation == 4
     assert status.endpoint == ENDPOINT
     assert status.autoscaling == scaler
     assert [p.group for p in status.placement] == ["m-decode-0", "m-prefill-0", "m-prefill-1"]
     assert [c.type for c in changed] == ["Ready", "Progressing", "Degraded", "Placed"]
+
+
+def test_autoscaler_conditions_are_dropped_when_autoscaling_is_off():
+    metrics = Condition(type="MetricsUnavailable", status="True", reason="NoData", message="x")
+    old = ModelDeploymentStatus(conditions=[metrics])
+    on, _ = build_status([role_plan("decode", 1)], [], OBS, old, T0, autoscaling=AutoscalingStatus())
+    off, _ = build_status([role_plan("decode", 1)], [], OBS, old, T0, autoscaling=None)
+    assert "MetricsUnavailable" in [c.type for c in on.conditions]
+    assert "MetricsUnavailable" not in [c.type for c in off.conditions]
+    assert off.autoscaling is None
