@@ -75,6 +75,14 @@ def workers_service_name(owner: Owner) -> str:
     return f"{owner.name}-workers"
 
 
+def worker_address(group: str, rank: int, service: str, namespace: str) -> str:
+    """Stable DNS name of a group's rank (hostname = pod name, subdomain = the headless workers Service).
+
+    The builders set the leader's address with it and the worker launcher derives every rank's host for
+    mpirun with it, so both agree by construction."""
+    return f"{pod_name(group, rank)}.{service}.{namespace}.svc.cluster.local"
+
+
 def engine_configmap_name(owner: Owner, role: RoleName) -> str:
     return f"{owner.name}-{role}-engine"
 
@@ -143,14 +151,15 @@ def model_path(spec: ModelDeploymentSpec) -> str:
 
 
 def worker_args(spec: ModelDeploymentSpec, role: RoleName) -> list[str]:
-    """Arguments of `python3 -m dynamo.trtllm` for a role (shared with the launcher)."""
+    """Arguments of `python3 -m dynamo.trtllm` for a role: the single source of the Dynamo worker's
+    arguments. They are the worker container's args; the launcher (its command) passes them on."""
     args = [
         "--model-path",
         model_path(spec),
         "--served-model-name",
         spec.model.name,
         "--extra-engine-args",
-        f"{c.ENGINE_CONFIG_DIR}/{c.ENGINE_CONFIG_FILE}",
+        c.ENGINE_CONFIG_PATH,
     ]
     mode = disaggregation_mode(spec, role)
     if mode is not None:
@@ -222,7 +231,7 @@ def group_pods(
     group = group_name(owner, role, slot)
     topo = spec.topology
     service = workers_service_name(owner)
-    leader = f"{pod_name(group, 0)}.{service}.{owner.namespace}.svc.cluster.local"
+    leader = worker_address(group, 0, service, owner.namespace)
     engine_hash = content_hash(engine_config(spec, role))
     volumes, mounts = _model_volume(spec)
     volumes = [
@@ -237,7 +246,12 @@ def group_pods(
     ]
     gpu = {topo.gpu_resource: str(shape.pod_gpus)}
     resources = spec.runtime.resources
-    mode = disaggregation_mode(spec, role) or "aggregated"
+    mode = disaggregation_mode(spec, role) or c.MODE_AGGREGATED
+    multi_node = shape.nodes > 1
+    if multi_node:
+        # mpirun on rank 0 reaches the other ranks' SSH daemons with this key pair.
+        volumes.append({"name": "mpi-ssh", "secret": {"secretName": c.MPI_SSH_SECRET}})
+        mounts.append({"name": "mpi-ssh", "mountPath": c.MPI_SSH_DIR, "readOnly": True})
     pods = []
     for rank in range(shape.nodes):
         name = pod_name(group, rank)
@@ -248,28 +262,36 @@ def group_pods(
             {"name": c.ENV_WORLD_SIZE, "value": str(shape.nodes)},
             {"name": c.ENV_GPUS_PER_POD, "value": str(shape.pod_gpus)},
             {"name": c.ENV_LEADER_ADDRESS, "value": leader},
-            {"name": c.ENV_ENGINE_CONFIG, "value": f"{c.ENGINE_CONFIG_DIR}/{c.ENGINE_CONFIG_FILE}"},
+            {"name": c.ENV_WORKERS_SERVICE, "value": service},
+            {"name": c.ENV_NAMESPACE, "value": owner.namespace},
+            {"name": c.ENV_ENGINE_CONFIG, "value": c.ENGINE_CONFIG_PATH},
             {"name": c.ENV_MODEL_NAME, "value": spec.model.name},
             {"name": c.ENV_MODEL_SOURCE, "value": spec.model.source},
             {"name": c.ENV_MODEL_REVISION, "value": spec.model.revision or ""},
             {"name": c.ENV_MODEL_PATH, "value": model_path(spec)},
             {"name": c.ENV_DISAGGREGATION_MODE, "value": mode},
             {"name": c.ENV_DYNAMO_NAMESPACE, "value": dynamo_namespace(owner)},
-            {"name": "DYN_SYSTEM_PORT", "value": str(c.WORKER_METRICS_PORT)},
-            {"name": "DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS", "value": '["generate"]'},
+            {"name": c.ENV_DYN_SYSTEM_PORT, "value": str(c.WORKER_METRICS_PORT)},
+            {"name": c.ENV_DYN_HEALTH_ENDPOINTS, "value": '["generate"]'},
             {"name": "NCCL_MNNVL_ENABLE", "value": "1"},
             {"name": "NCCL_CUMEM_ENABLE", "value": "1"},
+            *([{"name": c.ENV_MPI_SSH_DIR, "value": c.MPI_SSH_DIR}] if multi_node else []),
             *[e.model_dump(by_alias=True, exclude_none=True) for e in spec.runtime.env],
         ]
         container: dict[str, Any] = {
             "name": "worker",
             "image": spec.runtime.image,
-            "command": ["python3", "-m", "dynamo.trtllm"],
+            # The launcher starts `python3 -m dynamo.trtllm <args>` (under mpirun on rank 0 of a
+            # multi-node group; an SSH daemon for mpirun on the other ranks): see tokenfab.launcher.
+            "command": [c.PYTHON, "-m", c.LAUNCHER_MODULE],
             "args": worker_args(spec, role),
             "env": env,
-            "ports": [{"name": "metrics", "containerPort": c.WORKER_METRICS_PORT}],
+            "ports": [
+                {"name": "metrics", "containerPort": c.WORKER_METRICS_PORT},
+                *([{"name": "mpi-ssh", "containerPort": c.MPI_SSH_PORT}] if multi_node else []),
+            ],
             "readinessProbe": {
-                "httpGet": {"path": "/health", "port": "metrics"},
+                "httpGet": {"path": c.HEALTH_PATH, "port": "metrics"},
                 "periodSeconds": 10,
                 "failureThreshold": 3,
             },
@@ -394,7 +416,7 @@ def frontend_deployment(owner: Owner, spec: ModelDeploymentSpec) -> Manifest:
                         {
                             "name": "frontend",
                             "image": spec.runtime.image,
-                            "command": ["python3", "-m", "dynamo.frontend"],
+                            "command": [c.PYTHON, "-m", c.DYNAMO_FRONTEND_MODULE],
                             "args": [
                                 "--http-port",
                                 str(c.FRONTEND_PORT),
@@ -407,7 +429,7 @@ def frontend_deployment(owner: Owner, spec: ModelDeploymentSpec) -> Manifest:
                             ],
                             "ports": [{"name": "http", "containerPort": c.FRONTEND_PORT}],
                             "readinessProbe": {
-                                "httpGet": {"path": "/health", "port": "http"},
+                                "httpGet": {"path": c.HEALTH_PATH, "port": "http"},
                                 "periodSeconds": 10,
                             },
                             "resources": {"requests": {"cpu": "2", "memory": "4Gi"}},

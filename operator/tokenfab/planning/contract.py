@@ -37,14 +37,41 @@ ENV_MODEL_SOURCE = "TOKENFAB_MODEL_SOURCE"
 ENV_MODEL_REVISION = "TOKENFAB_MODEL_REVISION"
 ENV_MODEL_PATH = "TOKENFAB_MODEL_PATH"
 ENV_DISAGGREGATION_MODE = "TOKENFAB_DISAGGREGATION_MODE"
+ENV_WORKERS_SERVICE = "TOKENFAB_WORKERS_SERVICE"  # headless Service: rank r is <group>-<r>.<service>.<ns>...
+ENV_NAMESPACE = "TOKENFAB_NAMESPACE"
+ENV_MPI_SSH_DIR = "TOKENFAB_MPI_SSH_DIR"  # multi-node groups only: where the SSH key Secret is mounted
+ENV_PEER_WAIT_SECONDS = "TOKENFAB_PEER_WAIT_SECONDS"  # optional: how long rank 0 waits for the other ranks
 ENV_DYNAMO_NAMESPACE = "DYN_NAMESPACE"
+ENV_DYN_SYSTEM_PORT = "DYN_SYSTEM_PORT"  # Dynamo's system server (/health, /metrics) on rank 0
+ENV_DYN_SYSTEM_HOST = "DYN_SYSTEM_HOST"  # its bind address (not set on pods: all interfaces)
+ENV_DYN_HEALTH_ENDPOINTS = "DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS"
+
+# What TOKENFAB_DISAGGREGATION_MODE says for a worker that is not disaggregated (else: prefill, decode).
+MODE_AGGREGATED = "aggregated"
+
+# Programs: every worker pod runs the launcher, which starts Dynamo's TensorRT-LLM worker.
+PYTHON = "python3"
+LAUNCHER_MODULE = "tokenfab.launcher"
+DYNAMO_WORKER_MODULE = "dynamo.trtllm"
+DYNAMO_FRONTEND_MODULE = "dynamo.frontend"
 
 # Ports and paths.
 WORKER_METRICS_PORT = 9090  # Dynamo system server: /health and /metrics (DYN_SYSTEM_PORT)
 FRONTEND_PORT = 8000  # OpenAI-compatible HTTP API
 ENGINE_CONFIG_DIR = "/etc/tokenfab/engine"
 ENGINE_CONFIG_FILE = "engine.yaml"
+ENGINE_CONFIG_PATH = f"{ENGINE_CONFIG_DIR}/{ENGINE_CONFIG_FILE}"
 MODEL_MOUNT = "/models"
+HEALTH_PATH = "/health"  # readiness probe path, on the worker metrics port and the frontend port
+METRICS_PATH = "/metrics"
+
+# Multi-node groups run under MPI: rank 0 runs mpirun, which reaches the other ranks' SSH daemons with
+# the key pair of this Secret (type kubernetes.io/ssh-auth, one per namespace, made by the installer).
+MPI_SSH_PORT = 2222
+MPI_SSH_SECRET = "tokenfab-mpi-ssh"
+MPI_SSH_DIR = "/etc/tokenfab/mpi-ssh"
+MPI_SSH_PRIVATE_KEY = "ssh-privatekey"
+MPI_SSH_PUBLIC_KEY = "ssh-publickey"
 
 # NVIDIA ComputeDomain (IMEX channels for multi-node NVLink), from NVIDIA's DRA driver.
 COMPUTE_DOMAIN_API = "resource.nvidia.com/v1beta1"

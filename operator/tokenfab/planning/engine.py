@@ -17,6 +17,19 @@ from tokenfab.api.models import ModelDeploymentSpec, RoleName
 
 DEFAULT_KV_CACHE = {"free_gpu_memory_fraction": 0.85}
 
+# The roles that run with --disaggregation-mode <role> when the deployment is disaggregated.
+DISAGGREGATED_ROLES: tuple[RoleName, ...] = ("prefill", "decode")
+
+# Engine YAML keys that tokenfab writes (and the worker launcher checks against the group's shape).
+TENSOR_PARALLEL_SIZE = "tensor_parallel_size"
+PIPELINE_PARALLEL_SIZE = "pipeline_parallel_size"
+CONTEXT_PARALLEL_SIZE = "context_parallel_size"  # not written by tokenfab; multiplies the GPUs if set
+MOE_EXPERT_PARALLEL_SIZE = "moe_expert_parallel_size"
+ENABLE_ATTENTION_DP = "enable_attention_dp"
+SPECULATIVE_CONFIG = "speculative_config"
+MTP_DECODING_TYPE = "MTP"
+MTP_LAYERS = "num_nextn_predict_layers"
+
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     """`over` merged into a copy of `base`; nested dicts merge, everything else replaces."""
@@ -31,7 +44,7 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 def disaggregation_mode(spec: ModelDeploymentSpec, role: RoleName) -> str | None:
     """The worker's --disaggregation-mode: prefill or decode, or None when aggregated."""
-    return role if role in ("prefill", "decode") and spec.serving.mode == "disaggregated" else None
+    return role if role in DISAGGREGATED_ROLES and spec.serving.mode == "disaggregated" else None
 
 
 def engine_config(spec: ModelDeploymentSpec, role_name: RoleName) -> dict[str, Any]:
@@ -48,17 +61,17 @@ def engine_config(spec: ModelDeploymentSpec, role_name: RoleName) -> dict[str, A
             defaults["disable_overlap_scheduler"] = True
     cfg = deep_merge(deep_merge(defaults, spec.runtime.extra_engine_args), role.extra_engine_args)
     p = role.parallelism
-    cfg["tensor_parallel_size"] = p.tensor
-    cfg["pipeline_parallel_size"] = p.pipeline
-    cfg["moe_expert_parallel_size"] = p.expert
-    cfg["enable_attention_dp"] = p.attention_data_parallel
+    cfg[TENSOR_PARALLEL_SIZE] = p.tensor
+    cfg[PIPELINE_PARALLEL_SIZE] = p.pipeline
+    cfg[MOE_EXPERT_PARALLEL_SIZE] = p.expert
+    cfg[ENABLE_ATTENTION_DP] = p.attention_data_parallel
     if role.max_batch_size is not None:
         cfg["max_batch_size"] = role.max_batch_size
     if role.max_num_tokens is not None:
         cfg["max_num_tokens"] = role.max_num_tokens
     depth = spec.speculative_decoding.mtp_depth
     if depth > 0:
-        cfg["speculative_config"] = {"decoding_type": "MTP", "num_nextn_predict_layers": depth}
+        cfg[SPECULATIVE_CONFIG] = {"decoding_type": MTP_DECODING_TYPE, MTP_LAYERS: depth}
     return dict(sorted(cfg.items()))
 
 
