@@ -1,0 +1,693 @@
+"""The worker launcher: launch plans, bad configurations and the process part.
+
+Plans (pure) are checked for every kind of group (aggregated, prefill, decode, an 8-rank multi-node
+group, MTP) and for every role of every example, from the very pods and engine ConfigMaps the builders
+render: what the launcher runs must be what the reconciler meant. Bad configurations run
+`python -m tokenfab.launcher --dry-run` as a subprocess and expect exit code 78 and a message naming the
+problem. The process part runs the launcher with fake `python3`, `sshd` and `ssh-keygen` programs first
+on PATH (shell scripts), on loopback ports only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import tokenfab.launcher
+from tests.cases import example_paths, load_example
+from tests.test_builders import DOMAIN, env, owner, spec_of
+from tokenfab.api.errors import parse_model_deployment
+from tokenfab.api.models import ModelDeploymentSpec, RoleName
+from tokenfab.launcher import plan as lp
+from tokenfab.launcher.run import LaunchError, Runner
+from tokenfab.planning import builders as b
+from tokenfab.planning import contract as c
+
+RUN_DIR = "/tmp/tokenfab-mpi-test"
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def rendered(
+    example: str, role: RoleName, patch: dict[str, Any] | None = None
+) -> tuple[ModelDeploymentSpec, list[dict[str, Any]], str]:
+    """(spec, pods of group slot 0, engine YAML of the role's ConfigMap) as the builders render them."""
+    spec = spec_of(example, patch)
+    name = load_example(example)["metadata"]["name"]
+    own = owner(name)
+    pods = b.group_pods(own, spec, role, 0, DOMAIN, b.role_revision(spec, role))
+    engine_yaml = b.engine_configmap(own, spec, role)["data"][c.ENGINE_CONFIG_FILE]
+    return spec, pods, engine_yaml
+
+
+def pod_args(pod: dict[str, Any]) -> list[str]:
+    args: list[str] = pod["spec"]["containers"][0]["args"]
+    return args
+
+
+def plan_of(pod: dict[str, Any], engine_yaml: str, *, as_root: bool = False) -> lp.LaunchPlan:
+    environ = env(pod)
+    identity = lp.read_identity(environ)
+    return lp.plan_launch(
+        identity, engine_yaml, pod_args(pod), environ=environ, run_dir=RUN_DIR, as_root=as_root
+    )
+
+
+def arg(args: tuple[str, ...] | list[str], flag: str) -> str | None:
+    return args[args.index(flag) + 1] if flag in args else None
+
+
+def dns_name(pod: dict[str, Any]) -> str:
+    """The pod's DNS name as Kubernetes derives it: hostname.subdomain.namespace.svc.cluster.local."""
+    s = pod["spec"]
+    return f"{s['hostname']}.{s['subdomain']}.{pod['metadata']['namespace']}.svc.cluster.local"
+
+
+def mount_path(pod: dict[str, Any], volume: str) -> str:
+    [path] = [m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"] if m["name"] == volume]
+    return str(path)
+
+
+def probe_port(pod: dict[str, Any]) -> int:
+    container = pod["spec"]["containers"][0]
+    port = container["readinessProbe"]["httpGet"]["port"]
+    [number] = [p["containerPort"] for p in container["ports"] if p["name"] == port]
+    return int(number)
+
+
+# ------------------------------------------------------------------------------------------------ plans
+
+
+def test_the_pods_run_the_launcher_module():
+    _, [pod], _ = rendered("aggregated-small.yaml", "worker")
+    assert pod["spec"]["containers"][0]["command"] == [c.PYTHON, "-m", tokenfab.launcher.__name__]
+    assert tokenfab.launcher.__name__ == c.LAUNCHER_MODULE
+
+
+def test_an_aggregated_one_pod_group_runs_the_dynamo_worker_directly():
+    spec, [pod], engine_yaml = rendered("aggregated-small.yaml", "worker")
+    plan = plan_of(pod, engine_yaml)
+    assert plan.kind == "single"
+    assert plan.command == (c.PYTHON, "-m", c.DYNAMO_WORKER_MODULE, *b.worker_args(spec, "worker"))
+    assert "--disaggregation-mode" not in plan.command
+    assert (plan.mode, plan.rank, plan.world_size, plan.gpus_per_pod) == (c.MODE_AGGREGATED, 0, 1, 1)
+    assert plan.engine.gpus == 1
+    assert plan.engine.mtp_depth == 0
+    # Nothing to prepare, nobody to wait for; Dynamo itself answers the probes (DYN_SYSTEM_PORT).
+    assert (plan.run_dir, plan.copies, plan.files, plan.setup, plan.wait_for, plan.health) == (
+        None,
+        (),
+        (),
+        (),
+        (),
+        None,
+    )
+    assert plan.env == {}
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_disaggregated_workers_get_their_mode(role):
+    spec, pods, engine_yaml = rendered("qwen3-235b-autoscaled.yaml", role)
+    plan = plan_of(pods[0], engine_yaml)
+    assert plan.mode == role
+    assert arg(plan.command, "--disaggregation-mode") == role
+    assert plan.command[-len(b.worker_args(spec, role)) :] == tuple(b.worker_args(spec, role))
+    # Qwen3 prefill is TP4 (one pod), decode TP8 (two pods: rank 0 under mpirun).
+    assert plan.kind == ("single" if role == "prefill" else "leader")
+
+
+def test_an_8_rank_group_runs_mpirun_on_rank_0_over_every_ranks_pod():
+    spec, pods, engine_yaml = rendered("deepseek-r1-disaggregated.yaml", "decode")
+    assert len(pods) == 8
+    plans = [plan_of(p, engine_yaml) for p in pods]
+    assert [p.kind for p in plans] == ["leader"] + ["follower"] * 7
+    hosts = tuple(dns_name(p) for p in pods)
+    assert all(p.hosts == hosts for p in plans)
+    assert hosts[0] == env(pods[0])[c.ENV_LEADER_ADDRESS]
+
+    leader = plans[0]
+    key = f"{RUN_DIR}/{lp.RUN_KEY}"
+    forwarded = lp.forwarded_names(env(pods[0]))
+    assert leader.command == (
+        "mpirun",
+        "-np",
+        "32",
+        "-H",
+        ",".join(f"{h}:4" for h in hosts),
+        "--map-by",
+        "slot",
+        "--bind-to",
+        "none",
+        "--mca",
+        "pml",
+        "ob1",
+        "--mca",
+        "plm_rsh_args",
+        f"-p {c.MPI_SSH_PORT} -i {key} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
+        "-o BatchMode=yes -o LogLevel=ERROR",
+        *[x for name in forwarded for x in ("-x", name)],
+        "trtllm-llmapi-launch",
+        c.PYTHON,
+        "-m",
+        c.DYNAMO_WORKER_MODULE,
+        *b.worker_args(spec, "decode"),
+    )
+    assert {"TOKENFAB_ROLE", "TOKENFAB_MODEL_PATH", "DYN_NAMESPACE", "NCCL_MNNVL_ENABLE"} <= set(forwarded)
+    assert c.ENV_RANK not in forwarded
+    assert leader.env == {"OMPI_MCA_orte_keep_fqdn_hostnames": "1", "PRTE_MCA_prte_keep_fqdn_hostnames": "1"}
+    assert leader.copies == (lp.Copy(f"{c.MPI_SSH_DIR}/{c.MPI_SSH_PRIVATE_KEY}", key),)
+    assert leader.wait_for == tuple(lp.Endpoint(h, c.MPI_SSH_PORT) for h in hosts[1:])
+    assert leader.wait_seconds == lp.DEFAULT_PEER_WAIT_SECONDS
+    assert leader.health is None  # the Dynamo worker on MPI rank 0 serves DYN_SYSTEM_PORT
+
+    for rank, follower in enumerate(plans[1:], start=1):
+        config = f"{RUN_DIR}/{lp.RUN_SSHD_CONFIG}"
+        assert follower.rank == rank
+        assert follower.command == ("sshd", "-D", "-e", "-f", config)
+        assert follower.copies == (
+            lp.Copy(f"{c.MPI_SSH_DIR}/{c.MPI_SSH_PUBLIC_KEY}", f"{RUN_DIR}/{lp.RUN_AUTHORIZED_KEYS}"),
+        )
+        assert follower.setup == (
+            ("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", f"{RUN_DIR}/{lp.RUN_HOST_KEY}"),
+        )
+        [(path, text)] = follower.files
+        assert path == config
+        assert f"Port {c.MPI_SSH_PORT}\n" in text
+        assert f"AuthorizedKeysFile {RUN_DIR}/{lp.RUN_AUTHORIZED_KEYS}\n" in text
+        assert "PasswordAuthentication no\n" in text
+        assert follower.health == lp.Endpoint("0.0.0.0", c.WORKER_METRICS_PORT)
+        assert follower.wait_for == ()
+
+
+def test_mpirun_may_run_as_root_only_when_the_launcher_is_root():
+    _, pods, engine_yaml = rendered("llama-405b-multinode-tp.yaml", "worker")
+    assert "--allow-run-as-root" not in plan_of(pods[0], engine_yaml, as_root=False).command
+    assert plan_of(pods[0], engine_yaml, as_root=True).command[:2] == ("mpirun", "--allow-run-as-root")
+
+
+@pytest.mark.parametrize(("role", "kind"), [("prefill", "leader"), ("decode", "leader")])
+def test_mtp_depth_reaches_the_engine_of_every_role(role, kind):
+    spec, pods, engine_yaml = rendered("deepseek-r1-disaggregated.yaml", role)
+    plan = plan_of(pods[0], engine_yaml)
+    assert plan.kind == kind
+    assert plan.engine.mtp_depth == spec.speculative_decoding.mtp_depth == 3
+    assert plan.engine.enable_attention_dp is True
+
+
+def test_mtp_on_a_one_pod_group_and_no_mtp_when_off():
+    _, [pod], engine_yaml = rendered(
+        "aggregated-small.yaml", "worker", {"speculativeDecoding": {"mtpDepth": 2}}
+    )
+    assert plan_of(pod, engine_yaml).engine.mtp_depth == 2
+    _, pods, engine_yaml = rendered(
+        "deepseek-r1-disaggregated.yaml", "decode", {"speculativeDecoding": {"mtpDepth": 0}}
+    )
+    assert plan_of(pods[0], engine_yaml).engine.mtp_depth == 0
+
+
+def example_roles() -> list[tuple[str, RoleName]]:
+    out = []
+    for path in example_paths():
+        spec = parse_model_deployment(load_example(path.name), path.name).spec
+        out += [(path.name, role) for role, _ in spec.roles()]
+    return out
+
+
+@pytest.mark.parametrize(("example", "role"), example_roles())
+def test_every_example_launches_what_the_builders_meant(example, role):
+    spec, pods, engine_yaml = rendered(example, role)
+    shape = b.group_shape(spec, role)
+    plans = [plan_of(pod, engine_yaml) for pod in pods]
+    kinds = ["single"] if shape.nodes == 1 else ["leader"] + ["follower"] * (shape.nodes - 1)
+    assert [p.kind for p in plans] == kinds
+    assert [p.rank for p in plans] == list(range(shape.nodes))
+    expected_args = tuple(b.worker_args(spec, role))
+    for pod, plan in zip(pods, plans, strict=True):
+        e = env(pod)
+        assert plan.dynamo_args == expected_args
+        assert arg(plan.dynamo_args, "--model-path") == e[c.ENV_MODEL_PATH] == b.model_path(spec)
+        assert arg(plan.dynamo_args, "--served-model-name") == e[c.ENV_MODEL_NAME] == spec.model.name
+        mode = arg(plan.dynamo_args, "--disaggregation-mode")
+        assert (mode or c.MODE_AGGREGATED) == e[c.ENV_DISAGGREGATION_MODE] == plan.mode
+        # The engine file Dynamo reads is the one the launcher checked: the mounted engine ConfigMap.
+        engine_file = f"{mount_path(pod, 'engine')}/{c.ENGINE_CONFIG_FILE}"
+        assert arg(plan.dynamo_args, "--extra-engine-args") == e[c.ENV_ENGINE_CONFIG] == engine_file
+        assert plan.engine.gpus == shape.gpus == plan.world_size * plan.gpus_per_pod
+        assert plan.hosts == tuple(dns_name(p) for p in pods)
+        if plan.kind == "single":
+            assert plan.command == lp.dynamo_command(expected_args)
+        elif plan.kind == "leader":
+            assert plan.command[-len(expected_args) - 4 :] == (
+                lp.LLMAPI_LAUNCH,
+                *lp.dynamo_command(expected_args),
+            )
+            assert arg(plan.command, "-np") == str(shape.gpus)
+        else:
+            # Followers answer the readiness probe themselves, on the port it probes.
+            assert plan.health is not None
+            assert plan.health.port == probe_port(pod)
+        if shape.nodes > 1:
+            assert e[c.ENV_MPI_SSH_DIR] == mount_path(pod, "mpi-ssh") == c.MPI_SSH_DIR
+            volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+            assert volumes["mpi-ssh"]["secret"]["secretName"] == c.MPI_SSH_SECRET
+        else:
+            assert c.ENV_MPI_SSH_DIR not in e
+
+
+def test_forwarded_environment_leaves_out_per_host_values_and_mpis_own():
+    environ = {
+        "PATH": "/usr/bin",
+        "HF_TOKEN": "secret",
+        "HOSTNAME": "pod-0",
+        c.ENV_RANK: "0",
+        "NVIDIA_VISIBLE_DEVICES": "GPU-1",
+        "OMPI_MCA_btl": "tcp",
+        "BAD-NAME": "x",
+        c.ENV_WORLD_SIZE: "2",
+    }
+    assert lp.forwarded_names(environ) == ("HF_TOKEN", "PATH", c.ENV_WORLD_SIZE)
+
+
+def test_dynamo_system_port_and_host_and_peer_wait_come_from_the_environment():
+    _, pods, engine_yaml = rendered("llama-405b-multinode-tp.yaml", "worker")
+    environ = {**env(pods[1]), c.ENV_DYN_SYSTEM_HOST: "127.0.0.1", c.ENV_DYN_SYSTEM_PORT: "19090"}
+    plan = lp.plan_launch(
+        lp.read_identity(environ),
+        engine_yaml,
+        pod_args(pods[1]),
+        environ=environ,
+        run_dir="/r",
+        as_root=False,
+    )
+    assert plan.health == lp.Endpoint("127.0.0.1", 19090)
+    environ = {**env(pods[0]), c.ENV_PEER_WAIT_SECONDS: "5"}
+    plan = lp.plan_launch(
+        lp.read_identity(environ),
+        engine_yaml,
+        pod_args(pods[0]),
+        environ=environ,
+        run_dir="/r",
+        as_root=False,
+    )
+    assert plan.wait_seconds == 5
+
+
+# ---------------------------------------------------------------------------------- bad configurations
+
+
+def multi_node_env() -> tuple[dict[str, str], str, list[str]]:
+    _, pods, engine_yaml = rendered("deepseek-r1-disaggregated.yaml", "decode")
+    return env(pods[3]), engine_yaml, pod_args(pods[3])
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({c.ENV_RANK: None}, f"{c.ENV_RANK} is not set"),
+        ({c.ENV_GROUP: "", c.ENV_NAMESPACE: None}, f"{c.ENV_GROUP} is not set"),
+        ({c.ENV_RANK: "three"}, f"{c.ENV_RANK}='three' is not an integer"),
+        ({c.ENV_WORLD_SIZE: "0"}, f"{c.ENV_WORLD_SIZE}=0 must be at least 1"),
+        ({c.ENV_RANK: "8"}, f"{c.ENV_RANK}=8 is not below {c.ENV_WORLD_SIZE}=8"),
+        ({c.ENV_ROLE: "router"}, f"{c.ENV_ROLE}='router' is not a role"),
+        ({c.ENV_DISAGGREGATION_MODE: "both"}, f"{c.ENV_DISAGGREGATION_MODE}='both' is not a mode"),
+        ({c.ENV_DISAGGREGATION_MODE: "prefill"}, "does not fit TOKENFAB_ROLE='decode'"),
+        ({c.ENV_MPI_SSH_DIR: None}, f"Secret {c.MPI_SSH_SECRET}"),
+        ({c.ENV_LEADER_ADDRESS: "elsewhere"}, "is not rank 0's address"),
+        ({c.ENV_DYN_SYSTEM_PORT: "70000"}, "is not a TCP port"),
+    ],
+    ids=lambda v: str(v)[:40],
+)
+def test_identity_problems_name_the_variable(change, message):
+    environ, _, _ = multi_node_env()
+    for name, value in change.items():
+        if value is None:
+            environ.pop(name, None)
+        else:
+            environ[name] = value
+    with pytest.raises(lp.ConfigError) as err:
+        lp.read_identity(environ)
+    assert any(message in p for p in err.value.problems), err.value.problems
+
+
+def test_every_missing_variable_is_reported_at_once():
+    with pytest.raises(lp.ConfigError) as err:
+        lp.read_identity({})
+    assert len(err.value.problems) == len(lp.REQUIRED)
+
+
+@pytest.mark.parametrize(
+    ("engine", "message"),
+    [
+        ("tensor_parallel_size: [1", "is not valid YAML"),
+        ("- 1\n- 2\n", "must be a mapping of TensorRT-LLM LLM-API keys, got list"),
+        ("pipeline_parallel_size: 1\n", "tensor_parallel_size is missing"),
+        ("tensor_parallel_size: true\n", "tensor_parallel_size must be a positive integer, got True"),
+        (
+            "tensor_parallel_size: 16\npipeline_parallel_size: 1\n",
+            "tensor_parallel_size x pipeline_parallel_size = 16 x 1 = 16 GPUs, but the group has "
+            "TOKENFAB_WORLD_SIZE x TOKENFAB_GPUS_PER_POD = 8 x 4 = 32 GPUs",
+        ),
+        (
+            "tensor_parallel_size: 16\ncontext_parallel_size: 4\n",
+            "x context_parallel_size = 16 x 1 x 4 = 64 GPUs",
+        ),
+        (
+            "tensor_parallel_size: 32\n"
+            "speculative_config: {decoding_type: MTP, num_nextn_predict_layers: 0}\n",
+            "speculative_config: num_nextn_predict_layers must be a positive integer, got 0",
+        ),
+    ],
+    ids=["yaml", "list", "no-tp", "bool-tp", "tp-x-pp", "cp", "mtp"],
+)
+def test_engine_problems_name_the_key(engine, message):
+    environ, _, args = multi_node_env()
+    identity = lp.read_identity(environ)
+    with pytest.raises(lp.ConfigError) as err:
+        lp.plan_launch(identity, engine, args, environ=environ, run_dir=RUN_DIR, as_root=False)
+    assert any(message in p for p in err.value.problems), err.value.problems
+    assert any(c.ENV_ENGINE_CONFIG in p for p in err.value.problems)
+
+
+def launcher(args: list[str], environ: dict[str, str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tokenfab.launcher", *args],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        **kwargs,
+    )
+
+
+def base_environ() -> dict[str, str]:
+    """What a subprocess needs besides the pod's variables (no PYTHONPATH games: tokenfab is installed)."""
+    keep = ("PATH", "HOME", "LANG", "VIRTUAL_ENV", "PYTHONPATH")
+    return {k: os.environ[k] for k in keep if k in os.environ}
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("missing-var", "TOKENFAB_GPUS_PER_POD is not set"),
+        ("rank-too-high", "TOKENFAB_RANK=9 is not below TOKENFAB_WORLD_SIZE=8"),
+        ("unreadable-engine", "cannot be read"),
+        ("invalid-engine", "is not valid YAML"),
+        ("engine-disagrees", "= 16 GPUs, but the group has TOKENFAB_WORLD_SIZE x TOKENFAB_GPUS_PER_POD"),
+        ("no-args", "no arguments for `python3 -m dynamo.trtllm`"),
+    ],
+)
+def test_a_bad_configuration_exits_non_zero_naming_the_problem(tmp_path, case, message):
+    environ, engine_yaml, args = multi_node_env()
+    engine = tmp_path / "engine.yaml"
+    engine.write_text(engine_yaml)
+    environ = {**base_environ(), **environ, c.ENV_ENGINE_CONFIG: str(engine)}
+    if case == "missing-var":
+        del environ[c.ENV_GPUS_PER_POD]
+    elif case == "rank-too-high":
+        environ[c.ENV_RANK] = "9"
+    elif case == "unreadable-engine":
+        environ[c.ENV_ENGINE_CONFIG] = str(tmp_path / "missing.yaml")
+    elif case == "invalid-engine":
+        engine.write_text("tensor_parallel_size: 32\n  bad indent: [\n")
+    elif case == "engine-disagrees":
+        engine.write_text(engine_yaml.replace("tensor_parallel_size: 32", "tensor_parallel_size: 16"))
+    elif case == "no-args":
+        args = []
+    done = launcher(["--dry-run", *args], environ)
+    assert done.returncode == lp.EXIT_CONFIG, done.stderr
+    assert "tokenfab-launcher: bad configuration:" in done.stderr
+    assert message in done.stderr, done.stderr
+    assert done.stdout == ""
+
+
+def test_dry_run_prints_the_plan_as_json(tmp_path):
+    _, [pod], engine_yaml = rendered("aggregated-small.yaml", "worker")
+    engine = tmp_path / "engine.yaml"
+    engine.write_text(engine_yaml)
+    environ = {**base_environ(), **env(pod), c.ENV_ENGINE_CONFIG: str(engine)}
+    done = launcher(["--dry-run", "--", *pod_args(pod)], environ)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["kind"] == "single"
+    assert out["command"] == [c.PYTHON, "-m", c.DYNAMO_WORKER_MODULE, *pod_args(pod)]
+    assert out["engine"]["tensor_parallel_size"] == 1
+
+
+def test_help_exits_zero():
+    done = launcher(["--help"], base_environ())
+    assert done.returncode == 0
+    assert "--dry-run" in done.stdout
+
+
+# --------------------------------------------------------------------------------------- process part
+
+
+def fake_program(bin_dir: Path, name: str, body: str) -> None:
+    path = bin_dir / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+
+# A long-running stand-in: records its arguments, and on SIGTERM records it and exits with 42.
+LONG_RUNNING = """echo "$@" > "$FAKE_DIR/$(basename "$0").args"
+trap 'echo TERM > "$FAKE_DIR/$(basename "$0").term"; exit 42' TERM
+while :; do sleep 0.05; done
+"""
+
+
+def wait_for(predicate: Any, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out")
+        time.sleep(0.05)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+def fakes(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    return bin_dir
+
+
+def start_launcher(args: list[str], environ: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tokenfab.launcher", *args],
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=10)
+
+
+def single_pod_environ(tmp_path: Path, bin_dir: Path) -> tuple[dict[str, str], list[str]]:
+    _, [pod], engine_yaml = rendered("aggregated-small.yaml", "worker")
+    engine = tmp_path / "engine.yaml"
+    engine.write_text(engine_yaml)
+    environ = {
+        **base_environ(),
+        **env(pod),
+        c.ENV_ENGINE_CONFIG: str(engine),
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "FAKE_DIR": str(tmp_path),
+        "TMPDIR": str(tmp_path),
+    }
+    return environ, pod_args(pod)
+
+
+def test_sigterm_is_forwarded_to_the_worker_and_its_exit_code_propagates(tmp_path, fakes):
+    fake_program(fakes, "python3", LONG_RUNNING)
+    environ, args = single_pod_environ(tmp_path, fakes)
+    proc = start_launcher(args, environ)
+    try:
+        wait_for(lambda: (tmp_path / "python3.args").exists())
+        assert (tmp_path / "python3.args").read_text().split() == ["-m", c.DYNAMO_WORKER_MODULE, *args]
+        os.kill(proc.pid, signal.SIGTERM)  # the launcher only: it must forward to the worker
+        proc.wait(timeout=15)
+    finally:
+        stop(proc)
+    assert (tmp_path / "python3.term").read_text() == "TERM\n"
+    assert proc.returncode == 42
+
+
+@pytest.mark.parametrize(("body", "code"), [("exit 3\n", 3), ("kill -KILL $$\n", 128 + 9)])
+def test_the_workers_exit_code_is_the_launchers(tmp_path, fakes, body, code):
+    fake_program(fakes, "python3", body)
+    environ, args = single_pod_environ(tmp_path, fakes)
+    done = launcher(args, environ)
+    assert done.returncode == code, done.stderr
+    assert f"exited with code {code}" in done.stderr
+
+
+def test_a_missing_program_exits_127_with_a_message(tmp_path, fakes):
+    environ, args = single_pod_environ(tmp_path, fakes)
+    environ["PATH"] = str(fakes)  # no python3 at all
+    done = launcher(args, environ)
+    assert done.returncode == 127
+    assert "python3 is not on PATH" in done.stderr
+
+
+def follower_environ(tmp_path: Path, bin_dir: Path, port: int) -> tuple[dict[str, str], list[str]]:
+    _, pods, engine_yaml = rendered("llama-405b-multinode-tp.yaml", "worker")
+    engine = tmp_path / "engine.yaml"
+    engine.write_text(engine_yaml)
+    ssh_dir = tmp_path / "mpi-ssh"
+    ssh_dir.mkdir()
+    (ssh_dir / c.MPI_SSH_PUBLIC_KEY).write_text("ssh-ed25519 AAAA test\n")
+    environ = {
+        **base_environ(),
+        **env(pods[2]),
+        c.ENV_ENGINE_CONFIG: str(engine),
+        c.ENV_MPI_SSH_DIR: str(ssh_dir),
+        c.ENV_DYN_SYSTEM_HOST: "127.0.0.1",
+        c.ENV_DYN_SYSTEM_PORT: str(port),
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "FAKE_DIR": str(tmp_path),
+        "TMPDIR": str(tmp_path),
+    }
+    return environ, pod_args(pods[2])
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_a_follower_runs_sshd_and_answers_health_and_metrics_on_its_port(tmp_path, fakes):
+    fake_program(fakes, "sshd", LONG_RUNNING)
+    # ssh-keygen stand-in: writes the key file named by -f.
+    fake_program(fakes, "ssh-keygen", 'while [ "$1" != "-f" ]; do shift; done; echo key > "$2"\n')
+    port = free_port()
+    environ, args = follower_environ(tmp_path, fakes, port)
+    proc = start_launcher(args, environ)
+    base = f"http://127.0.0.1:{port}"
+    try:
+
+        def healthy() -> bool:
+            try:
+                return get(base + c.HEALTH_PATH)[0] == 200
+            except OSError:
+                return False
+
+        wait_for(healthy)
+        status, body = get(base + c.HEALTH_PATH)
+        assert json.loads(body) == {"status": "ready", "rank": 2}
+        status, metrics = get(base + c.METRICS_PATH)
+        assert status == 200
+        assert "tokenfab_launcher_child_up 1" in metrics
+        assert 'rank="2",world_size="4",kind="follower"' in metrics
+        assert get(base + "/nope")[0] == 404
+
+        [run_dir] = tmp_path.glob("tokenfab-mpi-*")
+        assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
+        keys = run_dir / lp.RUN_AUTHORIZED_KEYS
+        assert keys.read_text() == "ssh-ed25519 AAAA test\n"
+        assert stat.S_IMODE(keys.stat().st_mode) == 0o600
+        assert (run_dir / lp.RUN_HOST_KEY).read_text() == "key\n"
+        assert f"Port {c.MPI_SSH_PORT}" in (run_dir / lp.RUN_SSHD_CONFIG).read_text()
+        # sshd is started by absolute path (it re-executes itself), with the written config.
+        assert (tmp_path / "sshd.args").read_text().split() == [
+            "-D",
+            "-e",
+            "-f",
+            str(run_dir / "sshd_config"),
+        ]
+
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=15)
+    finally:
+        stop(proc)
+    assert (tmp_path / "sshd.term").exists()
+    assert proc.returncode == 42
+
+
+def test_a_follower_without_the_ssh_key_secret_says_so(tmp_path, fakes):
+    environ, args = follower_environ(tmp_path, fakes, free_port())
+    (Path(environ[c.ENV_MPI_SSH_DIR]) / c.MPI_SSH_PUBLIC_KEY).unlink()
+    done = launcher(args, environ)
+    assert done.returncode == lp.EXIT_CONFIG
+    assert f"Secret {c.MPI_SSH_SECRET}" in done.stderr
+
+
+def leader_plan(tmp_path: Path) -> lp.LaunchPlan:
+    _, pods, engine_yaml = rendered("llama-405b-multinode-tp.yaml", "worker")
+    ssh_dir = tmp_path / "mpi-ssh"
+    ssh_dir.mkdir()
+    (ssh_dir / c.MPI_SSH_PRIVATE_KEY).write_text("private\n")
+    environ = {**env(pods[0]), c.ENV_MPI_SSH_DIR: str(ssh_dir)}
+    return lp.plan_launch(
+        lp.read_identity(environ),
+        engine_yaml,
+        pod_args(pods[0]),
+        environ=environ,
+        run_dir=str(tmp_path / "run"),
+        as_root=False,
+    )
+
+
+def test_the_leader_copies_the_private_key_privately(tmp_path):
+    plan = leader_plan(tmp_path)
+    Runner(plan, {}).prepare()
+    key = tmp_path / "run" / lp.RUN_KEY
+    assert key.read_text() == "private\n"
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "run").stat().st_mode) == 0o700
+
+
+def test_the_leader_waits_for_every_rank_to_accept_connections(tmp_path):
+    # The ranks' DNS names are replaced by loopback listeners: one open now, one never.
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        open_port = listener.getsockname()[1]
+        plan = replace(leader_plan(tmp_path), wait_for=(lp.Endpoint("127.0.0.1", open_port),), wait_seconds=5)
+        Runner(plan, {}).wait_for_peers()  # returns at once
+        closed = lp.Endpoint("127.0.0.1", free_port())
+        plan = replace(plan, wait_for=(lp.Endpoint("127.0.0.1", open_port), closed), wait_seconds=1)
+        with pytest.raises(LaunchError) as err:
+            Runner(plan, {}).wait_for_peers()
+    assert f"gave up after 1 s waiting for 127.0.0.1:{closed.port}" in str(err.value)
+    assert c.ENV_PEER_WAIT_SECONDS in str(err.value)
+
+
+def test_engine_yaml_of_every_example_is_what_the_launcher_reads():
+    # The ConfigMap key the builders write is the file name the pods point the launcher at.
+    for path in example_paths():
+        spec = parse_model_deployment(load_example(path.name), path.name).spec
+        for role, _ in spec.roles():
+            _, pods, engine_yaml = rendered(path.name, role)
+            assert env(pods[0])[c.ENV_ENGINE_CONFIG].endswith("/" + c.ENGINE_CONFIG_FILE)
+            assert isinstance(yaml.safe_load(engine_yaml), dict)
