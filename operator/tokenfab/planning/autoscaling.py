@@ -4,10 +4,14 @@ with a reason (pure; time is a parameter, memory is passed in and handed back).
 Proportional: the load of the groups that count (ready and past warm-up) is `mean signal x their number`;
 the groups needed to hold the signal at the target are `ceil(load / target)`. A tolerance band keeps
 noise around the target from moving anything. Scale-up takes the lowest recommendation of a short window
-and scale-down the highest of a long one (HPA-style stabilization). Steps are capped, results clamped to
-the bounds. Groups that are not ready or still warming up are left out of the average, and while any
-group is warming nothing is scaled down: a fresh group reports near-zero use and must trigger neither.
-No data, a failed query or stale samples hold the current count: never a scale-down on missing data.
+and scale-down the highest of a long one (HPA-style stabilization). As in HPA the windows hold the
+recommendations themselves (clamped to the bounds only) and the step caps apply after stabilization: once
+the long window has passed, a scale-down goes on one step per decision, not one step per window. Results
+are clamped to the bounds. Groups that are not ready or still warming up are left out of the average, and
+while any group is warming nothing is scaled down: a fresh group reports near-zero use and must trigger
+neither. No data, a failed query or stale samples hold the current count: never a scale-down on missing
+data. That includes partial data: while a group that counts has no fresh sample nothing is scaled down
+(and the decision says metrics are missing); a scale-up still may, on the load that was measured.
 """
 
 from __future__ import annotations
@@ -53,9 +57,9 @@ class Decision:
     reason: str  # CamelCase
     message: str
     signal: float | None  # mean signal over the groups that counted
-    recommendation: int | None
+    recommendation: int | None  # before stabilization and step caps (within the bounds)
     memory: Memory = field(default_factory=Memory)
-    metrics_ok: bool = True
+    metrics_ok: bool = True  # False: no data, or a group that counts sent no fresh sample
 
     @property
     def direction(self) -> str:
@@ -110,44 +114,45 @@ def decide(
         return hold("Warming", f"no group has finished warming up ({warming} warming)", True)
 
     signal = sum(s.value for s in fresh.values()) / len(fresh)
+    missing = len(counted) - len(fresh)  # groups that count but sent no fresh sample
     ratio = signal / cfg.target
     if abs(ratio - 1) <= cfg.tolerance:
         rec = current
     else:
         rec = math.ceil(len(fresh) * signal / cfg.target - 1e-9)
         rec = max(rec, 1 if signal > 0 else 0)
-    rec = _clamp(min(current + cfg.max_step_up, max(current - cfg.max_step_down, rec)), cfg)
+    rec = _clamp(rec, cfg)  # the windows compare recommendations; the step caps come after them
     history = (*history, (now, rec))
     mem = replace(memory, recommendations=history)
 
     if rec > current:
-        window = [n for t, n in history if now - t <= cfg.up_window] or [rec]
-        desired = max(current, min(window))
+        window = [n for t, n in history if now - t <= cfg.up_window]
+        desired = min(current + cfg.max_step_up, max(current, min(window)))
         reason = "ScaleUp" if desired > current else "ScaleUpStabilizing"
+    elif rec < current and (warming or missing):
+        desired, reason = current, "Warming" if warming else "MetricsIncomplete"
     elif rec < current:
-        if warming:
-            return Decision(
-                current,
-                current,
-                "Warming",
-                f"{warming} group(s) still warming up: no scale-down yet",
-                signal,
-                rec,
-                mem,
-            )
         window = [n for t, n in history if now - t <= cfg.down_window]
-        desired = min(current, max(window))
+        desired = max(current - cfg.max_step_down, min(current, max(window)))
         reason = "ScaleDown" if desired < current else "ScaleDownStabilizing"
     else:
         desired, reason = current, "WithinTolerance"
-    desired = _clamp(desired, cfg)
+    if _clamp(desired, cfg) != desired:
+        desired, reason = _clamp(desired, cfg), "OutOfBounds"
     if desired != current:
         mem = replace(mem, last_scale_time=now)
-    message = (
-        f"mean {signal:.3f} over {len(fresh)} group(s) vs target {cfg.target:g}: recommend {rec}, "
-        f"{current} -> {desired}"
-    )
-    return Decision(desired, current, reason, message, signal, rec, mem)
+    if reason == "Warming":
+        message = f"{warming} group(s) still warming up: no scale-down yet"
+    else:
+        message = (
+            f"mean {signal:.3f} over {len(fresh)} group(s) vs target {cfg.target:g}: recommend {rec}, "
+            f"{current} -> {desired}"
+        )
+    if missing:
+        message += f"; no fresh sample from {missing} of {len(counted)} ready group(s)" + (
+            ": no scale-down" if rec < current else ""
+        )
+    return Decision(desired, current, reason, message, signal, rec, mem, metrics_ok=not missing)
 
 
 def initial_groups(replicas: int | None, cfg: Config) -> int:
