@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
 import ssl
 import sys
@@ -83,7 +84,8 @@ class FactoryConfig:
 
     @property
     def name(self) -> str:
-        return self.run_dir.name
+        """The run directory's name as a valid label value (it labels the factory's nodes)."""
+        return re.sub(r"[^A-Za-z0-9._-]", "-", self.run_dir.name)[:63].strip("-_.") or "factory"
 
 
 @dataclass
@@ -563,6 +565,19 @@ class Factory:
                 time.sleep(0.25)
         finally:
             api.close()
+
+    def restart_component(self, comp: str, timeout: float = 60.0) -> int:
+        """Start a component that died (or was stopped) again with the same arguments; returns its pid."""
+        state = self.read_state()
+        if state is None:
+            raise FactoryError(f"no factory in {self.run}")
+        old = state.pids.get(comp)
+        if old and process.alive(old, _expect(comp)):
+            process.stop(old, _expect(comp))
+        state.pids[comp] = process.start(self._argv(comp), self.log(comp))
+        self.write_state(state)
+        self._wait(comp, state, time.monotonic() + timeout)
+        return state.pids[comp]
 
     # ------------------------------------------------------------------ extra processes
     @property
