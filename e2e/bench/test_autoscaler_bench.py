@@ -4,21 +4,19 @@ e2e/bench/results/autoscaler.json and autoscaler.png). Nothing is asserted about
 What is asserted was measured first (seed 7, the operator's defaults, bounds 1..16):
 
     policy     reversals  GPU-min  min >=95%
-    tokenfab           7  31904.0      25.50
+    tokenfab          11  36088.0      21.50
     threshold         38  33552.0      30.50
     hpa               11  35824.0      21.25
     tokenfab-warmup0  11  36416.0      21.25   (sensitivity: warmupSeconds 0)
 
 - All three policies ran over the same trace, one decision per step, within the bounds.
-- tokenfab reverses direction no more often than the naive threshold policy (7 vs 38 here: the threshold
-  policy keeps adding a group every 15 s while new ones load, then sheds them).
-- tokenfab is NOT better than HPA on SLO risk with the defaults: it spends about 4 more minutes (of 120)
-  with demand at or above 95% of the serving capacity. The cause is the default 120 s warm-up after Ready,
-  on top of the 120 s weights load: a group that already serves is left out of the mean, so on a burst
-  each proportional step waits about 240 s instead of HPA's 120 s. With warmupSeconds 0 tokenfab matches
-  HPA (21.25 min). What is asserted is the honest bound: at most 5% of the run (6 minutes) worse than
-  HPA, and in return fewer GPU-minutes than HPA (about 11% fewer here) and no more reversals. Over seeds
-  1-5 the gap to HPA was 3.5-7.25 minutes, so the bound is specific to this seeded trace.
+- tokenfab reverses direction far less than the naive threshold policy (11 vs 38 here: the threshold policy
+  keeps adding a group every 15 s while new ones load, then sheds them) and no more than the HPA-like one.
+- Against the HPA-like policy tokenfab is level, not better, on this trace: about the same time at >= 95%
+  of serving capacity (an SLO-risk proxy) and within 1% of its GPU-minutes. (With the earlier default
+  warm-up of 120 s after Ready it used 11% fewer GPU-minutes but spent 4 more minutes above 95%; the
+  default is now 30 s, since weights load before Ready.) Asserted: SLO risk at most 5% of the run worse
+  than HPA's, GPU-minutes at most 3% above HPA's, reversals no more than HPA's.
 """
 
 from __future__ import annotations
@@ -48,9 +46,9 @@ def test_autoscaler_benchmark(capsys):
     assert tf["direction_reversals"] <= hpa["direction_reversals"]
     run_minutes = result["steps"] * STEP / 60
     assert tf["minutes_above_95pct"] <= hpa["minutes_above_95pct"] + 0.05 * run_minutes
-    assert tf["gpu_minutes"] < hpa["gpu_minutes"]
+    assert tf["gpu_minutes"] <= 1.03 * hpa["gpu_minutes"]
 
-    # the SLO gap to HPA comes from the warm-up after Ready: without it tokenfab is as safe as HPA
+    # warm-up 0 (a sensitivity run) is as safe as HPA too
     (warm0,) = result["sensitivity"]
     assert warm0["minutes_above_95pct"] <= hpa["minutes_above_95pct"] + 1.0
 

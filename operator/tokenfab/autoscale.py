@@ -114,8 +114,13 @@ def autoscale(
         )
         reading = reader(a.prometheus_url or "", query)
         evaluated = True
+        remembered = old.recommendations.get(role)
+        if remembered is None:
+            # The first evaluation starts the windows at the current count (as the HPA does), so turning
+            # the autoscaler on does not shed groups before a whole scale-down window has been observed.
+            remembered = [[now, float(current)]]
         memory = Memory(
-            recommendations=tuple((float(t), int(n)) for t, n in old.recommendations.get(role, [])),
+            recommendations=tuple((float(t), int(n)) for t, n in remembered),
             last_scale_time=_parse(old.last_scale_time.get(role)),
         )
         decision = decide(reading.samples, counted, warming, current, cfg, memory, now)

@@ -365,10 +365,12 @@ class Autoscaling(_Model):
         default=1, ge=1, le=64, description="Most groups removed per role in one decision."
     )
     warmup_seconds: int = Field(
-        default=120,
+        default=30,
         ge=0,
         le=3600,
-        description="A group younger than this (since Ready) is left out of the utilization average.",
+        description="A group Ready for less than this is left out of the utilization average (and blocks "
+        "scale-down): the router has not yet spread load to it. Weight loading happens before Ready, so "
+        "this is short.",
     )
     interval_seconds: int = Field(default=15, ge=5, le=600, description="Seconds between evaluations.")
     prefill: RoleBounds | None = Field(
