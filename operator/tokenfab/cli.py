@@ -85,11 +85,9 @@ def operator(
     if metrics_port:
         telemetry.serve(metrics_port, metrics_addr)
 
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
     kopf.configure(verbose=verbose)
+    if not verbose:  # kopf reports every handler success at INFO: keep tokenfab's own lines readable
+        logging.getLogger("kopf.objects").addFilter(lambda record: record.levelno >= logging.WARNING)
     kopf.run(
         standalone=True,
         clusterwide=not namespace,
