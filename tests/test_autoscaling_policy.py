@@ -28,7 +28,7 @@ from tokenfab.api.errors import parse_model_deployment
 from tokenfab.api.models import Autoscaling, AutoscalingStatus, ModelDeployment, ModelDeploymentStatus
 from tokenfab.autoscale import scaled_roles
 from tokenfab.planning import builders as b
-from tokenfab.planning.autoscaling import Config, Decision, Memory, Sample, decide, initial_groups
+from tokenfab.planning.autoscaling import Config, Decision, Memory, Sample, config_for, decide, initial_groups
 from tokenfab.reconcile import desired_groups
 
 DEFAULTS = Autoscaling()
@@ -37,17 +37,7 @@ INTERVAL = float(DEFAULTS.interval_seconds)
 
 def config(**overrides: Any) -> Config:
     """The operator's default policy settings with bounds 1..16 (as tokenfab.autoscale builds them)."""
-    base = Config(
-        target=DEFAULTS.target_kv_cache_utilization,
-        min_groups=1,
-        max_groups=16,
-        tolerance=DEFAULTS.tolerance,
-        max_step_up=DEFAULTS.max_step_up,
-        max_step_down=DEFAULTS.max_step_down,
-        up_window=DEFAULTS.scale_up_stabilization_seconds,
-        down_window=DEFAULTS.scale_down_stabilization_seconds,
-        stale_after=max(60.0, 3.0 * DEFAULTS.interval_seconds),
-    )
+    base = config_for(DEFAULTS, 1, 16)
     return replace(base, **overrides)
 
 

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tokenfab.api.models import Autoscaling
-from tokenfab.planning.autoscaling import Config, Memory, Sample, decide
+from tokenfab.planning.autoscaling import Memory, Sample, config_for, decide
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STEP = 15.0  # seconds between decisions (the operator's default intervalSeconds)
@@ -151,17 +151,7 @@ class Tokenfab:
         assert a.interval_seconds == STEP
         self.name = name
         self.warmup = float(a.warmup_seconds if warmup is None else warmup)
-        self.cfg = Config(
-            target=a.target_kv_cache_utilization,
-            min_groups=MIN_GROUPS,
-            max_groups=MAX_GROUPS,
-            tolerance=a.tolerance,
-            max_step_up=a.max_step_up,
-            max_step_down=a.max_step_down,
-            up_window=a.scale_up_stabilization_seconds,
-            down_window=a.scale_down_stabilization_seconds,
-            stale_after=max(60.0, 3.0 * a.interval_seconds),
-        )
+        self.cfg = config_for(a, MIN_GROUPS, MAX_GROUPS)
         self.memory = Memory()
         self.reasons: dict[str, int] = {}
 

@@ -22,7 +22,7 @@ from tokenfab.api.models import (
     ScalingDecision,
 )
 from tokenfab.planning import builders as b
-from tokenfab.planning.autoscaling import Config, Decision, Memory, decide, initial_groups
+from tokenfab.planning.autoscaling import Decision, Memory, config_for, decide, initial_groups
 from tokenfab.planning.groups import GroupView, NodeHealth, classify
 from tokenfab.planning.status import rfc3339
 from tokenfab.planning.topology import Domain, place_sequence
@@ -78,17 +78,7 @@ def autoscale(
         r = spec.role(role)
         assert r is not None
         target = a.target_kv_cache_utilization if metric == "kv_cache_utilization" else a.target_queue_depth
-        cfg = Config(
-            target=target,
-            min_groups=bounds.min_replicas,
-            max_groups=bounds.max_replicas,
-            tolerance=a.tolerance,
-            max_step_up=a.max_step_up,
-            max_step_down=a.max_step_down,
-            up_window=a.scale_up_stabilization_seconds,
-            down_window=a.scale_down_stabilization_seconds,
-            stale_after=max(60.0, 3.0 * a.interval_seconds),
-        )
+        cfg = config_for(a, bounds.min_replicas, bounds.max_replicas, target)
         current = old.desired.get(role)
         if current is None:
             current = initial_groups(r.replicas, cfg)

@@ -161,97 +161,40 @@ def printer_columns() -> list[JSON]:
     ]
 
 
-def model_deployment_crd() -> JSON:
-    """The ModelDeployment CRD."""
-    spec_schema = openapi_schema(m.ModelDeploymentSpec)
-    status_schema = openapi_schema(m.ModelDeploymentStatus)
-    spec_schema["description"] = m.ModelDeploymentSpec.__doc__
-    status_schema["description"] = m.ModelDeploymentStatus.__doc__
-    root: JSON = {
-        "type": "object",
-        "description": "A model served by TensorRT-LLM worker groups behind an NVIDIA Dynamo frontend, each "
-        "group placed whole inside one NVLink (NVL72) domain, scaled from KV-cache utilization.",
-        "required": ["spec"],
-        "properties": {
-            "apiVersion": {
-                "type": "string",
-                "description": "APIVersion of this object: tokenfab.dev/v1alpha1.",
-            },
-            "kind": {"type": "string", "description": "Kind of this object: ModelDeployment."},
-            "metadata": {"type": "object"},
-            "spec": spec_schema,
-            "status": status_schema,
-        },
+def _crd(
+    kind: str,
+    plural: str,
+    singular: str,
+    short_names: tuple[str, ...],
+    scope: str,
+    description: str,
+    properties: JSON,
+    columns: list[JSON],
+    required: tuple[str, ...] = (),
+) -> JSON:
+    """A CustomResourceDefinition of one served, stored version with a status subresource."""
+    root: JSON = {"type": "object", "description": description}
+    if required:
+        root["required"] = list(required)
+    root["properties"] = {
+        "apiVersion": {"type": "string", "description": f"APIVersion of this object: {m.API_VERSION}."},
+        "kind": {"type": "string", "description": f"Kind of this object: {kind}."},
+        "metadata": {"type": "object"},
+        **properties,
     }
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{m.PLURAL}.{m.GROUP}"},
+        "metadata": {"name": f"{plural}.{m.GROUP}"},
         "spec": {
             "group": m.GROUP,
-            "scope": "Namespaced",
+            "scope": scope,
             "names": {
-                "kind": m.KIND,
-                "listKind": f"{m.KIND}List",
-                "plural": m.PLURAL,
-                "singular": m.SINGULAR,
-                "shortNames": list(m.SHORT_NAMES),
-                "categories": list(m.CATEGORIES),
-            },
-            "versions": [
-                {
-                    "name": m.VERSION,
-                    "served": True,
-                    "storage": True,
-                    "schema": {"openAPIV3Schema": root},
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": printer_columns(),
-                }
-            ],
-        },
-    }
-
-
-def nvlink_domain_crd() -> JSON:
-    """NVLinkDomain: cluster-scoped, status-only view of each domain's capacity (`kubectl get nvld`)."""
-    status_schema = openapi_schema(m.NVLinkDomainStatus)
-    root: JSON = {
-        "type": "object",
-        "description": "One NVLink domain (an NVL72 rack) and its free GPUs, as tokenfab sees it. Written by "
-        "the operator; read it with `kubectl get nvlinkdomains`.",
-        "properties": {
-            "apiVersion": {
-                "type": "string",
-                "description": "APIVersion of this object: tokenfab.dev/v1alpha1.",
-            },
-            "kind": {"type": "string", "description": "Kind of this object: NVLinkDomain."},
-            "metadata": {"type": "object"},
-            "status": status_schema,
-        },
-    }
-    columns: list[JSON] = [
-        {"name": "Domain", "type": "string", "jsonPath": ".status.domain", "priority": 1},
-        {"name": "Nodes", "type": "integer", "jsonPath": ".status.nodes"},
-        {"name": "Ready", "type": "integer", "jsonPath": ".status.readyNodes"},
-        {"name": "GPUs", "type": "integer", "jsonPath": ".status.gpus"},
-        {"name": "Free", "type": "integer", "jsonPath": ".status.freeGpus"},
-        {"name": "Free-Nodes", "type": "integer", "jsonPath": ".status.freeNodes"},
-        {"name": "Groups", "type": "integer", "jsonPath": ".status.groupCount"},
-        {"name": "Updated", "type": "date", "jsonPath": ".status.updated"},
-    ]
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{m.DOMAIN_PLURAL}.{m.GROUP}"},
-        "spec": {
-            "group": m.GROUP,
-            "scope": "Cluster",
-            "names": {
-                "kind": m.DOMAIN_KIND,
-                "listKind": f"{m.DOMAIN_KIND}List",
-                "plural": m.DOMAIN_PLURAL,
-                "singular": m.DOMAIN_SINGULAR,
-                "shortNames": list(m.DOMAIN_SHORT_NAMES),
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": singular,
+                "shortNames": list(short_names),
                 "categories": list(m.CATEGORIES),
             },
             "versions": [
@@ -266,6 +209,51 @@ def nvlink_domain_crd() -> JSON:
             ],
         },
     }
+
+
+def model_deployment_crd() -> JSON:
+    """The ModelDeployment CRD."""
+    spec_schema = openapi_schema(m.ModelDeploymentSpec)
+    status_schema = openapi_schema(m.ModelDeploymentStatus)
+    spec_schema["description"] = m.ModelDeploymentSpec.__doc__
+    status_schema["description"] = m.ModelDeploymentStatus.__doc__
+    return _crd(
+        m.KIND,
+        m.PLURAL,
+        m.SINGULAR,
+        m.SHORT_NAMES,
+        "Namespaced",
+        "A model served by TensorRT-LLM worker groups behind an NVIDIA Dynamo frontend, each group placed "
+        "whole inside one NVLink (NVL72) domain, scaled from KV-cache utilization.",
+        {"spec": spec_schema, "status": status_schema},
+        printer_columns(),
+        required=("spec",),
+    )
+
+
+def nvlink_domain_crd() -> JSON:
+    """NVLinkDomain: cluster-scoped, status-only view of each domain's capacity (`kubectl get nvld`)."""
+    columns: list[JSON] = [
+        {"name": "Domain", "type": "string", "jsonPath": ".status.domain", "priority": 1},
+        {"name": "Nodes", "type": "integer", "jsonPath": ".status.nodes"},
+        {"name": "Ready", "type": "integer", "jsonPath": ".status.readyNodes"},
+        {"name": "GPUs", "type": "integer", "jsonPath": ".status.gpus"},
+        {"name": "Free", "type": "integer", "jsonPath": ".status.freeGpus"},
+        {"name": "Free-Nodes", "type": "integer", "jsonPath": ".status.freeNodes"},
+        {"name": "Groups", "type": "integer", "jsonPath": ".status.groupCount"},
+        {"name": "Updated", "type": "date", "jsonPath": ".status.updated"},
+    ]
+    return _crd(
+        m.DOMAIN_KIND,
+        m.DOMAIN_PLURAL,
+        m.DOMAIN_SINGULAR,
+        m.DOMAIN_SHORT_NAMES,
+        "Cluster",
+        "One NVLink domain (an NVL72 rack) and its free GPUs, as tokenfab sees it. Written by the operator; "
+        "read it with `kubectl get nvlinkdomains`.",
+        {"status": openapi_schema(m.NVLinkDomainStatus)},
+        columns,
+    )
 
 
 def all_crds() -> dict[str, JSON]:

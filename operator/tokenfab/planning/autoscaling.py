@@ -20,6 +20,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from tokenfab.api.models import Autoscaling
+
 
 @dataclass(frozen=True)
 class Sample:
@@ -64,6 +66,21 @@ class Decision:
     @property
     def direction(self) -> str:
         return "up" if self.desired > self.current else "down" if self.desired < self.current else "hold"
+
+
+def config_for(a: Autoscaling, min_groups: int, max_groups: int, target: float | None = None) -> Config:
+    """The policy's settings from a spec's autoscaling section (target defaults to the KV target)."""
+    return Config(
+        target=a.target_kv_cache_utilization if target is None else target,
+        min_groups=min_groups,
+        max_groups=max_groups,
+        tolerance=a.tolerance,
+        max_step_up=a.max_step_up,
+        max_step_down=a.max_step_down,
+        up_window=a.scale_up_stabilization_seconds,
+        down_window=a.scale_down_stabilization_seconds,
+        stale_after=max(60.0, 3.0 * a.interval_seconds),  # a few missed scrapes make a sample stale
+    )
 
 
 def _clamp(n: int, cfg: Config) -> int:
