@@ -464,14 +464,16 @@ def fake_program(bin_dir: Path, name: str, body: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
-# A long-running stand-in: records its arguments, and on SIGTERM records it and exits with 42.
-LONG_RUNNING = """echo "$@" > "$FAKE_DIR/$(basename "$0").args"
-trap 'echo TERM > "$FAKE_DIR/$(basename "$0").term"; exit 42' TERM
+# A long-running stand-in: on SIGTERM it records it and exits with 42. Its arguments file appears (whole,
+# by rename) only once the trap is set, so a test that saw the file may send SIGTERM.
+LONG_RUNNING = """trap 'echo TERM > "$FAKE_DIR/$(basename "$0").term"; exit 42' TERM
+echo "$@" > "$FAKE_DIR/$(basename "$0").args.tmp"
+mv "$FAKE_DIR/$(basename "$0").args.tmp" "$FAKE_DIR/$(basename "$0").args"
 while :; do sleep 0.05; done
 """
 
 
-def wait_for(predicate: Any, timeout: float = 15.0) -> None:
+def wait_for(predicate: Any, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
@@ -533,7 +535,7 @@ def test_sigterm_is_forwarded_to_the_worker_and_its_exit_code_propagates(tmp_pat
         wait_for(lambda: (tmp_path / "python3.args").exists())
         assert (tmp_path / "python3.args").read_text().split() == ["-m", c.DYNAMO_WORKER_MODULE, *args]
         os.kill(proc.pid, signal.SIGTERM)  # the launcher only: it must forward to the worker
-        proc.wait(timeout=15)
+        proc.wait(timeout=30)
     finally:
         stop(proc)
     assert (tmp_path / "python3.term").read_text() == "TERM\n"
@@ -603,6 +605,7 @@ def test_a_follower_runs_sshd_and_answers_health_and_metrics_on_its_port(tmp_pat
                 return False
 
         wait_for(healthy)
+        wait_for((tmp_path / "sshd.args").exists)
         status, body = get(base + c.HEALTH_PATH)
         assert json.loads(body) == {"status": "ready", "rank": 2}
         status, metrics = get(base + c.METRICS_PATH)
@@ -627,7 +630,7 @@ def test_a_follower_runs_sshd_and_answers_health_and_metrics_on_its_port(tmp_pat
         ]
 
         os.kill(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=15)
+        proc.wait(timeout=30)
     finally:
         stop(proc)
     assert (tmp_path / "sshd.term").exists()
