@@ -179,11 +179,10 @@ def test_an_8_rank_group_runs_mpirun_on_rank_0_over_every_ranks_pod():
         config = f"{RUN_DIR}/{lp.RUN_SSHD_CONFIG}"
         assert follower.rank == rank
         assert follower.command == ("sshd", "-D", "-e", "-f", config)
-        assert follower.copies == (
-            lp.Copy(f"{c.MPI_SSH_DIR}/{c.MPI_SSH_PUBLIC_KEY}", f"{RUN_DIR}/{lp.RUN_AUTHORIZED_KEYS}"),
-        )
+        assert follower.copies == (lp.Copy(f"{c.MPI_SSH_DIR}/{c.MPI_SSH_PRIVATE_KEY}", key),)
         assert follower.setup == (
-            ("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", f"{RUN_DIR}/{lp.RUN_HOST_KEY}"),
+            lp.Step(("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", f"{RUN_DIR}/{lp.RUN_HOST_KEY}")),
+            lp.Step(("ssh-keygen", "-y", "-f", key), stdout=f"{RUN_DIR}/{lp.RUN_AUTHORIZED_KEYS}"),
         )
         [(path, text)] = follower.files
         assert path == config
@@ -565,7 +564,7 @@ def follower_environ(tmp_path: Path, bin_dir: Path, port: int) -> tuple[dict[str
     engine.write_text(engine_yaml)
     ssh_dir = tmp_path / "mpi-ssh"
     ssh_dir.mkdir()
-    (ssh_dir / c.MPI_SSH_PUBLIC_KEY).write_text("ssh-ed25519 AAAA test\n")
+    (ssh_dir / c.MPI_SSH_PRIVATE_KEY).write_text("private\n")
     environ = {
         **base_environ(),
         **env(pods[2]),
@@ -590,8 +589,13 @@ def get(url: str) -> tuple[int, str]:
 
 def test_a_follower_runs_sshd_and_answers_health_and_metrics_on_its_port(tmp_path, fakes):
     fake_program(fakes, "sshd", LONG_RUNNING)
-    # ssh-keygen stand-in: writes the key file named by -f.
-    fake_program(fakes, "ssh-keygen", 'while [ "$1" != "-f" ]; do shift; done; echo key > "$2"\n')
+    # ssh-keygen stand-in: -y prints a public key; otherwise writes the key file named by -f.
+    fake_program(
+        fakes,
+        "ssh-keygen",
+        'if [ "$1" = "-y" ]; then echo "ssh-ed25519 AAAA derived from $(cat "$3")"; exit 0; fi\n'
+        'while [ "$1" != "-f" ]; do shift; done; echo key > "$2"\n',
+    )
     port = free_port()
     environ, args = follower_environ(tmp_path, fakes, port)
     proc = start_launcher(args, environ)
@@ -617,7 +621,10 @@ def test_a_follower_runs_sshd_and_answers_health_and_metrics_on_its_port(tmp_pat
         [run_dir] = tmp_path.glob("tokenfab-mpi-*")
         assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
         keys = run_dir / lp.RUN_AUTHORIZED_KEYS
-        assert keys.read_text() == "ssh-ed25519 AAAA test\n"
+        assert keys.read_text() == "ssh-ed25519 AAAA derived from private\n"
+        key = run_dir / lp.RUN_KEY
+        assert key.read_text() == "private\n"
+        assert stat.S_IMODE(key.stat().st_mode) == 0o600
         assert stat.S_IMODE(keys.stat().st_mode) == 0o600
         assert (run_dir / lp.RUN_HOST_KEY).read_text() == "key\n"
         assert f"Port {c.MPI_SSH_PORT}" in (run_dir / lp.RUN_SSHD_CONFIG).read_text()
@@ -639,7 +646,7 @@ def test_a_follower_runs_sshd_and_answers_health_and_metrics_on_its_port(tmp_pat
 
 def test_a_follower_without_the_ssh_key_secret_says_so(tmp_path, fakes):
     environ, args = follower_environ(tmp_path, fakes, free_port())
-    (Path(environ[c.ENV_MPI_SSH_DIR]) / c.MPI_SSH_PUBLIC_KEY).unlink()
+    (Path(environ[c.ENV_MPI_SSH_DIR]) / c.MPI_SSH_PRIVATE_KEY).unlink()
     done = launcher(args, environ)
     assert done.returncode == lp.EXIT_CONFIG
     assert f"Secret {c.MPI_SSH_SECRET}" in done.stderr

@@ -308,6 +308,14 @@ class Copy:
 
 
 @dataclass(frozen=True)
+class Step:
+    """A command that must succeed before the plan's command; `stdout` (if set) gets its output (0600)."""
+
+    argv: tuple[str, ...]
+    stdout: str | None = None
+
+
+@dataclass(frozen=True)
 class Endpoint:
     host: str
     port: int
@@ -332,7 +340,7 @@ class LaunchPlan:
     run_dir: str | None = None  # private directory (mode 0700) for the files below
     copies: tuple[Copy, ...] = ()  # written with mode 0600
     files: tuple[tuple[str, str], ...] = ()  # (path, content), written with mode 0600
-    setup: tuple[tuple[str, ...], ...] = ()  # commands that must succeed before `command`
+    setup: tuple[Step, ...] = ()  # commands that must succeed before `command`
     wait_for: tuple[Endpoint, ...] = ()  # TCP endpoints that must accept connections first
     wait_seconds: int = 0
     health: Endpoint | None = None  # where the launcher itself answers /health and /metrics
@@ -458,13 +466,18 @@ def plan_launch(
             **common,
         )
     config = f"{run_dir}/{RUN_SSHD_CONFIG}"
+    key = f"{run_dir}/{RUN_KEY}"
     return LaunchPlan(
         kind="follower",
         command=(SSHD, "-D", "-e", "-f", config),
         run_dir=run_dir,
-        copies=(Copy(f"{identity.mpi_ssh_dir}/{c.MPI_SSH_PUBLIC_KEY}", f"{run_dir}/{RUN_AUTHORIZED_KEYS}"),),
+        copies=(Copy(f"{identity.mpi_ssh_dir}/{c.MPI_SSH_PRIVATE_KEY}", key),),
         files=((config, sshd_config(identity, run_dir)),),
-        setup=((SSH_KEYGEN, "-q", "-t", "ed25519", "-N", "", "-f", f"{run_dir}/{RUN_HOST_KEY}"),),
+        setup=(
+            # This pod's own host key, then the one key sshd accepts: the Secret's, as rank 0 uses it.
+            Step((SSH_KEYGEN, "-q", "-t", "ed25519", "-N", "", "-f", f"{run_dir}/{RUN_HOST_KEY}")),
+            Step((SSH_KEYGEN, "-y", "-f", key), stdout=f"{run_dir}/{RUN_AUTHORIZED_KEYS}"),
+        ),
         health=Endpoint(identity.health_host, identity.health_port),
         **common,
     )

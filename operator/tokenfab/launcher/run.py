@@ -153,19 +153,21 @@ class Runner:
             except OSError as exc:
                 raise LaunchError(
                     f"{copy.source} cannot be read ({exc.strerror or exc}): a multi-node group needs the "
-                    f"SSH key pair of Secret {c.MPI_SSH_SECRET} (keys {c.MPI_SSH_PRIVATE_KEY} and "
-                    f"{c.MPI_SSH_PUBLIC_KEY}) mounted at {c.ENV_MPI_SSH_DIR}; create it as "
-                    "runtime-images/README.md shows",
+                    f"SSH key of Secret {c.MPI_SSH_SECRET} (key {c.MPI_SSH_PRIVATE_KEY}) mounted at "
+                    f"{c.ENV_MPI_SSH_DIR}; create it as runtime-images/README.md shows",
                     EXIT_CONFIG,
                 ) from exc
             _write_private(copy.target, data)
         for path, content in plan.files:
             _write_private(path, content.encode())
-        for argv in plan.setup:
-            full = [resolve(argv[0], self.env), *argv[1:]]
-            done = subprocess.run(full, env=self.env, stdin=subprocess.DEVNULL, check=False)
+        for step in plan.setup:
+            full = [resolve(step.argv[0], self.env), *step.argv[1:]]
+            out = subprocess.PIPE if step.stdout is not None else None
+            done = subprocess.run(full, env=self.env, stdin=subprocess.DEVNULL, stdout=out, check=False)
             if done.returncode != 0:
-                raise LaunchError(f"`{shlex.join(argv)}` failed with exit code {done.returncode}")
+                raise LaunchError(f"`{shlex.join(step.argv)}` failed with exit code {done.returncode}")
+            if step.stdout is not None:
+                _write_private(step.stdout, done.stdout)
 
     def wait_for_peers(self) -> None:
         """Rank 0 of a multi-node group: wait until every other rank's SSH daemon accepts connections."""

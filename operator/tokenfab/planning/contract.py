@@ -66,12 +66,12 @@ HEALTH_PATH = "/health"  # readiness probe path, on the worker metrics port and 
 METRICS_PATH = "/metrics"
 
 # Multi-node groups run under MPI: rank 0 runs mpirun, which reaches the other ranks' SSH daemons with
-# the key pair of this Secret (type kubernetes.io/ssh-auth, one per namespace, made by the installer).
+# the key of this Secret (type kubernetes.io/ssh-auth, one per namespace, made by the installer); the
+# other ranks derive the public key they accept from the same private key.
 MPI_SSH_PORT = 2222
 MPI_SSH_SECRET = "tokenfab-mpi-ssh"
 MPI_SSH_DIR = "/etc/tokenfab/mpi-ssh"
 MPI_SSH_PRIVATE_KEY = "ssh-privatekey"
-MPI_SSH_PUBLIC_KEY = "ssh-publickey"
 
 # NVIDIA ComputeDomain (IMEX channels for multi-node NVLink), from NVIDIA's DRA driver.
 COMPUTE_DOMAIN_API = "resource.nvidia.com/v1beta1"
