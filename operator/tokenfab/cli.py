@@ -26,19 +26,23 @@ def render_crds() -> dict[str, str]:
 @app.command()
 def crds(
     out: Annotated[Path, typer.Option(help="Directory to write the CRD YAML files to.")] = Path("crds"),
+    chart_out: Annotated[
+        Path, typer.Option(help="The Helm chart's crds/ directory: it gets the same files.")
+    ] = Path("charts/tokenfab/crds"),
     check: Annotated[bool, typer.Option(help="Exit 1 if the files differ from the models.")] = False,
 ) -> None:
-    """Generate crds/*.yaml from the pydantic models (or check they are current)."""
+    """Generate crds/*.yaml and the Helm chart's copy from the pydantic models (or check they are current)."""
     stale = []
     for name, text in render_crds().items():
-        path = out / name
-        if check:
-            if not path.exists() or path.read_text() != text:
-                stale.append(str(path))
-            continue
-        out.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        typer.echo(f"wrote {path}")
+        for directory in (out, chart_out):
+            path = directory / name
+            if check:
+                if not path.exists() or path.read_text() != text:
+                    stale.append(str(path))
+                continue
+            directory.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            typer.echo(f"wrote {path}")
     if stale:
         typer.echo(f"stale CRDs (run `tokenfab crds`): {', '.join(stale)}", err=True)
         raise typer.Exit(1)
