@@ -28,7 +28,7 @@ def unchecked_spec(data: dict[str, Any]) -> m.ModelDeploymentSpec:
         alias = info.alias or name
         if alias in data:
             annotation = info.annotation
-            sub = m.Role if name in m.ROLES else annotation
+            sub = m.Role if name in m.ROLES else m.Profile if name == "profile" else annotation
             fields[name] = sub.model_validate(data[alias])  # type: ignore[union-attr]
     return m.ModelDeploymentSpec.model_construct(**fields)
 
@@ -70,15 +70,29 @@ def role() -> st.SearchStrategy[dict[str, Any] | None]:
     return st.one_of(
         st.none(),
         st.builds(
-            lambda p, r: {"parallelism": p} | ({} if r is None else {"replicas": r}),
-            par,
+            lambda p, r: ({} if p is None else {"parallelism": p}) | ({} if r is None else {"replicas": r}),
+            st.one_of(st.none(), par, par),
             st.one_of(st.none(), st.integers(0, 8)),
         ),
     )
 
 
+def profile() -> st.SearchStrategy[dict[str, Any] | None]:
+    base = {"isl": 4000, "osl": 1000, "ttftMs": 1000, "itlMs": 20}
+    return st.one_of(
+        st.none(),
+        st.builds(
+            lambda budget, rate: (
+                base | ({"gpuBudget": 72} if budget else {}) | ({"requestRate": 5} if rate else {})
+            ),
+            st.booleans(),
+            st.booleans(),
+        ),
+    )
+
+
 specs = st.builds(
-    lambda mode, policy, ratio, pre, dec, wrk, enabled, url, bp, bd, bw, gpn, gpd: {
+    lambda mode, policy, ratio, pre, dec, wrk, enabled, url, bp, bd, bw, gpn, gpd, prof: {
         "model": {"name": "x", "source": "hf://x/y"},
         "serving": {"mode": mode, "ratioPolicy": policy} | ({"prefillDecodeRatio": ratio} if ratio else {}),
         **({"prefill": pre} if pre is not None else {}),
@@ -90,6 +104,7 @@ specs = st.builds(
         | ({"decode": bd} if bd else {})
         | ({"worker": bw} if bw else {}),
         "topology": {"gpusPerNode": gpn, "gpusPerDomain": gpd},
+        **({"profile": prof} if prof is not None else {}),
     },
     st.sampled_from(["aggregated", "disaggregated"]),
     st.sampled_from(["fixed", "independent"]),
@@ -104,6 +119,7 @@ specs = st.builds(
     bounds(),
     st.sampled_from([4, 8]),
     st.sampled_from([8, 70, 72]),
+    profile(),
 )
 
 

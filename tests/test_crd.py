@@ -59,8 +59,11 @@ def test_every_field_has_a_description():
 
 def test_nested_defaults_apply_when_a_section_is_left_out():
     spec = _schema()["properties"]["spec"]["properties"]
-    for section in ("runtime", "serving", "speculativeDecoding", "topology", "autoscaling"):
+    for section in ("runtime", "serving", "topology", "autoscaling"):
         assert spec[section]["default"] == {}, section
+    # Left out, these ask spec.profile for a plan: the API server must not fill them in.
+    assert "default" not in spec["speculativeDecoding"]
+    assert "default" not in spec["decode"]["properties"]["parallelism"]
     assert spec["topology"]["properties"]["gpusPerNode"]["default"] == 4
     assert spec["topology"]["properties"]["domainLabel"]["default"] == "nvidia.com/gpu.clique"
 

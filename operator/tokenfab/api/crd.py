@@ -17,13 +17,13 @@ from tokenfab.api import models as m
 JSON = dict[str, Any]
 
 # Object-typed fields that get `default: {}` so the API server fills in their nested defaults.
+# Not parallelism nor speculativeDecoding: with spec.profile, leaving them out asks for a plan, so the API
+# server must not fill them in (absent, they mean 1 GPU per group and no MTP, as the models say).
 _DEFAULT_EMPTY_OBJECTS = {
     "runtime",
     "serving",
-    "speculativeDecoding",
     "topology",
     "autoscaling",
-    "parallelism",
     "resources",
 }
 

@@ -34,6 +34,7 @@ RatioPolicy = Literal["fixed", "independent"]
 PlacementPolicy = Literal["pack", "spread"]
 Engine = Literal["trtllm"]
 RoleName = Literal["prefill", "decode", "worker"]
+PlanSystem = Literal["gb200", "gb300", "b200", "h200", "h100"]
 ROLES: tuple[RoleName, ...] = ("prefill", "decode", "worker")
 
 
@@ -242,7 +243,8 @@ class Role(_Model):
     parallelism: Parallelism = Field(
         default_factory=Parallelism,
         description="Parallelism of one group. A group uses tensor x pipeline GPUs on "
-        "ceil(GPUs / topology.gpusPerNode) nodes, all inside one NVLink domain.",
+        "ceil(GPUs / topology.gpusPerNode) nodes, all inside one NVLink domain. Left out: 1 GPU, or, with "
+        "spec.profile, the plan's parallelism.",
     )
     replicas: int | None = Field(
         default=None,
@@ -272,6 +274,54 @@ class SpeculativeDecoding(_Model):
         le=MTP_MAX_DEPTH,
         description=f"MTP draft depth (TensorRT-LLM num_nextn_predict_layers): 0 turns MTP off; 1 to "
         f"{MTP_MAX_DEPTH} drafts that many tokens per step. 3 is the usual choice for DeepSeek-R1.",
+    )
+
+
+class Profile(_Model):
+    """Service-level targets and traffic: the operator plans what the spec leaves out from them.
+
+    With a profile, the parallelism of a role that leaves it out, serving.prefillDecodeRatio (when left out)
+    and the MTP depth (when spec.speculativeDecoding is left out) come from NVIDIA aiconfigurator's
+    performance model: the configuration with the most tokens/s per GPU that meets ttftMs and itlMs.
+    The spec is never rewritten; the plan and its predicted figures are in status.profile.
+    """
+
+    isl: int = Field(ge=1, le=1048576, description="Typical input (prompt) length in tokens.")
+    osl: int = Field(ge=1, le=1048576, description="Typical output length in tokens.")
+    ttft_ms: float = Field(gt=0, le=600000, description="Time-to-first-token target in milliseconds.")
+    itl_ms: float = Field(
+        gt=0, le=10000, description="Inter-token latency (time per output token) target in milliseconds."
+    )
+    system: PlanSystem = Field(
+        default="gb200", description="GPU system whose measured performance data the plan uses."
+    )
+    backend: Engine = Field(default="trtllm", description="Backend to plan for. Only trtllm today.")
+    gpu_budget: int | None = Field(
+        default=None,
+        ge=1,
+        le=65536,
+        description="Plan the best configuration for this many GPUs (exactly one of gpuBudget, requestRate).",
+    )
+    request_rate: float | None = Field(
+        default=None,
+        gt=0,
+        le=1000000,
+        description="Plan the fewest GPUs that serve this many requests per second (exactly one of "
+        "gpuBudget, requestRate).",
+    )
+    mtp_acceptance: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="Acceptance rate of MTP draft tokens, in (0, 1]: set it to let the plan consider MTP; "
+        "left out, the plan runs without MTP.",
+    )
+    model: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        description="The model's name in aiconfigurator's model list, when it differs from spec.model.name "
+        "(e.g. Qwen/Qwen3-235B-A22B-FP8).",
     )
 
 
@@ -410,6 +460,11 @@ class ModelDeploymentSpec(_Model):
     autoscaling: Autoscaling = Field(
         default_factory=Autoscaling, description="KV-cache-driven autoscaling of the roles."
     )
+    profile: Profile | None = Field(
+        default=None,
+        description="SLA and traffic: the operator fills parallelism, prefillDecodeRatio and MTP depth that "
+        "the spec leaves out from a plan made for them (NVIDIA aiconfigurator).",
+    )
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> ModelDeploymentSpec:
@@ -424,6 +479,17 @@ class ModelDeploymentSpec(_Model):
     def roles(self) -> list[tuple[RoleName, Role]]:
         """The roles present, in a stable order."""
         return [(n, r) for n in ROLES if (r := self.role(n)) is not None]
+
+    def left_to_plan(self) -> list[str]:
+        """What a plan fills in (with spec.profile): roles without parallelism, the ratio, MTP depth."""
+        if self.profile is None:
+            return []
+        out = [f"{n}.parallelism" for n, r in self.roles() if "parallelism" not in r.model_fields_set]
+        if self.serving.mode == "disaggregated" and self.serving.prefill_decode_ratio is None:
+            out.append("serving.prefillDecodeRatio")
+        if "speculative_decoding" not in self.model_fields_set:
+            out.append("speculativeDecoding.mtpDepth")
+        return out
 
 
 # ------------------------------------------------------------------------------------------- status
@@ -493,6 +559,42 @@ class AutoscalingStatus(_Model):
     )
 
 
+class PlannedRole(_Model):
+    """One role of a plan."""
+
+    parallelism: Parallelism = Field(description="Parallelism of one group.")
+    replicas: int = Field(description="Groups of this role in the plan.")
+
+
+class PlanPrediction(_Model):
+    """What the performance model predicts for the plan."""
+
+    gpus: int = Field(description="GPUs of the whole plan.")
+    tokens_per_second_per_gpu: float = Field(description="Output tokens/s per GPU.")
+    tokens_per_second_per_user: float = Field(description="Output tokens/s of one request.")
+    ttft_ms: float = Field(description="Time to first token, milliseconds.")
+    itl_ms: float = Field(description="Inter-token latency, milliseconds.")
+    request_rate: float | None = Field(default=None, description="Requests/s the plan serves.")
+
+
+class ProfileStatus(_Model):
+    """The plan made for spec.profile, kept so it is made once per profile."""
+
+    profile_hash: str = Field(description="Hash of the profile (and model, mode) this plan answers.")
+    planner: str = Field(default="", description="Planner and version (e.g. aiconfigurator 0.12.0).")
+    time: str | None = Field(default=None, description="When the plan was made (RFC 3339).")
+    ok: bool = Field(default=False, description="Whether a configuration meets the profile.")
+    reason: str = Field(
+        default="", description="CamelCase outcome: Planned, UnknownModel, SLAUnreachable, ..."
+    )
+    message: str = Field(default="", description="Details of the outcome.")
+    mode: Mode | None = Field(default=None, description="Serving mode of the plan.")
+    roles: dict[str, PlannedRole] = Field(default_factory=dict, description="Per-role plan.")
+    prefill_decode_ratio: str | None = Field(default=None, description="Planned prefill:decode ratio.")
+    mtp_depth: int | None = Field(default=None, description="Planned MTP depth.")
+    predicted: PlanPrediction | None = Field(default=None, description="Predicted figures of the plan.")
+
+
 class ModelDeploymentStatus(_Model):
     """Observed state of a ModelDeployment, written only by the operator."""
 
@@ -503,6 +605,7 @@ class ModelDeploymentStatus(_Model):
     placement: list[GroupPlacement] = Field(default_factory=list, description="Group to NVLink domain.")
     endpoint: str | None = Field(default=None, description="In-cluster URL of the OpenAI-compatible API.")
     autoscaling: AutoscalingStatus | None = Field(default=None, description="Autoscaler state.")
+    profile: ProfileStatus | None = Field(default=None, description="The plan made for spec.profile.")
 
 
 class ObjectMeta(BaseModel):

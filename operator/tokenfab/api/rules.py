@@ -123,13 +123,16 @@ def _mode_rules() -> list[Rule]:
         Rule(
             "fixed-ratio-needs-ratio",
             "serving.prefillDecodeRatio",
-            f"!({dis}) || self.serving.ratioPolicy != 'fixed' || has(self.serving.prefillDecodeRatio)",
+            f"!({dis}) || self.serving.ratioPolicy != 'fixed' || has(self.serving.prefillDecodeRatio) "
+            "|| has(self.profile)",
             'serving.ratioPolicy fixed needs serving.prefillDecodeRatio: set it (e.g. "1:3"), or set '
-            "serving.ratioPolicy to independent and give spec.prefill.replicas",
+            "serving.ratioPolicy to independent and give spec.prefill.replicas, or add spec.profile to have "
+            "it planned",
             lambda s: (
                 s.serving.mode != "disaggregated"
                 or s.serving.ratio_policy != "fixed"
                 or s.serving.prefill_decode_ratio is not None
+                or s.profile is not None
             ),
             "FieldValueRequired",
         ),
@@ -202,7 +205,7 @@ def _role_rules(name: RoleName) -> list[Rule]:
         Rule(
             f"{name}-group-fills-nodes",
             f"{name}.parallelism",
-            f"!has({r}) || {gpus} <= {node} || {gpus} % {node} == 0",
+            f"!has({r}) || !has({r}.parallelism) || {gpus} <= {node} || {gpus} % {node} == 0",
             f"a {name} group's GPUs (parallelism.tensor x parallelism.pipeline) must be at most "
             "topology.gpusPerNode or a multiple of it, so a multi-node group fills whole nodes: change "
             "tensor or pipeline",
@@ -211,7 +214,7 @@ def _role_rules(name: RoleName) -> list[Rule]:
         Rule(
             f"{name}-group-fits-domain",
             f"{name}.parallelism",
-            f"!has({r}) || {gpus} <= self.topology.gpusPerDomain",
+            f"!has({r}) || !has({r}.parallelism) || {gpus} <= self.topology.gpusPerDomain",
             f"a {name} group's GPUs (parallelism.tensor x parallelism.pipeline) exceed "
             "topology.gpusPerDomain, and a group must sit inside one NVLink domain: lower tensor or "
             "pipeline",
@@ -220,7 +223,7 @@ def _role_rules(name: RoleName) -> list[Rule]:
         Rule(
             f"{name}-expert-divides-tensor",
             f"{name}.parallelism.expert",
-            f"!has({r}) || {r}.parallelism.tensor % {r}.parallelism.expert == 0",
+            f"!has({r}) || !has({r}.parallelism) || {r}.parallelism.tensor % {r}.parallelism.expert == 0",
             f"{name} parallelism.expert must divide parallelism.tensor (TensorRT-LLM needs "
             "moe_expert_parallel_size x moe_tensor_parallel_size = tensor_parallel_size): choose a divisor "
             "of tensor",
@@ -268,6 +271,15 @@ SPEC_RULES: tuple[Rule, ...] = (
         "autoscaling.enabled needs autoscaling.prometheusUrl: point it at the Prometheus that scrapes the "
         "workers, or set autoscaling.enabled to false",
         lambda s: not s.autoscaling.enabled or s.autoscaling.prometheus_url is not None,
+        "FieldValueRequired",
+    ),
+    Rule(
+        "profile-needs-budget-or-rate",
+        "profile",
+        "!has(self.profile) || has(self.profile.gpuBudget) != has(self.profile.requestRate)",
+        "spec.profile needs exactly one of gpuBudget (plan the best configuration for that many GPUs) or "
+        "requestRate (plan the fewest GPUs for that load): set one of them",
+        lambda s: s.profile is None or (s.profile.gpu_budget is None) != (s.profile.request_rate is None),
         "FieldValueRequired",
     ),
     Rule(
