@@ -30,7 +30,7 @@ fi
 if [ ! -f "$stamp" ] || [ "$TOKENFAB_ROOT/pyproject.toml" -nt "$stamp" ]; then
   say "installing tokenfab and its dev tools into $venv (about a minute)"
   "$venv/bin/python" -m pip install -q --upgrade pip
-  "$venv/bin/python" -m pip install -q -e "$TOKENFAB_ROOT[dev]"
+  "$venv/bin/python" -m pip install -q -e "$TOKENFAB_ROOT[dev,plan]"  # plan: aiconfigurator, for `tokenfab plan`
   touch "$stamp"
 fi
 export PATH="$venv/bin:$PATH"
