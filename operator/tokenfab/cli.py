@@ -1,9 +1,9 @@
-"""The `tokenfab` command: CRD generation, offline validation and the local AI factory."""
+"""The `tokenfab` command: CRD generation, offline validation, SLA planning and the local AI factory."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 import yaml
@@ -98,6 +98,144 @@ def operator(
         namespaces=namespace or [],
         liveness_endpoint=liveness,
     )
+
+
+def _cluster_domains(kubeconfig: Path, domain_label: str, gpu_resource: str) -> dict[str, Any]:
+    """Free GPUs per NVLink domain of a cluster, as the operator sees them."""
+    from kubernetes import config
+
+    from tokenfab.adapters.kube import Kube
+    from tokenfab.planning.topology import build_domains
+    from tokenfab.reconcile import gpu_uses, node_views
+
+    kube = Kube(config.new_client_from_config(config_file=str(kubeconfig)))
+    nodes, _ = node_views(kube.nodes(), domain_label, gpu_resource)
+    return dict(build_domains(nodes, gpu_uses(kube.gpu_pods(), gpu_resource)))
+
+
+PlanSystemOpt = Annotated[str, typer.Option(help="GPU system: gb200, gb300, b200, h200, h100.")]
+
+
+@app.command()
+def plan(
+    model: Annotated[str, typer.Option(help="Served model name (e.g. deepseek-ai/DeepSeek-R1).")],
+    isl: Annotated[int, typer.Option(help="Typical input length, tokens.")],
+    osl: Annotated[int, typer.Option(help="Typical output length, tokens.")],
+    ttft: Annotated[float, typer.Option(help="Time-to-first-token target, ms.")],
+    itl: Annotated[float, typer.Option("--itl", "--tpot", help="Inter-token latency target, ms.")],
+    system: PlanSystemOpt = "gb200",
+    gpus: Annotated[int | None, typer.Option(help="GPU budget (or give --request-rate).")] = None,
+    request_rate: Annotated[
+        float | None, typer.Option(help="Target requests/s: plan the fewest GPUs (instead of --gpus).")
+    ] = None,
+    mtp_acceptance: Annotated[
+        float | None, typer.Option(help="MTP draft acceptance rate in (0, 1]; left out: no MTP.")
+    ] = None,
+    mtp_depth: Annotated[
+        list[int] | None,
+        typer.Option(help="MTP depths to compare (repeat; default 1), with --mtp-acceptance."),
+    ] = None,
+    aic_model: Annotated[
+        str | None, typer.Option(help="aiconfigurator's name for the model, when it differs.")
+    ] = None,
+    mode: Annotated[str, typer.Option(help="auto (the faster), aggregated or disaggregated.")] = "auto",
+    source: Annotated[str | None, typer.Option(help="Weights URL (default hf://<model>).")] = None,
+    name: Annotated[str | None, typer.Option(help="metadata.name of the manifest.")] = None,
+    namespace: Annotated[str | None, typer.Option(help="metadata.namespace of the manifest.")] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Write the ModelDeployment YAML here.")
+    ] = None,
+    kubeconfig: Annotated[
+        Path | None, typer.Option(help="Check the plan against this cluster's free GPUs per NVLink domain.")
+    ] = None,
+    gpus_per_node: Annotated[int, typer.Option(help="GPUs per node (topology.gpusPerNode).")] = 4,
+    gpus_per_domain: Annotated[
+        int, typer.Option(help="GPUs per NVLink domain (topology.gpusPerDomain).")
+    ] = 72,
+    domain_label: Annotated[str, typer.Option(help="Node label naming NVLink domains.")] = (
+        "nvidia.com/gpu.clique"
+    ),
+    gpu_resource: Annotated[str, typer.Option(help="Extended resource name of a GPU.")] = "nvidia.com/gpu",
+    save_dir: Annotated[Path | None, typer.Option(help="Keep aiconfigurator's own output here.")] = None,
+    list_models: Annotated[bool, typer.Option(help="List aiconfigurator's models and exit.")] = False,
+) -> None:
+    """Plan parallelism, prefill:decode ratio and MTP depth for an SLA with NVIDIA aiconfigurator
+    (the `plan` extra), print aggregated vs disaggregated, and write a ready ModelDeployment."""
+    from tokenfab.adapters import aic
+    from tokenfab.planning import sla
+
+    if list_models:
+        for m in aic.known_models():
+            typer.echo(m)
+        return
+    if (gpus is None) == (request_rate is None):
+        raise typer.BadParameter("give exactly one of --gpus or --request-rate")
+    if mode not in ("auto", "aggregated", "disaggregated"):
+        raise typer.BadParameter("--mode is auto, aggregated or disaggregated")
+    request = sla.PlanRequest(
+        model=aic_model or model,
+        system=system,
+        backend="trtllm",
+        isl=isl,
+        osl=osl,
+        ttft_ms=ttft,
+        itl_ms=itl,
+        gpu_budget=gpus,
+        request_rate=request_rate,
+        mtp_acceptance=mtp_acceptance,
+        mtp_depths=tuple(mtp_depth or (1,)),
+    )
+    outcome = aic.run(request, save_dir=str(save_dir) if save_dir else None)
+    if not outcome.ok:
+        typer.echo(f"{outcome.reason}: {outcome.message}", err=True)
+        raise typer.Exit(2)
+    typer.echo(
+        f"{outcome.planner}: {request.model} on {system}, ISL {isl}, OSL {osl}, TTFT <= {ttft:g} ms, "
+        f"ITL <= {itl:g} ms, " + (f"{gpus} GPUs" if gpus else f"{request_rate:g} req/s")
+    )
+    typer.echo(sla.comparison_table(sorted(outcome.rows, key=lambda r: (r.mode, -r.rank_metric))))
+    # Only configurations whose groups fill whole nodes of one NVLink domain can be deployed.
+    usable = [r for r in outcome.rows if sla.groups_fit(r, gpus_per_node, gpus_per_domain)]
+    chosen = sla.best_row(r for r in usable if mode in ("auto", r.mode))
+    if chosen is None:
+        typer.echo(
+            f"{sla.SLA_UNREACHABLE}: no {'' if mode == 'auto' else mode + ' '}configuration meets the SLA "
+            f"with groups that fill whole {gpus_per_node}-GPU nodes of one {gpus_per_domain}-GPU domain",
+            err=True,
+        )
+        raise typer.Exit(2)
+    for m, best in sorted(outcome.best.items()):
+        typer.echo(f"best {m}: {sla.describe(best)}")
+    if outcome.reference is not None:
+        typer.echo(f"aiconfigurator's own best: {sla.describe(outcome.reference)}")
+    typer.echo(f"chosen: {sla.describe(chosen)}")
+    doc = sla.manifest(
+        chosen,
+        request,
+        name=name or model.rsplit("/", 1)[-1].lower().replace(".", "-").replace("_", "-"),
+        model_name=model,
+        source=source or f"hf://{model}",
+        namespace=namespace,
+    )
+    if (gpus_per_node, gpus_per_domain) != (4, 72):
+        doc["spec"]["topology"] = {"gpusPerNode": gpus_per_node, "gpusPerDomain": gpus_per_domain}
+    load_manifests(yaml.safe_dump(doc), "plan")  # the API's own validation, before anything is written
+    text = f"# Planned by `tokenfab plan` with {outcome.planner}: {sla.describe(chosen)}\n" + yaml.safe_dump(
+        doc, sort_keys=False
+    )
+    if out is not None:
+        out.write_text(text)
+        typer.echo(f"wrote {out}")
+    else:
+        typer.echo(text)
+    if kubeconfig is not None:
+        domains = _cluster_domains(kubeconfig, domain_label, gpu_resource)
+        report = sla.check_capacity(chosen, domains, gpus_per_node)
+        typer.echo(f"capacity ({kubeconfig}):")
+        for line in report.lines:
+            typer.echo(f"  {line}")
+        if not report.fits:
+            raise typer.Exit(3)
 
 
 def _register_factory() -> None:

@@ -311,10 +311,15 @@ def request_for(spec: ModelDeploymentSpec, mtp_depths: tuple[int, ...] = (1,)) -
     )
 
 
-def fits_topology(row: PlanRow, spec: ModelDeploymentSpec) -> bool:
-    """Whether every group of the row fills whole nodes and sits in one domain of the spec's topology."""
-    n, d = spec.topology.gpus_per_node, spec.topology.gpus_per_domain
+def groups_fit(row: PlanRow, gpus_per_node: int, gpus_per_domain: int) -> bool:
+    """Whether every group of the row fills whole nodes and sits in one NVLink domain."""
+    n, d = gpus_per_node, gpus_per_domain
     return all((w.gpus <= n or w.gpus % n == 0) and w.gpus <= d for w in row.roles.values())
+
+
+def fits_topology(row: PlanRow, spec: ModelDeploymentSpec) -> bool:
+    """`groups_fit` with the spec's topology."""
+    return groups_fit(row, spec.topology.gpus_per_node, spec.topology.gpus_per_domain)
 
 
 def plan_status(outcome: PlanOutcome, spec: ModelDeploymentSpec, now: str) -> ProfileStatus:
