@@ -18,6 +18,10 @@ from e2e.helpers import kubectl, start_operator, wait_for
 from tokenfab_factory.factory import Factory, FactoryConfig
 
 ROOT = Path(__file__).resolve().parent.parent
+# aiconfigurator plans are kept for the session, for `tokenfab plan` runs and the operator (spec.profile).
+os.environ.setdefault(
+    "TOKENFAB_PLAN_CACHE", os.path.join(tempfile.gettempdir(), f"tokenfab-plan-cache-{os.getpid()}")
+)  # made on first use
 E2E_PORT_BASE = int(os.environ.get("TOKENFAB_E2E_PORT_BASE", "32000"))
 LIVENESS = E2E_PORT_BASE + 20
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import kopf
 
-from tokenfab.adapters import telemetry
+from tokenfab.adapters import aic, telemetry
 from tokenfab.adapters.kube import Kube
 from tokenfab.api.models import GROUP, PLURAL, VERSION
 from tokenfab.inventory import sync_domains
@@ -74,11 +74,13 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         config.load_kube_config()
     kube = Kube(client.ApiClient())
     memo["kube"] = kube
+    planner = aic.BackgroundPlanner()  # spec.profile plans, in a process of their own
+    memo["planner"] = planner
 
     def run(key: Key) -> None:
         t0 = time.monotonic()
         try:
-            result = reconcile(kube, key[0], key[1], time.time())
+            result = reconcile(kube, key[0], key[1], time.time(), planner=planner.poll)
         except Exception:
             telemetry.RECONCILES.labels(key[0], key[1], "error").inc()
             raise
@@ -130,6 +132,9 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     task = memo.get("inventory")
     if task is not None:
         task.cancel()
+    planner = memo.get("planner")
+    if planner is not None:
+        planner.shutdown()
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile-resume")

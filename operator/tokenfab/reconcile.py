@@ -8,7 +8,7 @@ lives in the cluster (children's labels, the resource's status).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -19,17 +19,21 @@ from tokenfab.api.errors import SpecError, parse_model_deployment
 from tokenfab.api.models import (
     ROLES,
     Autoscaling,
+    Condition,
     GroupPlacement,
     ModelDeployment,
     ModelDeploymentSpec,
+    ModelDeploymentStatus,
+    ProfileStatus,
     RoleName,
 )
 from tokenfab.autoscale import Reader, autoscale
 from tokenfab.planning import builders as b
 from tokenfab.planning import contract as c
+from tokenfab.planning import sla
 from tokenfab.planning.autoscaling import Decision
 from tokenfab.planning.groups import GroupView, NodeHealth, PodView, RolePlan, plan_role
-from tokenfab.planning.status import Observed, build_status
+from tokenfab.planning.status import Observed, build_status, merge_conditions, rfc3339
 from tokenfab.planning.topology import Domain, GpuUse, NodeInfo, build_domains
 
 log = logging.getLogger(__name__)
@@ -166,6 +170,71 @@ def desired_groups(md: ModelDeployment) -> dict[RoleName, int]:
     return wanted
 
 
+# ---------------------------------------------------------------------------------- spec.profile
+
+# Polls a plan for (profile hash, request): the outcome once ready, None while it is being made.
+Planner = Callable[[str, sla.PlanRequest], sla.PlanOutcome | None]
+
+
+@dataclass(frozen=True)
+class Planning:
+    """The spec with the plan merged in (in memory), status.profile, and the Planned condition; `wait`
+    when no groups can be planned yet (no plan, or none possible)."""
+
+    spec: ModelDeploymentSpec
+    status: ProfileStatus | None
+    condition: Condition | None
+    wait: bool
+
+
+def plan_profile(
+    spec: ModelDeploymentSpec, old: ProfileStatus | None, planner: Planner | None, now: float
+) -> Planning:
+    """Fill what the spec leaves out from the plan for its profile (made once per profile hash, off the
+    reconcile path by `planner`)."""
+    if not spec.left_to_plan():
+        return Planning(spec, None, None, wait=False)
+    key = sla.profile_hash(spec)
+    status = old if old is not None and old.profile_hash == key else None
+    if status is None:
+        if planner is None:
+            outcome: sla.PlanOutcome | None = sla.PlanOutcome(
+                ok=False, reason=sla.PLANNER_UNAVAILABLE, message="this operator runs without a planner"
+            )
+        else:
+            outcome = planner(key, sla.request_for(spec))
+        if outcome is None:
+            msg = f"planning {', '.join(spec.left_to_plan())} for spec.profile with aiconfigurator"
+            cond = Condition(type="Planned", status="Unknown", reason="Planning", message=msg)
+            return Planning(spec, old, cond, wait=True)
+        status = sla.plan_status(outcome, spec, rfc3339(now))
+    if not status.ok:
+        cond = Condition(type="Planned", status="False", reason=status.reason, message=status.message)
+        return Planning(spec, status, cond, wait=True)
+    try:
+        merged = sla.apply_plan(spec, status)
+    except ValueError as exc:
+        cond = Condition(type="Planned", status="False", reason="PlanInvalid", message=str(exc))
+        return Planning(spec, status, cond, wait=True)
+    cond = Condition(type="Planned", status="True", reason=sla.PLANNED, message=status.message)
+    return Planning(merged, status, cond, wait=False)
+
+
+def _waiting_status(
+    old: ModelDeploymentStatus | None, planning: Planning, generation: int, now: float
+) -> tuple[ModelDeploymentStatus, list[Condition]]:
+    assert planning.condition is not None
+    planned = planning.condition
+    reason = "Planning" if planned.status == "Unknown" else planned.reason
+    ready = Condition(type="Ready", status="False", reason=reason, message=planned.message)
+    base = old or ModelDeploymentStatus()
+    conds, changed = merge_conditions(base.conditions, [ready, planned], generation, now)
+    status = base.model_copy(
+        update={"conditions": conds, "profile": planning.status, "observed_generation": generation}
+    )
+    return status, changed
+
+
 # ------------------------------------------------------------------------------------------- pass
 
 
@@ -220,7 +289,12 @@ def _observed_shape(groups: list[GroupView], spec: ModelDeploymentSpec) -> Any:
 
 
 def reconcile(
-    kube: Kube, namespace: str, name: str, now: float, reader: Reader = _default_reader
+    kube: Kube,
+    namespace: str,
+    name: str,
+    now: float,
+    reader: Reader = _default_reader,
+    planner: Planner | None = None,
 ) -> Result | None:
     """One pass. Returns None when the ModelDeployment is gone."""
     body = kube.model_deployment(namespace, name)
@@ -231,6 +305,17 @@ def reconcile(
     except SpecError as exc:  # admission should have refused it; say so instead of crashing
         kube.event(body, "Warning", "InvalidSpec", str(exc))
         return None
+    planning = plan_profile(md.spec, md.status.profile if md.status else None, planner, now)
+    if planning.wait:  # no plan yet (or none possible): say so, and leave every child as it is
+        waiting, changed_conds = _waiting_status(md.status, planning, md.metadata.generation or 0, now)
+        new_body = waiting.model_dump(by_alias=True, exclude_none=True, mode="json")
+        if new_body != body.get("status"):
+            kube.apply_status(namespace, name, new_body)
+        for cond in changed_conds:
+            kind = "Warning" if cond.status == "False" and cond.reason != "Planning" else "Normal"
+            kube.event(body, kind, cond.reason, f"{cond.type}={cond.status}: {cond.message}")
+        return Result(conditions_changed=[f"{cd.type}={cd.status}/{cd.reason}" for cd in changed_conds])
+    md = md.model_copy(update={"spec": planning.spec})
     spec = md.spec
     owner = b.Owner(name=name, namespace=namespace, uid=body["metadata"]["uid"])
     topo = spec.topology
@@ -313,8 +398,11 @@ def reconcile(
         md.status,
         now,
         autoscaling=outcome.status if outcome else None,
-        extra=outcome.conditions if outcome else (),
+        extra=[*(outcome.conditions if outcome else ()), *filter(None, [planning.condition])],
     )
+    status.profile = planning.status
+    if planning.condition is None:
+        status.conditions = [cd for cd in status.conditions if cd.type != "Planned"]
     for role, metric, dec in outcome.decisions if outcome else []:
         telemetry_hook(namespace, name, role, metric, dec, spec.autoscaling)
         if dec.direction != "hold":
