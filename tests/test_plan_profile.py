@@ -121,3 +121,15 @@ def test_an_aggregated_spec_takes_only_an_aggregated_plan():
     assert planning.wait
     assert planning.condition is not None
     assert planning.condition.reason == sla.SLA_UNREACHABLE
+
+
+def test_a_missing_planner_is_asked_again_later_but_an_unknown_model_is_not():
+    s = spec()
+    missing = plan_profile(s, None, None, 0.0)
+    assert missing.status is not None
+    planner = FakePlanner(sla.outcome_from_rows([row()], sla.request_for(s), "aiconfigurator 0.12.0"))
+    # Within the retry interval the old answer stands; after it the planner is asked again.
+    assert plan_profile(s, missing.status, planner, 10.0).condition.reason == sla.PLANNER_UNAVAILABLE
+    assert plan_profile(s, missing.status, planner, 120.0).condition.reason == "Planning"
+    unknown = sla.plan_status(sla.PlanOutcome(ok=False, reason=sla.UNKNOWN_MODEL, message="x"), s, "t")
+    assert plan_profile(s, unknown, planner, 1e9).condition.reason == sla.UNKNOWN_MODEL

@@ -176,6 +176,10 @@ def desired_groups(md: ModelDeployment) -> dict[RoleName, int]:
 Planner = Callable[[str, sla.PlanRequest], sla.PlanOutcome | None]
 
 
+# Outcomes worth asking again for: the planner may be installed, or work, later.
+RETRY_SECONDS = {sla.PLANNER_UNAVAILABLE: 60.0, sla.PLANNER_FAILED: 300.0}
+
+
 @dataclass(frozen=True)
 class Planning:
     """The spec with the plan merged in (in memory), status.profile, and the Planned condition; `wait`
@@ -196,6 +200,10 @@ def plan_profile(
         return Planning(spec, None, None, wait=False)
     key = sla.profile_hash(spec)
     status = old if old is not None and old.profile_hash == key else None
+    # The planner, not the profile, failed: ask again after a while.
+    retry = RETRY_SECONDS.get(status.reason) if status is not None else None
+    if status is not None and retry is not None and now - (_time(status.time) or 0.0) >= retry:
+        status = None
     if status is None:
         if planner is None:
             outcome: sla.PlanOutcome | None = sla.PlanOutcome(

@@ -189,6 +189,8 @@ def run(
             cached: sla.PlanOutcome = pickle.loads(path.read_bytes())
             return cached
         outcome = _run(request, None)
+        if outcome.reason not in (sla.PLANNED, sla.SLA_UNREACHABLE, sla.UNKNOWN_MODEL):
+            return outcome  # the planner failed: do not remember it
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_bytes(pickle.dumps(outcome))

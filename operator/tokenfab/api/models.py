@@ -499,7 +499,7 @@ class Condition(_Model):
     """A Kubernetes-style condition."""
 
     type: str = Field(
-        description="Ready, Progressing, Degraded, Placed, CapacityLimited, MetricsUnavailable."
+        description="Ready, Progressing, Degraded, Placed, CapacityLimited, MetricsUnavailable, Planned."
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(description="CamelCase reason for the last transition.")
