@@ -205,7 +205,7 @@ def plan(
         )
         raise typer.Exit(2)
     for m, best in sorted(outcome.best.items()):
-        typer.echo(f"best {m}: {sla.describe(best)}")
+        typer.echo(f"best {m}: {sla.describe(best, with_mode=False)}")
     if outcome.reference is not None:
         typer.echo(f"aiconfigurator's own best: {sla.describe(outcome.reference)}")
     typer.echo(f"chosen: {sla.describe(chosen)}")

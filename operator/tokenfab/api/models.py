@@ -570,7 +570,7 @@ class PlanPrediction(_Model):
     """What the performance model predicts for the plan."""
 
     gpus: int = Field(description="GPUs of the whole plan.")
-    tokens_per_second_per_gpu: float = Field(description="Output tokens/s per GPU.")
+    tokens_per_second_per_gpu: float = Field(description="Output tokens/s per GPU the plan uses.")
     tokens_per_second_per_user: float = Field(description="Output tokens/s of one request.")
     ttft_ms: float = Field(description="Time to first token, milliseconds.")
     itl_ms: float = Field(description="Inter-token latency, milliseconds.")

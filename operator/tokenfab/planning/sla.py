@@ -397,15 +397,19 @@ def _par(w: WorkerConfig) -> str:
     return text
 
 
-def describe(row: PlanRow) -> str:
-    """One line: the groups, GPUs, ratio, MTP and predicted figures."""
+def describe(row: PlanRow, with_mode: bool = True) -> str:
+    """One line: the groups, GPUs, ratio, MTP and predicted figures (tokens/s/GPU of the budget, as
+    aiconfigurator ranks, and of the GPUs the plan uses when fewer)."""
     groups = row.groups()
     parts = [f"{groups[n]} {n} x {w.gpus} GPUs ({_par(w)})" for n, w in row.roles.items()]
     ratio = f", ratio {row.ratio()}" if row.ratio() else ""
+    per_gpu = f"{row.rank_metric:.1f} tokens/s/GPU"
+    if abs(row.tokens_per_s_per_gpu - row.rank_metric) >= 0.05:
+        per_gpu += f" ({row.tokens_per_s_per_gpu:.1f} on the {row.gpus} GPUs used)"
     return (
-        f"{row.mode}: {' + '.join(parts)} = {row.gpus} GPUs{ratio}, MTP {row.mtp}; "
-        f"{row.tokens_per_s_per_gpu:.1f} tokens/s/GPU, {row.tokens_per_s_per_user:.1f} tokens/s/user, "
-        f"TTFT {row.ttft_ms:.0f} ms, ITL {row.itl_ms:.1f} ms"
+        (f"{row.mode}: " if with_mode else "")
+        + f"{' + '.join(parts)} = {row.gpus} GPUs{ratio}, MTP {row.mtp}; {per_gpu}, "
+        f"{row.tokens_per_s_per_user:.1f} tokens/s/user, TTFT {row.ttft_ms:.0f} ms, ITL {row.itl_ms:.1f} ms"
     )
 
 
