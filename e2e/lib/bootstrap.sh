@@ -38,3 +38,7 @@ export PATH="$venv/bin:$PATH"
 TOKENFAB_BIN="$("$TOKENFAB_ROOT/e2e/toolchain/build.sh" --print-bin-dir)"
 export TOKENFAB_BIN
 export PATH="$TOKENFAB_BIN:$PATH"
+
+# The live fleet's tools: NVIDIA Dynamo and aiperf in their own virtualenvs in ~/.cache/tokenfab/venvs
+# (a few minutes the first time; a no-op when cached).
+bash "$TOKENFAB_ROOT/e2e/fleet/setup.sh"

@@ -1,0 +1,272 @@
+"""The live fleet's plumbing: tools (Dynamo and aiperf virtualenvs), the tiny local model, the runner
+process, the ModelDeployment used by the scenario and the benchmark, and the Prometheus and status reads
+the time series is made of."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from e2e.fleet import runner
+from e2e.helpers import get_json, kubectl, wait_for
+from tokenfab.planning import contract as c
+from tokenfab_factory.factory import Factory
+
+ROOT = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("TOKENFAB_CACHE", Path.home() / ".cache" / "tokenfab"))
+VENVS = Path(os.environ.get("TOKENFAB_VENVS", CACHE / "venvs"))
+MODEL_NAME = "tokenfab/tiny-llama"
+MODEL_VERSION = "v1"
+RUNNER = "fleet-runner"
+
+
+@dataclass(frozen=True)
+class Tools:
+    dynamo_python: str
+    aiperf: str
+
+
+def tools() -> Tools:
+    """The Dynamo and aiperf virtualenvs, installed by e2e/fleet/setup.sh when missing (idempotent)."""
+    dyn, ap = VENVS / "dynamo" / "bin" / "python", VENVS / "aiperf" / "bin" / "aiperf"
+    if not (
+        (VENVS / "dynamo" / ".tokenfab-installed").exists()
+        and (VENVS / "aiperf" / ".tokenfab-installed").exists()
+    ):
+        subprocess.run(["bash", str(ROOT / "e2e" / "fleet" / "setup.sh")], check=True)
+    return Tools(str(dyn), str(ap))
+
+
+def model_dir(t: Tools) -> Path:
+    """The tiny local model (tokenizer trained here, no hub), generated once into the cache."""
+    out = CACHE / "fleet-model" / MODEL_VERSION
+    if not (out / ".complete").exists():
+        subprocess.run([t.dynamo_python, str(ROOT / "e2e" / "fleet" / "model.py"), str(out)], check=True)
+    return out
+
+
+def state_dir(f: Factory) -> Path:
+    return runner.state_dir_of(f.run)
+
+
+def start_runner(
+    f: Factory, t: Tools, blocks_per_gpu: int = 48, speedup_ratio: float = 0.3, namespace: str = ""
+) -> int:
+    """The fleet runner as a factory extra (the factory stops it by PID; it stops its children)."""
+    argv = [
+        sys.executable,
+        "-m",
+        "e2e.fleet.runner",
+        "--kubeconfig",
+        str(f.kubeconfig),
+        "--kubectl",
+        str(f.config.bin_dir / "kubectl"),
+        "--state-dir",
+        str(state_dir(f)),
+        "--file-sd-dir",
+        str(f.file_sd_dir),
+        "--model-dir",
+        str(model_dir(t)),
+        "--dynamo-python",
+        t.dynamo_python,
+        "--blocks-per-gpu",
+        str(blocks_per_gpu),
+        "--speedup-ratio",
+        str(speedup_ratio),
+        *(["--namespace", namespace] if namespace else []),
+    ]
+    pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return f.start_extra(RUNNER, argv, env={"PYTHONPATH": pythonpath})
+
+
+def runner_state(f: Factory) -> dict[str, Any]:
+    return runner.read_state(state_dir(f))
+
+
+def frontend_url(f: Factory, namespace: str, name: str, timeout: float = 180) -> str:
+    """Wait for the deployment's frontend process and for it to list the served model."""
+
+    def ready() -> str | None:
+        url = runner_state(f).get("frontends", {}).get(f"{namespace}/{name}")
+        if not url:
+            return None
+        try:
+            with urllib.request.urlopen(f"{url}/v1/models", timeout=3) as r:
+                return str(url) if json.load(r).get("data") else None
+        except OSError:
+            return None
+
+    return str(wait_for(f"the frontend of {namespace}/{name} serving the model", ready, timeout, 1.0))
+
+
+def manifest(
+    f: Factory,
+    namespace: str,
+    name: str,
+    autoscaling: bool = True,
+    decode_replicas: int = 1,
+    max_decode: int = 4,
+    target: float = 0.6,
+    scale_down_window: int = 60,
+) -> dict[str, Any]:
+    """A small disaggregated deployment: decode groups of 2 GPUs, prefill groups of 1 GPU at 1:2."""
+    spec: dict[str, Any] = {
+        "model": {"name": MODEL_NAME, "source": f"hf://{MODEL_NAME}"},
+        "serving": {
+            "mode": "disaggregated",
+            "routerMode": "kv",
+            "prefillDecodeRatio": "1:2",
+            "ratioPolicy": "fixed",
+        },
+        "prefill": {"parallelism": {"tensor": 1}},
+        "decode": {"parallelism": {"tensor": 2}, "replicas": decode_replicas},
+        "autoscaling": {
+            "enabled": autoscaling,
+            "prometheusUrl": f.prometheus_url,
+            "targetKvCacheUtilization": target,
+            "intervalSeconds": 5,
+            "warmupSeconds": 10,
+            "scaleDownStabilizationSeconds": scale_down_window,
+            "maxStepUp": 2,
+            "maxStepDown": 1,
+            "decode": {"minReplicas": 1, "maxReplicas": max_decode},
+        },
+    }
+    return {
+        "apiVersion": "tokenfab.dev/v1alpha1",
+        "kind": "ModelDeployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
+# ------------------------------------------------------------------------------------------ reads
+
+
+def prom(f: Factory, query: str) -> list[dict[str, Any]]:
+    url = f"{f.prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return list(json.load(r)["data"]["result"])
+    except (OSError, ValueError, KeyError):
+        return []
+
+
+def by_group(rows: list[dict[str, Any]]) -> dict[str, float]:
+    out = {}
+    for row in rows:
+        value = float(row["value"][1])
+        if value == value:
+            out[row["metric"].get(c.PROM_LABEL_GROUP, "")] = value
+    return out
+
+
+def sel(namespace: str, name: str, role: str) -> str:
+    return f'namespace="{namespace}", {c.PROM_LABEL_DEPLOYMENT}="{name}", {c.PROM_LABEL_ROLE}="{role}"'
+
+
+def kv_by_group(f: Factory, namespace: str, name: str, role: str) -> dict[str, float]:
+    """The autoscaler's own signal: KV-cache utilization per group, as Prometheus has it."""
+    q = (
+        f'max by ({c.PROM_LABEL_GROUP}) ({{__name__=~"trtllm:kv_cache_usage_perc|vllm:kv_cache_usage_perc", '
+        f"{sel(namespace, name, role)}}})"
+    )
+    return by_group(prom(f, q))
+
+
+def requests_by_group(f: Factory, namespace: str, name: str, role: str) -> dict[str, float]:
+    """Requests each group's engine has served (Dynamo's per-endpoint counter on the worker)."""
+    q = (
+        f"sum by ({c.PROM_LABEL_GROUP}) (dynamo_component_requests_total{{{sel(namespace, name, role)}, "
+        'dynamo_endpoint="generate"})'
+    )
+    return by_group(prom(f, q))
+
+
+def targets_up(f: Factory, namespace: str, name: str, role: str) -> int:
+    rows = prom(f, f"sum(up{{{sel(namespace, name, role)}}})")
+    return int(float(rows[0]["value"][1])) if rows else 0
+
+
+def warm_up(url: str, timeout: float = 60) -> None:
+    """One small chat request through the frontend (retried while the router learns the workers)."""
+    body = json.dumps(
+        {"model": MODEL_NAME, "messages": [{"role": "user", "content": "warm up"}], "max_tokens": 4}
+    ).encode()
+
+    def once() -> bool:
+        req = urllib.request.Request(
+            f"{url}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=20) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    wait_for("a first request served end to end", once, timeout, 2.0)
+
+
+def waiting(f: Factory, namespace: str, name: str, role: str) -> float:
+    q = (
+        f'sum({{__name__=~"trtllm:num_requests_waiting|vllm:num_requests_waiting", '
+        f"{sel(namespace, name, role)}}})"
+    )
+    rows = prom(f, q)
+    return float(rows[0]["value"][1]) if rows else 0.0
+
+
+def frontend_ttft(f: Factory, namespace: str, name: str, window: str = "15s") -> dict[str, float]:
+    """TTFT p50/p99 the frontend measured over the last window (its histogram, through Prometheus)."""
+    out = {}
+    s = f'namespace="{namespace}", {c.PROM_LABEL_DEPLOYMENT}="{name}"'
+    for q in (0.5, 0.99):
+        rows = prom(
+            f,
+            f"histogram_quantile({q}, sum by (le) "
+            f"(rate(dynamo_frontend_time_to_first_token_seconds_bucket{{{s}}}[{window}])))",
+        )
+        if rows:
+            v = float(rows[0]["value"][1])
+            if v == v:
+                out[f"p{int(q * 100)}"] = v
+    return out
+
+
+def role_status(f: Factory, namespace: str, name: str) -> dict[str, Any]:
+    try:
+        obj = get_json(f, "mdep", name, "-n", namespace)
+    except subprocess.CalledProcessError:
+        return {}
+    return dict((obj.get("status") or {}).get("roles") or {})
+
+
+def role_gpus(manifest_doc: dict[str, Any]) -> dict[str, int]:
+    """GPUs per group of each role, from the manifest (tensor x pipeline)."""
+    out = {}
+    for role in ("prefill", "decode", "worker"):
+        r = manifest_doc["spec"].get(role)
+        if r:
+            p = r.get("parallelism", {})
+            out[role] = int(p.get("tensor", 1)) * int(p.get("pipeline", 1))
+    return out
+
+
+def ensure_namespace(f: Factory, namespace: str) -> None:
+    kubectl(f, "create", "namespace", namespace, check=False)
+
+
+def delete_deployment(f: Factory, namespace: str, name: str) -> None:
+    kubectl(f, "delete", "mdep", name, "-n", namespace, "--wait=true", "--timeout=120s", check=False)
+
+
+def now() -> float:
+    return time.time()

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs the live fleet's tools in their own cached virtualenvs, outside the repository:
+#   ~/.cache/tokenfab/venvs/dynamo  NVIDIA Dynamo 1.6.1 (mocker engines, frontend + KV router)
+#   ~/.cache/tokenfab/venvs/aiperf  NVIDIA aiperf 0.13.0 (load generator)
+# Idempotent: a stamp file per venv records the pinned versions; a warm run takes well under a second.
+# ai-dynamo is installed with --no-deps (its `aisimulate` dependency is a PyPI placeholder that fails and
+# it pins kubernetes<33): its other requirements are listed here by hand (../../shared/REFERENCE.md §4).
+set -euo pipefail
+
+say() { printf '[tokenfab fleet] %s\n' "$*" >&2; }
+VENVS="${TOKENFAB_VENVS:-$HOME/.cache/tokenfab/venvs}"
+PY="${PYTHON:-python3}"
+DYNAMO_VERSION=1.6.1
+AIPERF_VERSION=0.13.0
+
+dynamo_reqs=(
+  "ai-dynamo-runtime==$DYNAMO_VERSION" aiohttp "kubernetes<33" msgspec prometheus-client pyzmq redis
+  transformers tokenizers typing-extensions zstandard tqdm certifi
+)
+
+install_venv() {  # name stamp-text pip-args...
+  local name="$1" want="$2"; shift 2
+  local venv="$VENVS/$name" stamp="$VENVS/$name/.tokenfab-installed"
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return 0; fi
+  say "installing $want into $venv (a few minutes the first time)"
+  mkdir -p "$VENVS"
+  [ -x "$venv/bin/python" ] || "$PY" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --upgrade pip
+  "$@"
+  printf '%s' "$want" >"$stamp"
+}
+
+dyn="$VENVS/dynamo/bin/python"
+install_venv dynamo "ai-dynamo==$DYNAMO_VERSION ${dynamo_reqs[*]}" \
+  bash -c "'$dyn' -m pip install -q ${dynamo_reqs[*]@Q} && '$dyn' -m pip install -q --no-deps ai-dynamo==$DYNAMO_VERSION"
+
+ap="$VENVS/aiperf/bin/python"
+install_venv aiperf "aiperf==$AIPERF_VERSION" "$ap" -m pip install -q "aiperf==$AIPERF_VERSION"
+
+export TOKENFAB_DYNAMO_PYTHON="$dyn"
+export TOKENFAB_AIPERF="$VENVS/aiperf/bin/aiperf"
