@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -59,19 +58,17 @@ def condition(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
 
 
 def start_operator(f: Factory, liveness_port: int) -> int:
-    """The operator as a real process against the factory (stopped by PID with the factory); its own
-    metrics are served on liveness_port + 1."""
-    return f.start_extra(
-        "operator",
-        [
-            sys.executable,
-            "-m",
-            "tokenfab.cli",
-            "operator",
-            "--liveness",
-            f"http://127.0.0.1:{liveness_port}/healthz",
-            "--metrics-port",
-            str(liveness_port + 1),
-        ],
-        env={"TOKENFAB_RESYNC_SECONDS": "5", "TOKENFAB_INVENTORY_SECONDS": "3"},
+    """The operator as a real process against the factory, with short resync intervals for tests."""
+    return f.start_operator(
+        liveness_port, env={"TOKENFAB_RESYNC_SECONDS": "5", "TOKENFAB_INVENTORY_SECONDS": "3"}
     )
+
+
+def restore_node(f: Factory, node: dict[str, Any]) -> None:
+    """Create a node again from an earlier `kubectl get node -o json` (its capacity, without the rest of
+    its status: kwok marks it Ready again)."""
+    node = json.loads(json.dumps(node))
+    for key in ("resourceVersion", "uid", "creationTimestamp", "managedFields"):
+        node["metadata"].pop(key, None)
+    node["status"] = {"capacity": node["status"]["capacity"], "allocatable": node["status"]["allocatable"]}
+    kubectl(f, "create", "-f", "-", input=json.dumps(node), check=False)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.helpers import apply_yaml, kubectl, wait_for
+from e2e.helpers import apply_yaml, kubectl, restore_node, wait_for
 from tokenfab_factory import process
 from tokenfab_factory.factory import Factory, FactoryConfig, FactoryError
 from tokenfab_factory.racks import CLIQUE_LABEL, GPU_RESOURCE
@@ -152,13 +152,7 @@ def test_deleting_a_node_evicts_its_pods(factory):
             "the pod on the deleted node to be gone", lambda: not pods(factory, "app=victim"), timeout=120
         )
     finally:
-        for key in ("resourceVersion", "uid", "creationTimestamp", "managedFields"):
-            node["metadata"].pop(key, None)
-        node["status"] = {
-            "capacity": node["status"]["capacity"],
-            "allocatable": node["status"]["allocatable"],
-        }
-        kubectl(factory, "create", "-f", "-", input=json.dumps(node))
+        restore_node(factory, node)
 
 
 class _Exporter(BaseHTTPRequestHandler):

@@ -4,7 +4,6 @@ SIGKILLs during a rollout, no partial groups when capacity runs out, and clean d
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 
@@ -12,7 +11,7 @@ import pytest
 import yaml
 
 from e2e.conftest import LIVENESS, operator_healthy
-from e2e.helpers import apply_yaml, condition, get_json, kubectl, start_operator, wait_for
+from e2e.helpers import apply_yaml, condition, get_json, kubectl, restore_node, start_operator, wait_for
 from tests.cases import EXAMPLES
 from tokenfab.planning import contract as c
 from tokenfab_factory import process
@@ -142,13 +141,7 @@ def test_losing_a_node_recreates_its_decode_group_whole(operator):
         ]
         assert any(e["reason"] == "GroupDeletedBroken" and victim_group in e["message"] for e in events)
     finally:
-        for key in ("resourceVersion", "uid", "creationTimestamp", "managedFields"):
-            node["metadata"].pop(key, None)
-        node["status"] = {
-            "capacity": node["status"]["capacity"],
-            "allocatable": node["status"]["allocatable"],
-        }
-        kubectl(f, "create", "-f", "-", input=json.dumps(node), check=False)
+        restore_node(f, node)
 
 
 def test_sigkill_during_a_rollout_converges_to_exactly_the_desired_groups(operator):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -88,17 +87,7 @@ def operator(
     if f.read_state() is None:
         typer.echo(f"no factory in {f.run} (start one with `tokenfab factory up`)", err=True)
         raise typer.Exit(1)
-    pid = f.start_extra(
-        "operator",
-        [
-            sys.executable,
-            "-m",
-            "tokenfab.cli",
-            "operator",
-            "--liveness",
-            f"http://127.0.0.1:{liveness_port}/healthz",
-        ],
-    )
+    pid = f.start_operator(liveness_port)
     typer.echo(f"operator running, pid {pid}, log {f.log('operator')}")
 
 

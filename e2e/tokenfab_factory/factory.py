@@ -582,6 +582,21 @@ class Factory:
         self._wait(comp, state, time.monotonic() + timeout)
         return state.pids[comp]
 
+    def start_operator(self, liveness_port: int, env: dict[str, str] | None = None) -> int:
+        """The tokenfab operator as a process of this factory (stopped by PID with it), its health on
+        `liveness_port` and its own metrics on `liveness_port + 1`."""
+        argv = [
+            sys.executable,
+            "-m",
+            "tokenfab.cli",
+            "operator",
+            "--liveness",
+            f"http://127.0.0.1:{liveness_port}/healthz",
+            "--metrics-port",
+            str(liveness_port + 1),
+        ]
+        return self.start_extra("operator", argv, env=env)
+
     # ------------------------------------------------------------------ extra processes
     @property
     def procs_dir(self) -> Path:
