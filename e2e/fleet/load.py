@@ -1,0 +1,307 @@
+"""Load from NVIDIA aiperf (its own virtualenv) against a fleet's frontend, and what it measured.
+
+A load trace is a piecewise-linear request rate (aiperf's --request-rate-series); `steady`, `ramp` and
+`burst` build the three profiles. One aiperf process runs the whole trace (its start-up costs ~15-30 s on
+2 cores, so phases are not separate runs); it is started in its own session and stopped by PID. Its
+per-request records (profile_export.jsonl) give the offered load, TTFT and ITL over time and the SLO
+goodput.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tokenfab_factory import process
+
+
+@dataclass(frozen=True)
+class Point:
+    time_s: float
+    qps: float
+
+
+def steady(qps: float, seconds: float) -> list[Point]:
+    return [Point(0, qps), Point(seconds, qps)]
+
+
+def ramp(qps_from: float, qps_to: float, seconds: float) -> list[Point]:
+    return [Point(0, qps_from), Point(seconds, qps_to)]
+
+
+def burst(quiet_qps: float, burst_qps: float, before_s: float, burst_s: float, after_s: float) -> list[Point]:
+    """Quiet -> burst -> quiet, with one-second edges."""
+    return [
+        Point(0, quiet_qps),
+        Point(before_s, quiet_qps),
+        Point(before_s + 1, burst_qps),
+        Point(before_s + burst_s, burst_qps),
+        Point(before_s + burst_s + 1, quiet_qps),
+        Point(before_s + burst_s + after_s, quiet_qps),
+    ]
+
+
+def rate_at(points: list[Point], t: float) -> float:
+    """The trace's request rate at t seconds (piecewise linear; 0 outside)."""
+    if not points or t < points[0].time_s or t > points[-1].time_s:
+        return 0.0
+    for a, b in itertools.pairwise(points):
+        if a.time_s <= t <= b.time_s:
+            span = b.time_s - a.time_s
+            return a.qps if span <= 0 else a.qps + (b.qps - a.qps) * (t - a.time_s) / span
+    return points[-1].qps
+
+
+def duration(points: list[Point]) -> float:
+    return points[-1].time_s if points else 0.0
+
+
+@dataclass
+class Slo:
+    ttft_ms: float = 2000.0
+    itl_ms: float = 150.0
+
+
+@dataclass
+class Request:
+    start: float  # unix seconds the request was issued
+    ttft_ms: float | None
+    itl_ms: float | None
+    latency_ms: float | None
+    output_tokens: int
+    error: str = ""
+
+    def good(self, slo: Slo) -> bool:
+        return (
+            not self.error
+            and self.ttft_ms is not None
+            and self.ttft_ms <= slo.ttft_ms
+            and (self.itl_ms is None or self.itl_ms <= slo.itl_ms)
+        )
+
+
+@dataclass
+class AiperfRun:
+    """One aiperf process playing a trace; start() returns at once, wait() collects its records."""
+
+    aiperf: str
+    url: str
+    model: str
+    tokenizer_dir: Path
+    points: list[Point]
+    artifact_dir: Path
+    isl: int = 160
+    osl: int = 64
+    concurrency: int = 48
+    grace_s: float = 30.0
+    dataset_entries: int = 48
+    slo: Slo = field(default_factory=Slo)
+    pid: int | None = None
+    started_at: float = 0.0
+
+    def argv(self) -> list[str]:
+        series = self.artifact_dir / "rate-series.json"
+        series.write_text(json.dumps([{"time_s": p.time_s, "qps": p.qps} for p in self.points]))
+        return [
+            self.aiperf,
+            "profile",
+            "--model",
+            self.model,
+            "--url",
+            self.url,
+            "--endpoint-type",
+            "chat",
+            "--streaming",
+            "--tokenizer",
+            str(self.tokenizer_dir),
+            "--isl",
+            str(self.isl),
+            "--isl-stddev",
+            "0",
+            "--osl",
+            str(self.osl),
+            "--osl-stddev",
+            "0",
+            "--extra-inputs",
+            f"min_tokens:{self.osl}",
+            "--extra-inputs",
+            "ignore_eos:true",
+            "--request-rate-series",
+            str(series),
+            "--arrival-pattern",
+            "constant",
+            "--concurrency",
+            str(self.concurrency),
+            "--benchmark-duration",
+            str(duration(self.points)),
+            "--benchmark-grace-period",
+            str(self.grace_s),
+            # a small synthetic dataset, cycled: generating prompts costs aiperf ~0.1-0.2 s each here
+            "--num-dataset-entries",
+            str(self.dataset_entries),
+            "--random-seed",
+            "7",
+            "--goodput",
+            f"time_to_first_token:{self.slo.ttft_ms} inter_token_latency:{self.slo.itl_ms}",
+            "--ui-type",
+            "none",
+            "--no-server-metrics",
+            "--no-gpu-telemetry",
+            "--artifact-dir",
+            str(self.artifact_dir),
+            "--zmq-ipc-path",
+            str(self.artifact_dir / "ipc"),
+            "--workers-max",
+            "2",
+            "--record-processors",
+            "1",
+        ]
+
+    def start(self) -> int:
+        self.artifact_dir.mkdir(parents=True, exist_ok=True)
+        (self.artifact_dir / "ipc").mkdir(exist_ok=True)
+        # aiperf loads a local tokenizer directory only with the hub's offline switches unset
+        # (../shared/REFERENCE.md §6); it never needs the network for a local directory.
+        env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+        log = (self.artifact_dir / "aiperf.log").open("ab")
+        proc = subprocess.Popen(
+            self.argv(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+            cwd=self.artifact_dir,
+        )
+        log.close()
+        self.pid = proc.pid
+        self._proc = proc
+        self.started_at = time.time()
+        return proc.pid
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return int(self._proc.wait(timeout=timeout))
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Stop aiperf by PID (SIGTERM then SIGKILL), and any of its own children by their PIDs."""
+        if self.pid is None:
+            return
+        children = _children(self.pid)
+        process.stop(self.pid, timeout=15)
+        for pid in children:
+            process.stop(pid, timeout=5)
+        if getattr(self, "_proc", None) is not None:
+            self._proc.poll()
+
+    def records(self) -> list[Request]:
+        return read_records(self.artifact_dir / "profile_export.jsonl")
+
+    def summary(self) -> dict[str, Any]:
+        try:
+            return dict(json.loads((self.artifact_dir / "profile_export_aiperf.json").read_text()))
+        except (OSError, ValueError):
+            return {}
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                ppid = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == pid:
+                out.append(int(p.name))
+    return out
+
+
+def _value(metrics: dict[str, Any], name: str) -> float | None:
+    v = metrics.get(name, {}).get("value")
+    return float(v) if isinstance(v, int | float) else None
+
+
+def read_records(path: Path) -> list[Request]:
+    out = []
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        try:
+            d = json.loads(line)
+        except ValueError:
+            continue
+        md, m = d.get("metadata", {}), d.get("metrics", {})
+        start_ns = md.get("request_start_ns") or md.get("credit_issued_ns")
+        if not start_ns:
+            continue
+        err = d.get("error")
+        out.append(
+            Request(
+                start=start_ns / 1e9,
+                ttft_ms=_value(m, "time_to_first_token"),
+                itl_ms=_value(m, "inter_token_latency"),
+                latency_ms=_value(m, "request_latency"),
+                output_tokens=int(_value(m, "output_sequence_length") or 0),
+                error=json.dumps(err)[:200] if err else ("cancelled" if md.get("was_cancelled") else ""),
+            )
+        )
+    return sorted(out, key=lambda r: r.start)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    k = (len(s) - 1) * q
+    lo, hi = math.floor(k), math.ceil(k)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def windows(records: list[Request], t0: float, width: float, end: float) -> list[dict[str, Any]]:
+    """Per window of `width` seconds from t0: issued requests/s, TTFT p50/p99 (ms), errors."""
+    out = []
+    n = max(1, math.ceil((end - t0) / width))
+    for i in range(n):
+        a, b = t0 + i * width, t0 + (i + 1) * width
+        rs = [r for r in records if a <= r.start < b]
+        ttft = [r.ttft_ms for r in rs if r.ttft_ms is not None and not r.error]
+        out.append(
+            {
+                "t": round(a - t0 + width / 2, 2),
+                "issued_per_s": round(len(rs) / width, 3),
+                "ttft_p50_ms": percentile(ttft, 0.5),
+                "ttft_p99_ms": percentile(ttft, 0.99),
+                "errors": sum(1 for r in rs if r.error),
+            }
+        )
+    return out
+
+
+def goodput(records: list[Request], slo: Slo) -> dict[str, Any]:
+    """SLO goodput: the fraction of issued requests that finished within the TTFT and ITL targets."""
+    n = len(records)
+    good = sum(1 for r in records if r.good(slo))
+    ttft = [r.ttft_ms for r in records if r.ttft_ms is not None and not r.error]
+    itl = [r.itl_ms for r in records if r.itl_ms is not None and not r.error]
+    return {
+        "requests": n,
+        "good": good,
+        "errors": sum(1 for r in records if r.error),
+        "goodput_fraction": round(good / n, 4) if n else None,
+        "ttft_p50_ms": percentile(ttft, 0.5),
+        "ttft_p99_ms": percentile(ttft, 0.99),
+        "itl_p50_ms": percentile(itl, 0.5),
+        "itl_p99_ms": percentile(itl, 0.99),
+        "slo": {"ttft_ms": slo.ttft_ms, "itl_ms": slo.itl_ms},
+    }

@@ -1,0 +1,384 @@
+"""The closed autoscaling loop, live: `python -m e2e.fleet.scenario`.
+
+Brings up (or reuses) a local AI factory, the tokenfab operator and the fleet runner (real Dynamo mocker
+engines and a real Dynamo frontend for the pods the operator creates), applies a small disaggregated
+ModelDeployment with autoscaling on, and drives it with aiperf: quiet -> burst -> quiet. While the load
+runs it samples, every few seconds, the groups per role (the ModelDeployment's status), the KV-cache
+utilization per group (Prometheus, the autoscaler's own signal), the requests each decode group served
+and the frontend's TTFT; afterwards it adds aiperf's per-request view (offered load, TTFT p50/p99 per
+window, SLO goodput). The time series is saved as JSON and plotted to PNG.
+
+The same machinery runs the benchmark's other policies (e2e/bench/fleet_bench.py): `static` (autoscaling
+off, decode replicas = the maximum) and `threshold` (autoscaling off, a naive +-1 threshold controller in
+this process patches spec.decode.replicas: a baseline, not a tokenfab feature).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from e2e.fleet import fleet, load
+from e2e.helpers import apply_yaml, kubectl, start_operator, wait_for
+from tokenfab_factory import process
+from tokenfab_factory.factory import Factory, FactoryConfig
+
+RESULTS = fleet.ROOT / "e2e" / "bench" / "results"
+POLICIES = ("tokenfab", "static", "threshold")
+
+
+@dataclass
+class Config:
+    namespace: str = "fleet"
+    name: str = "tiny"
+    policy: str = "tokenfab"
+    quiet_qps: float = 0.3
+    burst_qps: float = 2.0
+    before_s: float = 30
+    burst_s: float = 150
+    after_s: float = 150
+    isl: int = 160
+    osl: int = 64
+    max_decode: int = 4
+    target: float = 0.6
+    scale_down_window: int = 60
+    sample_s: float = 3.0
+    window_s: float = 10.0
+    slo: load.Slo = field(default_factory=load.Slo)
+    # the naive threshold baseline
+    threshold_up: float = 0.8
+    threshold_down: float = 0.3
+    threshold_cooldown_s: float = 10.0
+
+    def trace(self) -> list[load.Point]:
+        return load.burst(self.quiet_qps, self.burst_qps, self.before_s, self.burst_s, self.after_s)
+
+
+def ci_config(**kw: Any) -> Config:
+    """Sized for CI on 2 shared cores: the whole loop in about 5 minutes of load."""
+    base: dict[str, Any] = {"before_s": 20, "burst_s": 120, "after_s": 120}
+    base.update(kw)
+    return Config(**base)
+
+
+class Sampler(threading.Thread):
+    """Samples status and Prometheus every few seconds into `rows`."""
+
+    def __init__(self, f: Factory, cfg: Config) -> None:
+        super().__init__(daemon=True)
+        self.f, self.cfg = f, cfg
+        self.rows: list[dict[str, Any]] = []
+        self.stop_event = threading.Event()
+
+    def sample(self) -> dict[str, Any]:
+        f, ns, name = self.f, self.cfg.namespace, self.cfg.name
+        roles = fleet.role_status(f, ns, name)
+        row: dict[str, Any] = {"time": time.time(), "groups": {}, "ready": {}, "kv": {}, "requests": {}}
+        for role in ("prefill", "decode"):
+            r = roles.get(role) or {}
+            row["groups"][role] = r.get("desiredGroups")
+            row["ready"][role] = r.get("readyGroups")
+            row["kv"][role] = fleet.kv_by_group(f, ns, name, role)
+        row["requests"]["decode"] = fleet.requests_by_group(f, ns, name, "decode")
+        row["waiting_decode"] = fleet.waiting(f, ns, name, "decode")
+        row["frontend_ttft_s"] = fleet.frontend_ttft(f, ns, name)
+        return row
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            t = time.monotonic()
+            try:
+                self.rows.append(self.sample())
+            except Exception as exc:  # a sample lost is not a run lost
+                print(f"sampler: {exc}", file=sys.stderr)
+            self.stop_event.wait(max(0.2, self.cfg.sample_s - (time.monotonic() - t)))
+
+
+class ThresholdController(threading.Thread):
+    """The naive baseline: every 5 s, mean decode KV > up -> replicas + 1, < down -> replicas - 1, after a
+    short cooldown; it writes spec.decode.replicas (the operator's autoscaler is off)."""
+
+    def __init__(self, f: Factory, cfg: Config) -> None:
+        super().__init__(daemon=True)
+        self.f, self.cfg = f, cfg
+        self.replicas = 1
+        self.last_change = 0.0
+        self.decisions: list[dict[str, Any]] = []
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        c = self.cfg
+        while not self.stop_event.wait(5.0):
+            kv = fleet.kv_by_group(self.f, c.namespace, c.name, "decode")
+            if not kv or time.monotonic() - self.last_change < c.threshold_cooldown_s:
+                continue
+            mean = sum(kv.values()) / len(kv)
+            want = self.replicas
+            if mean > c.threshold_up:
+                want = min(c.max_decode, self.replicas + 1)
+            elif mean < c.threshold_down:
+                want = max(1, self.replicas - 1)
+            if want != self.replicas:
+                kubectl(
+                    self.f,
+                    "patch",
+                    "mdep",
+                    c.name,
+                    "-n",
+                    c.namespace,
+                    "--type=merge",
+                    "-p",
+                    json.dumps({"spec": {"decode": {"replicas": want}}}),
+                )
+                self.decisions.append({"time": time.time(), "from": self.replicas, "to": want, "kv": mean})
+                self.replicas, self.last_change = want, time.monotonic()
+
+
+def deployment(f: Factory, cfg: Config) -> dict[str, Any]:
+    if cfg.policy == "tokenfab":
+        return fleet.manifest(
+            f, cfg.namespace, cfg.name, True, 1, cfg.max_decode, cfg.target, cfg.scale_down_window
+        )
+    if cfg.policy == "static":
+        return fleet.manifest(f, cfg.namespace, cfg.name, False, cfg.max_decode, cfg.max_decode)
+    if cfg.policy == "threshold":
+        return fleet.manifest(f, cfg.namespace, cfg.name, False, 1, cfg.max_decode)
+    raise ValueError(f"unknown policy {cfg.policy!r}")
+
+
+def run_policy(f: Factory, tools: fleet.Tools, cfg: Config, out_dir: Path) -> dict[str, Any]:
+    """Apply the deployment, play the trace with aiperf, sample; returns the result (also as JSON)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fleet.ensure_namespace(f, cfg.namespace)
+    doc = deployment(f, cfg)
+    apply_yaml(f, doc)
+    want_decode = doc["spec"]["decode"]["replicas"]
+    wait_for(
+        f"{cfg.namespace}/{cfg.name}: {want_decode} decode group(s) Ready",
+        lambda: (
+            (fleet.role_status(f, cfg.namespace, cfg.name).get("decode") or {}).get("readyGroups")
+            == want_decode
+        ),
+        timeout=180,
+    )
+    url = fleet.frontend_url(f, cfg.namespace, cfg.name)
+    fleet.warm_up(url)  # one request end to end; the engines export their KV gauges after the first one
+    wait_for(
+        "every decode engine scraped by Prometheus",
+        lambda: fleet.targets_up(f, cfg.namespace, cfg.name, "decode") >= want_decode,
+        timeout=120,
+        interval=1,
+    )
+    run = load.AiperfRun(
+        aiperf=tools.aiperf,
+        url=url,
+        model=fleet.MODEL_NAME,
+        tokenizer_dir=fleet.model_dir(tools),
+        points=cfg.trace(),
+        artifact_dir=out_dir / "aiperf",
+        isl=cfg.isl,
+        osl=cfg.osl,
+        slo=cfg.slo,
+    )
+    sampler = Sampler(f, cfg)
+    controller = ThresholdController(f, cfg) if cfg.policy == "threshold" else None
+    sampler.start()
+    if controller:
+        controller.start()
+    t_start = time.time()
+    run.start()
+    try:
+        rc = run.wait(timeout=load.duration(cfg.trace()) + run.grace_s + 240)
+    finally:
+        run.stop()
+        sampler.stop_event.set()
+        if controller:
+            controller.stop_event.set()
+        sampler.join(timeout=30)
+        if controller:
+            controller.join(timeout=30)
+    records = run.records()
+    result = analyse(cfg, doc, sampler.rows, records, t_start, rc)
+    if controller:
+        result["threshold_decisions"] = controller.decisions
+    (out_dir / "result.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def analyse(
+    cfg: Config,
+    doc: dict[str, Any],
+    rows: list[dict[str, Any]],
+    records: list[load.Request],
+    t_start: float,
+    rc: int,
+) -> dict[str, Any]:
+    """Align samples and aiperf records on the trace's clock (0 = aiperf's first request)."""
+    t0 = records[0].start if records else t_start
+    trace = cfg.trace()
+    gpus = fleet.role_gpus(doc)
+    series = []
+    gpu_seconds = 0.0
+    prev_t: float | None = None
+    prev_gpus = 0
+    for row in rows:
+        t = row["time"] - t0
+        if t < -10:  # aiperf still starting up (tokenizer, dataset): no load yet
+            continue
+        held = sum((row["groups"].get(role) or 0) * g for role, g in gpus.items())
+        if prev_t is not None and 0 <= t <= load.duration(trace) + 5:
+            gpu_seconds += prev_gpus * (t - max(prev_t, 0.0))
+        prev_t, prev_gpus = t, held
+        kv_dec = row["kv"].get("decode") or {}
+        series.append(
+            {
+                "t": round(t, 2),
+                "offered_qps": round(load.rate_at(trace, t), 3),
+                "groups": row["groups"],
+                "ready": row["ready"],
+                "gpus": held,
+                "kv": row["kv"],
+                "kv_decode_mean": round(sum(kv_dec.values()) / len(kv_dec), 4) if kv_dec else None,
+                "kv_decode_max": max(kv_dec.values()) if kv_dec else None,
+                "requests_decode": row["requests"].get("decode"),
+                "waiting_decode": row.get("waiting_decode"),
+                "frontend_ttft_s": row.get("frontend_ttft_s"),
+            }
+        )
+    win = load.windows(records, t0, cfg.window_s, t0 + load.duration(trace))
+    for w in win:
+        w["offered_qps"] = round(load.rate_at(trace, w["t"]), 3)
+    return {
+        "policy": cfg.policy,
+        "config": {**asdict(cfg), "slo": asdict(cfg.slo)},
+        "trace": [asdict(p) for p in trace],
+        "gpus_per_group": gpus,
+        "aiperf_exit_code": rc,
+        "gpu_minutes": round(gpu_seconds / 60, 2),
+        "slo": load.goodput(records, cfg.slo),
+        "series": series,
+        "windows": win,
+    }
+
+
+# ------------------------------------------------------------------------------------------ checks
+
+
+def loop_facts(result: dict[str, Any]) -> dict[str, Any]:
+    """The closed loop in numbers: what the test asserts and the scenario prints."""
+    cfg = result["config"]
+    s = result["series"]
+    burst_start = cfg["before_s"]
+    burst_end = cfg["before_s"] + cfg["burst_s"]
+    initial = next((r["groups"]["decode"] for r in s if r["groups"].get("decode")), None)
+    during = [r for r in s if burst_start <= r["t"] <= burst_end]
+    peak_groups = max((r["groups"].get("decode") or 0 for r in during), default=0)
+    first_up = next((r["t"] for r in during if (r["groups"].get("decode") or 0) > (initial or 0)), None)
+    kv_before_up = [
+        r["kv_decode_mean"]
+        for r in during
+        if r["kv_decode_mean"] is not None and first_up and r["t"] <= first_up
+    ]
+    tail = [r for r in during if r["t"] >= burst_end - 30 and r["kv_decode_mean"] is not None]
+    end_groups = next((r["groups"]["decode"] for r in reversed(s) if r["groups"].get("decode")), None)
+    initial_groups = {g for r in s[:3] for g in (r["requests_decode"] or {})}
+    served_by_new = {
+        g: v for r in s for g, v in (r["requests_decode"] or {}).items() if g not in initial_groups and v > 0
+    }
+    kv_new = {
+        g: v
+        for r in s
+        for g, v in ((r["kv"] or {}).get("decode") or {}).items()
+        if g not in initial_groups and v > 0
+    }
+    win = result["windows"]
+    ttft_burst = [w["ttft_p50_ms"] for w in win if burst_start <= w["t"] <= burst_end and w["ttft_p50_ms"]]
+    return {
+        "initial_decode_groups": initial,
+        "peak_decode_groups": peak_groups,
+        "first_scale_up_at_s": first_up,
+        "kv_decode_peak_before_scale_up": max(kv_before_up, default=None),
+        "kv_decode_mean_last_30s_of_burst": (
+            round(sum(r["kv_decode_mean"] for r in tail) / len(tail), 4) if tail else None
+        ),
+        "decode_groups_at_end": end_groups,
+        "new_groups_that_served": sorted(served_by_new),
+        "new_groups_with_kv": sorted(kv_new),
+        "ttft_p50_peak_in_burst_ms": max(ttft_burst, default=None),
+        "ttft_p50_end_of_burst_ms": ttft_burst[-1] if ttft_burst else None,
+    }
+
+
+# ------------------------------------------------------------------------------------------ main
+
+
+def bring_up(run_dir: Path | None, port_base: int) -> Factory:
+    cfg = FactoryConfig(port_base=port_base, racks=4)
+    if run_dir:
+        cfg.run_dir = run_dir
+    f = Factory(cfg, say=print)
+    f.up()
+    kubectl(f, "apply", "--server-side", "-f", str(fleet.ROOT / "crds"))
+    kubectl(f, "wait", "--for=condition=Established", "crd/modeldeployments.tokenfab.dev", "--timeout=60s")
+    return f
+
+
+def ensure_operator(f: Factory) -> None:
+    liveness = f.config.port_base + 20
+    pid = f.extra_pids().get("operator")
+    if pid and process.alive(pid):
+        return
+    start_operator(f, liveness)
+
+
+def ensure_runner(f: Factory, tools: fleet.Tools) -> None:
+    pid = f.extra_pids().get(fleet.RUNNER)
+    if pid and process.alive(pid):
+        return
+    fleet.start_runner(f, tools)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="The closed autoscaling loop on a live local fleet.")
+    ap.add_argument("--ci", action="store_true", help="the CI-sized trace (about 5 minutes of load)")
+    ap.add_argument("--run-dir", type=Path, default=None, help="factory run directory (default: the user's)")
+    ap.add_argument("--port-base", type=int, default=int(os.environ.get("TOKENFAB_E2E_PORT_BASE", "31000")))
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--keep", action="store_true", help="leave the deployment, runner and operator up")
+    a = ap.parse_args(argv)
+    tools = fleet.tools()
+    f = bring_up(a.run_dir, a.port_base)
+    ensure_operator(f)
+    ensure_runner(f, tools)
+    cfg = ci_config() if a.ci else Config()
+    work = f.run / "fleet-scenario"
+    try:
+        result = run_policy(f, tools, cfg, work)
+    finally:
+        if not a.keep:
+            fleet.delete_deployment(f, cfg.namespace, cfg.name)
+    result["loop"] = loop_facts(result)
+    a.out.mkdir(parents=True, exist_ok=True)
+    out_json = a.out / "fleet_closed_loop.json"
+    out_json.write_text(json.dumps(result, indent=1))
+    from e2e.fleet import plot
+
+    png = plot.closed_loop(result, a.out / "fleet_closed_loop.png")
+    print(json.dumps(result["loop"], indent=1))
+    print(json.dumps(dict(result["slo"].items()), indent=1))
+    print(f"GPU-minutes: {result['gpu_minutes']}")
+    print(f"saved {out_json} and {png}")
+    if not a.keep:
+        f.stop_extra(fleet.RUNNER)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""The closed autoscaling loop on a live local fleet: real Dynamo engines (mocker) and frontend for the
+pods the operator creates, real load from aiperf, real Prometheus.
+
+A burst pushes decode KV-cache utilization above the target, the operator adds decode groups (prefill
+follows the ratio), the new engines join the router and serve, utilization and TTFT fall; when the load
+drops, groups go away after the stabilization window. Every process the runner started is stopped.
+Sized for CI on 2 cores (about 7 minutes); the time series lands in the run directory and, as JSON + PNG,
+in e2e/bench/results/ only when run through `python -m e2e.fleet.scenario`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from e2e.fleet import fleet, plot, scenario
+from e2e.helpers import wait_for
+from tokenfab_factory import process
+from tokenfab_factory.factory import Factory
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def live(operator: Factory) -> Iterator[tuple[Factory, fleet.Tools]]:
+    tools = fleet.tools()
+    fleet.start_runner(operator, tools)
+    yield operator, tools
+    operator.stop_extra(fleet.RUNNER)
+
+
+def test_closed_loop_scales_decode_with_the_burst_and_back(live):
+    f, tools = live
+    cfg = scenario.ci_config(namespace="fleet-e2e", name="loop", before_s=20, burst_s=100, after_s=100)
+    t0 = time.monotonic()
+    out = f.run / "fleet-e2e"
+    result = scenario.run_policy(f, tools, cfg, out)
+    result["loop"] = loop = scenario.loop_facts(result)
+    (out / "result.json").write_text(json.dumps(result, indent=1))
+    plot.closed_loop(result, out / "closed_loop.png")
+    print(f"\nclosed loop ({time.monotonic() - t0:.0f} s): {json.dumps(loop)}")
+    print(
+        f"SLO: {json.dumps(result['slo'])}; GPU-minutes {result['gpu_minutes']}; plot {out}/closed_loop.png"
+    )
+
+    assert result["aiperf_exit_code"] == 0, f"aiperf failed: see {out}/aiperf/aiperf.log"
+    assert result["slo"]["requests"] > 100
+    assert loop["initial_decode_groups"] == 1
+    assert loop["kv_decode_peak_before_scale_up"] > cfg.target, "the burst must push KV above the target"
+    assert loop["peak_decode_groups"] > loop["initial_decode_groups"], "decode groups added during the burst"
+    assert loop["new_groups_that_served"], "new decode engines joined the router and served requests"
+    assert loop["kv_decode_mean_last_30s_of_burst"] < loop["kv_decode_peak_before_scale_up"] - 0.2
+    assert loop["kv_decode_mean_last_30s_of_burst"] < cfg.target + 0.1
+    assert loop["ttft_p50_end_of_burst_ms"] < loop["ttft_p50_peak_in_burst_ms"], "TTFT recovers"
+    peak = max(r["groups"]["prefill"] or 0 for r in result["series"])
+    assert peak >= 2, "prefill followed decode by the 1:2 ratio"
+
+    # load dropped: groups go after the stabilization window (the trace may end first: wait a little)
+    wait_for(
+        "decode back to 1 group after the window",
+        lambda: (fleet.role_status(f, cfg.namespace, cfg.name).get("decode") or {}).get("desiredGroups") == 1,
+        timeout=90,
+        interval=2,
+    )
+    burst_end = cfg.before_s + cfg.burst_s
+    downs = [r["t"] for r in result["series"] if r["t"] > burst_end and r["groups"]["decode"] == 1]
+    assert not downs or downs[0] >= burst_end + cfg.scale_down_window - 15, "no scale-down inside the window"
+
+    # the engines of removed groups are stopped, and only Running rank-0 pods have one
+    fleet.delete_deployment(f, cfg.namespace, cfg.name)
+    wait_for(
+        "the runner stopped every process of the deployment",
+        lambda: not [k for k in fleet.runner_state(f).get("processes", {}) if k.startswith(cfg.namespace)],
+        timeout=60,
+    )
+    history = fleet.runner_state(f)["history"]
+    started = [h for h in history if h["key"].startswith(f"{cfg.namespace}/")]
+    assert any(h["kind"] == "frontend" for h in started)
+    assert sum(1 for h in started if h["kind"] == "mocker" and "decode" in h["key"]) >= 2
+    alive = [h for h in started if process.alive(h["pid"])]
+    assert not alive, f"processes left running: {alive}"
+
+
+def test_runner_stops_every_process_it_started(live):
+    f, _ = live
+    pids = [h["pid"] for h in fleet.runner_state(f).get("history", [])]
+    assert pids
+    f.stop_extra(fleet.RUNNER)
+    state = fleet.runner_state(f)
+    assert state["running"] is False
+    assert not state["processes"]
+    left = [pid for pid in pids if process.alive(pid)]
+    assert not left, f"still running: {left}"
+    assert not list(f.file_sd_dir.glob("fleet-*.json")), "file_sd targets removed with their processes"
