@@ -74,10 +74,8 @@ def test_the_chosen_configuration_is_aiconfigurators_own_best(planned):
     assert set(outcome.best) == {"aggregated", "disaggregated"}
 
 
-def test_deepseek_r1_on_gb200_disaggregates(planned):
-    case, outcome = planned
-    if case != "deepseek-r1-gb200":
-        pytest.skip("DeepSeek-R1 only")
+def test_deepseek_r1_on_gb200_disaggregates(plan_cache):
+    outcome = aic.run(plan_request("deepseek-r1-gb200"), cache_dir=str(plan_cache))  # the fixture's plan
     chosen = outcome.chosen()
     assert chosen is not None
     assert chosen.mode == "disaggregated"

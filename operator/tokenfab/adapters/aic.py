@@ -22,6 +22,7 @@ import logging
 import multiprocessing
 import os
 import pickle
+import warnings
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
@@ -77,7 +78,8 @@ def _quiet() -> Iterator[None]:
     for lg in loggers[:2]:
         lg.setLevel(logging.ERROR)
     try:
-        with contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # its own deprecations (sweep_agg, pandas inplace)
             yield
     finally:
         for lg, lvl in zip(loggers, levels, strict=True):
@@ -213,8 +215,8 @@ def _run(request: sla.PlanRequest, save_dir: str | None) -> sla.PlanOutcome:
             ok=False,
             reason=sla.UNKNOWN_MODEL,
             message=f"aiconfigurator has no performance config for model {request.model!r}: set "
-            "spec.profile.model to a listed name (`tokenfab plan --list-models`) or a local folder with "
-            "the model's config.json",
+            "spec.profile.model (tokenfab plan --aic-model) to a listed name (tokenfab plan --list-models) "
+            "or to a local folder with the model's config.json",
             planner=planner,
         )
     from aiconfigurator.sdk.errors import NoFeasibleConfigError
