@@ -494,7 +494,7 @@ def check_capacity(
     if fits:
         used = sorted({p[2] for p in placements if p[2]})
         lines.append(
-            f"fits: {row.gpus} GPUs in {len(used)} NVLink domain(s) ({', '.join(used)}); {free} free"
+            f"fits: {row.gpus} GPUs in {len(used)} NVLink domain(s) ({', '.join(used)}); {free} GPUs free in all"
         )
     else:
         block, where = largest_block(domains, shapes[0]) if shapes else (0, None)
