@@ -493,9 +493,8 @@ def check_capacity(
     fits = not missing
     if fits:
         used = sorted({p[2] for p in placements if p[2]})
-        lines.append(
-            f"fits: {row.gpus} GPUs in {len(used)} NVLink domain(s) ({', '.join(used)}); {free} GPUs free in all"
-        )
+        where_all = ", ".join(used)
+        lines.append(f"fits: {row.gpus} GPUs in {len(used)} NVLink domain(s) ({where_all}); {free} GPUs free")
     else:
         block, where = largest_block(domains, shapes[0]) if shapes else (0, None)
         lines.append(
