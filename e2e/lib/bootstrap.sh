@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the quick start and the test suite need, on a fresh machine or a warm one:
-#   - Debian packages: prometheus, openssl (apt-get, once);
+#   - Debian packages: prometheus (and its promtool), openssl, lua5.4 (apt-get, once);
 #   - the Python virtualenv .venv with tokenfab and its dev tools (pip, re-run when pyproject changes);
 #   - the local AI factory's binaries, built from Go modules and cached in ~/.cache/tokenfab
 #     (the first build takes roughly 20-40 minutes on 2 cores; later runs take a second).
@@ -14,6 +14,7 @@ say() { printf '[tokenfab] %s\n' "$*" >&2; }
 need_apt=()
 command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
+command -v lua5.4 >/dev/null 2>&1 || need_apt+=(lua5.4)  # runs the chart's Argo CD health check in tests
 if [ ${#need_apt[@]} -gt 0 ]; then
   say "installing Debian packages: ${need_apt[*]}"
   sudo_cmd=""; [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
