@@ -36,12 +36,13 @@ from tokenfab_factory.factory import Factory
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PLANNER_NOTE = (
-    "Dynamo's planner (python -m dynamo.planner, ai-dynamo 1.6.1) was not run. It imports scikit-learn, "
-    "which ai-dynamo does not declare (ModuleNotFoundError: sklearn), and its actuators are a Kubernetes "
-    "connector that scales DynamoGraphDeployment resources (not a tokenfab ModelDeployment) and a "
-    "'virtual' connector that only publishes decisions for an external system; its load mode reads the "
-    "engines' forward-pass metrics. Running it against tokenfab needs a bridge from the virtual connector "
-    "to spec.decode.replicas, which this benchmark does not have yet."
+    "Dynamo's planner (python -m dynamo.planner, ai-dynamo 1.6.1) cannot start here. Its import chain needs "
+    "scikit-learn (undeclared) and then aisimulate_core (dynamo/planner/core/perf_model/ais_adapter.py: "
+    "ModuleNotFoundError: No module named 'aisimulate_core'), which comes from the `aisimulate` package "
+    "whose PyPI release is a placeholder that downloads from an unreachable index (REFERENCE §4); "
+    "tried with scikit-learn installed, environment 'virtual', optimization_target 'load'. Even running, "
+    "its actuators are a Kubernetes connector for DynamoGraphDeployment and a 'virtual' connector that "
+    "only publishes decisions, so it would need a bridge to spec.decode.replicas."
 )
 
 
