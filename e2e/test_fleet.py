@@ -4,8 +4,8 @@ pods the operator creates, real load from aiperf, real Prometheus.
 A burst pushes decode KV-cache utilization above the target, the operator adds decode groups (prefill
 follows the ratio), the new engines join the router and serve, utilization and TTFT fall; when the load
 drops, groups go away after the stabilization window. Every process the runner started is stopped.
-Sized for CI on 2 cores (4:48 measured, factory included); the time series lands in the run directory and, as JSON + PNG,
-in e2e/bench/results/ only when run through `python -m e2e.fleet.scenario`.
+Sized for CI on 2 cores (4:48 measured, factory included). The time series and plot land in the run
+directory; `python -m e2e.fleet.scenario` saves them to e2e/bench/results/.
 """
 
 from __future__ import annotations
