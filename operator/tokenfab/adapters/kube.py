@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import tempfile
+import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client as k8s
@@ -18,6 +21,7 @@ from tokenfab.planning import contract as c
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
+KIND_RECHECK_SECONDS = 15.0
 
 
 class Kube:
@@ -27,20 +31,35 @@ class Kube:
         self.api_client = api_client
         self.core = k8s.CoreV1Api(api_client)
         self.apps = k8s.AppsV1Api(api_client)
-        self.dyn = DynamicClient(api_client)
+        # A discovery cache of this process's own: the client's default file in $TMPDIR is shared by every
+        # process talking to the same server and goes stale when a CRD comes or goes.
+        cache = Path(tempfile.mkdtemp(prefix="tokenfab-discovery-")) / "discovery.json"
+        self.dyn = DynamicClient(api_client, cache_file=str(cache))
+        self._lock = threading.RLock()  # reconciles run in threads; discovery is not thread-safe
+        self._kinds: dict[tuple[str, str], tuple[bool, float]] = {}
 
     def _resource(self, api_version: str, kind: str) -> Any:
-        return self.dyn.resources.get(api_version=api_version, kind=kind)
+        with self._lock:
+            return self.dyn.resources.get(api_version=api_version, kind=kind)
 
     # ------------------------------------------------------------------------------------ reads
     def has_kind(self, api_version: str, kind: str) -> bool:
-        """True if the API server serves this kind (e.g. a CRD another project installs)."""
-        try:
-            self._resource(api_version, kind)
-        except ResourceNotFoundError:
-            self.dyn.resources.invalidate_cache()
-            return False
-        return True
+        """True if the API server serves this kind (e.g. a CRD another project installs); rediscovered
+        at most every KIND_RECHECK_SECONDS, so a CRD installed or removed later is noticed."""
+        key, now = (api_version, kind), time.monotonic()
+        with self._lock:
+            known = self._kinds.get(key)
+            if known is not None and now - known[1] < KIND_RECHECK_SECONDS:
+                return known[0]
+            if known is not None:
+                self.dyn.resources.invalidate_cache()
+            try:
+                self.dyn.resources.get(api_version=api_version, kind=kind)
+                served = True
+            except ResourceNotFoundError:
+                served = False
+            self._kinds[key] = (served, now)
+            return served
 
     def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> Obj | None:
         try:
@@ -126,8 +145,13 @@ class Kube:
         self.core.delete_collection_namespaced_pod(namespace, label_selector=f"{c.LABEL_GROUP}={group}")
         if not self.has_kind(c.COMPUTE_DOMAIN_API, "ComputeDomain"):
             return  # NVIDIA's DRA driver is not installed: there is nothing to delete
-        res = self._resource(c.COMPUTE_DOMAIN_API, "ComputeDomain")
-        for cd in res.get(namespace=namespace, label_selector=f"{c.LABEL_GROUP}={group}").items:
+        try:
+            found = self._resource(c.COMPUTE_DOMAIN_API, "ComputeDomain").get(
+                namespace=namespace, label_selector=f"{c.LABEL_GROUP}={group}"
+            )
+        except (NotFoundError, ResourceNotFoundError):  # the CRD went away since discovery
+            return
+        for cd in found.items:
             self.delete(c.COMPUTE_DOMAIN_API, "ComputeDomain", cd.metadata.name, namespace)
 
     def event(self, owner: Obj, type_: str, reason: str, message: str) -> None:
