@@ -3,7 +3,7 @@
 #   - Debian packages: prometheus (and its promtool), openssl, lua5.4 (apt-get, once);
 #   - the Python virtualenv .venv with tokenfab and its dev tools (pip, re-run when pyproject changes);
 #   - the local AI factory's binaries, built from Go modules and cached in ~/.cache/tokenfab
-#     (the first build takes roughly 20-40 minutes on 2 cores; later runs take a second).
+#     (the first build takes about 10-12 minutes on 2 cores; later runs take a second).
 # Source it: it exports TOKENFAB_BIN (the binaries) and puts .venv/bin and TOKENFAB_BIN on PATH.
 set -euo pipefail
 
