@@ -22,19 +22,20 @@ from tokenfab_factory import process
 from tokenfab_factory.factory import Factory
 
 pytestmark = pytest.mark.slow
+NS = "fleet-e2e"  # the runner serves only this namespace: other tests' deployments get no engines
 
 
 @pytest.fixture(scope="module")
 def live(operator: Factory) -> Iterator[tuple[Factory, fleet.Tools]]:
     tools = fleet.tools()
-    fleet.start_runner(operator, tools)
+    fleet.start_runner(operator, tools, namespaces=(NS,))
     yield operator, tools
     operator.stop_extra(fleet.RUNNER)
 
 
 def test_closed_loop_scales_decode_with_the_burst_and_back(live):
     f, tools = live
-    cfg = scenario.ci_config(namespace="fleet-e2e", name="loop", before_s=20, burst_s=100, after_s=100)
+    cfg = scenario.ci_config(namespace=NS, name="loop", before_s=20, burst_s=100, after_s=100)
     t0 = time.monotonic()
     out = f.run / "fleet-e2e"
     result = scenario.run_policy(f, tools, cfg, out)

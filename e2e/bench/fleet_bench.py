@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     tools = fleet.tools()
     f = scenario.bring_up(a.run_dir, a.port_base)
     scenario.ensure_operator(f)
-    scenario.ensure_runner(f, tools)
+    scenario.ensure_runner(f, tools, tuple(c.namespace for c in configs().values()))
     try:
         bench = run(f, tools, f.run / "fleet-bench")
     finally:

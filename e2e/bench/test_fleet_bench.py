@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from e2e.bench.fleet_bench import run, save, table
+from e2e.bench.fleet_bench import configs, run, save, table
 from e2e.fleet import fleet
 from tokenfab_factory.factory import Factory
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 def test_fleet_benchmark(operator: Factory, capsys):
     tools = fleet.tools()
-    fleet.start_runner(operator, tools)
+    fleet.start_runner(operator, tools, namespaces=tuple(c.namespace for c in configs().values()))
     try:
         bench = run(operator, tools, operator.run / "fleet-bench")
     finally:

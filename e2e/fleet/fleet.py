@@ -58,7 +58,11 @@ def state_dir(f: Factory) -> Path:
 
 
 def start_runner(
-    f: Factory, t: Tools, blocks_per_gpu: int = 48, speedup_ratio: float = 0.3, namespace: str = ""
+    f: Factory,
+    t: Tools,
+    blocks_per_gpu: int = 48,
+    speedup_ratio: float = 0.3,
+    namespaces: tuple[str, ...] = (),
 ) -> int:
     """The fleet runner as a factory extra (the factory stops it by PID; it stops its children)."""
     argv = [
@@ -81,7 +85,7 @@ def start_runner(
         str(blocks_per_gpu),
         "--speedup-ratio",
         str(speedup_ratio),
-        *(["--namespace", namespace] if namespace else []),
+        *(["--namespaces", ",".join(namespaces)] if namespaces else []),
     ]
     pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     return f.start_extra(RUNNER, argv, env={"PYTHONPATH": pythonpath})

@@ -68,7 +68,7 @@ class Options:
     block_size: int = 16
     speedup_ratio: float = 0.3
     engine_type: str = ENGINE_AUTO
-    namespace: str = ""  # only pods of this Kubernetes namespace ("" = all)
+    namespaces: tuple[str, ...] = ()  # only pods of these Kubernetes namespaces (empty = all)
     poll_seconds: float = 1.0
     restart_backoff_seconds: float = 5.0
 
@@ -215,7 +215,8 @@ class Runner:
 
     # ----------------------------------------------------------------------------- observe
     def pods(self) -> list[dict[str, Any]] | None:
-        scope = ["-n", self.opts.namespace] if self.opts.namespace else ["-A"]
+        ns = self.opts.namespaces
+        scope = ["-n", ns[0]] if len(ns) == 1 else ["-A"]
         try:
             out = subprocess.run(
                 [
@@ -234,7 +235,8 @@ class Runner:
                 timeout=30,
                 check=True,
             )
-            return list(json.loads(out.stdout)["items"])
+            items = json.loads(out.stdout)["items"]
+            return [p for p in items if not ns or p["metadata"]["namespace"] in ns]
         except (subprocess.SubprocessError, ValueError, KeyError) as exc:
             self.errors += 1
             print(f"runner: listing pods failed: {exc}", file=sys.stderr, flush=True)
@@ -446,7 +448,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--speedup-ratio", type=float, default=0.3)
     ap.add_argument("--engine-type", default=ENGINE_AUTO, choices=[ENGINE_AUTO, "trtllm", "vllm", "sglang"])
-    ap.add_argument("--namespace", default="")
+    ap.add_argument("--namespaces", default="", help="comma-separated namespaces to serve (default: all)")
     a = ap.parse_args(argv)
 
     def rng(s: str) -> tuple[int, int]:
@@ -467,7 +469,7 @@ def main(argv: list[str] | None = None) -> None:
             block_size=a.block_size,
             speedup_ratio=a.speedup_ratio,
             engine_type=a.engine_type,
-            namespace=a.namespace,
+            namespaces=tuple(n for n in a.namespaces.split(",") if n),
         )
     )
 

@@ -338,11 +338,9 @@ def ensure_operator(f: Factory) -> None:
     start_operator(f, liveness)
 
 
-def ensure_runner(f: Factory, tools: fleet.Tools) -> None:
-    pid = f.extra_pids().get(fleet.RUNNER)
-    if pid and process.alive(pid):
-        return
-    fleet.start_runner(f, tools)
+def ensure_runner(f: Factory, tools: fleet.Tools, namespaces: tuple[str, ...]) -> None:
+    """(Re)start the fleet runner for these namespaces only (a running one is stopped by PID first)."""
+    fleet.start_runner(f, tools, namespaces=namespaces)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -356,8 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     tools = fleet.tools()
     f = bring_up(a.run_dir, a.port_base)
     ensure_operator(f)
-    ensure_runner(f, tools)
     cfg = ci_config() if a.ci else Config()
+    ensure_runner(f, tools, (cfg.namespace,))
     work = f.run / "fleet-scenario"
     try:
         result = run_policy(f, tools, cfg, work)
