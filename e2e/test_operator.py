@@ -233,6 +233,32 @@ def test_too_large_a_deployment_reports_capacity_and_creates_no_partial_group(op
         kubectl(f, "delete", "mdep", "huge", "-n", "big", "--wait=true")
 
 
+def test_not_ready_says_why_pods_wait(operator):
+    f = operator
+    doc = {
+        "apiVersion": "tokenfab.dev/v1alpha1",
+        "kind": "ModelDeployment",
+        "metadata": {"name": "no-weights", "namespace": "big"},
+        "spec": {
+            "model": {"name": "small", "source": "pvc://missing-claim/small"},
+            "serving": {"mode": "aggregated"},
+            "worker": {"parallelism": {"tensor": 4}},
+        },
+    }
+    apply_yaml(f, doc)
+    try:
+
+        def explained() -> str | None:
+            cond = condition(md(f, "no-weights", "big"), "Ready")
+            return cond["message"] if cond and "missing-claim" in cond["message"] else None
+
+        message = wait_for("Ready=False quoting the scheduler", explained, timeout=90)
+        assert 'persistentvolumeclaim "missing-claim" not found' in message
+        assert condition(md(f, "no-weights", "big"), "Ready")["reason"] == "GroupsNotReady"
+    finally:
+        kubectl(f, "delete", "mdep", "no-weights", "-n", "big", "--wait=true")
+
+
 def test_deleting_the_deployment_removes_every_child(operator):
     f = operator
     kubectl(f, "delete", "mdep", "deepseek-r1", "-n", NS, "--wait=true")

@@ -309,3 +309,30 @@ def test_autoscaler_conditions_are_dropped_when_autoscaling_is_off():
     assert "MetricsUnavailable" in [c.type for c in on.conditions]
     assert "MetricsUnavailable" not in [c.type for c in off.conditions]
     assert off.autoscaling is None
+
+
+def test_not_ready_says_why_a_starting_group_waits():
+    plan = role_plan("decode", 2, ready=1)
+    plan.states["m-decode-1"] = "starting"
+    plan.waiting["m-decode-1"] = (
+        'pod m-decode-1-0: 0/72 nodes are available: persistentvolumeclaim "models" not found'
+    )
+    conds = conditions([plan], OBS)
+    assert summary(conds)["Ready"] == ("False", "GroupsNotReady")
+    assert message(conds, "Ready") == (
+        "ready groups: decode 1/2; waiting: pod m-decode-1-0: 0/72 nodes are available: "
+        'persistentvolumeclaim "models" not found'
+    )
+
+
+def test_plan_role_records_why_a_pod_waits():
+    nodes = [NodeInfo(f"a-{i}", "a", 4, True, True) for i in range(4)]
+    domains = build_domains(nodes, [])
+    pending = PodView("m-decode-0-0", 0, "Pending", False, None, False, waiting="0/4 nodes are available")
+    running = PodView("m-decode-0-1", 1, "Running", True, "a-1", False)
+    group = GroupView("m-decode-0", "decode", 0, "r2", "a", 2, 8, (pending, running), True)
+    plan, _ = plan_role(
+        "decode", 1, "r2", GroupShape(8, 4), [group], domains, "pack", {"a-1": NodeHealth(True)}, 0.0, 30.0
+    )
+    assert plan.states == {"m-decode-0": "starting"}
+    assert plan.waiting == {"m-decode-0": "pod m-decode-0-0: 0/4 nodes are available"}

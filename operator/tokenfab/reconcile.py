@@ -112,6 +112,18 @@ def gpu_uses(pods: Iterable[Obj], gpu_resource: str) -> list[GpuUse]:
     return uses
 
 
+def _waiting(status: Obj) -> str:
+    """Why a pod is not running yet: the scheduler's message, or a container's waiting reason."""
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            return str(cond.get("message") or cond.get("reason") or "not scheduled")
+    for ctr in status.get("containerStatuses") or []:
+        waiting = (ctr.get("state") or {}).get("waiting")
+        if waiting:
+            return f"{waiting.get('reason', 'Waiting')}: {waiting.get('message', '')}".rstrip(": ")
+    return ""
+
+
 def _pod_view(p: Obj) -> PodView:
     meta, status = p["metadata"], p.get("status") or {}
     ready_cond: dict[str, Any] = next(
@@ -119,6 +131,7 @@ def _pod_view(p: Obj) -> PodView:
     )
     ready = ready_cond.get("status") == "True"
     return PodView(
+        waiting=_waiting(status),
         ready_since=_time(ready_cond.get("lastTransitionTime")) if ready else None,
         name=meta["name"],
         rank=int(meta["labels"][c.LABEL_RANK]),

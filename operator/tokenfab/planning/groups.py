@@ -45,6 +45,7 @@ class PodView:
     node: str | None
     deleting: bool
     ready_since: float | None = None  # unix time the pod last became Ready
+    waiting: str = ""  # why it is not running yet (the scheduler's or the kubelet's words), if known
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ class RolePlan:
     old_groups: int = 0  # alive groups at an older revision (a rollout is under way)
     blocked: str = ""  # why new groups of this role cannot be created at all (set by the caller)
     broken_reasons: dict[str, str] = field(default_factory=dict)
+    waiting: dict[str, str] = field(default_factory=dict)  # starting group -> why its first stuck pod waits
 
     @property
     def ready(self) -> int:
@@ -177,6 +179,9 @@ def plan_role(
                 plan.delete.append(Delete(role, g.name, "Broken"))
         elif state != "terminating":
             alive.append(g)
+            stuck = [p for p in sorted(g.pods, key=lambda p: p.rank) if p.waiting and not p.ready]
+            if state == "starting" and stuck:
+                plan.waiting[g.name] = f"pod {stuck[0].name}: {stuck[0].waiting}"
     used_slots = {g.slot for g in groups}
     per_domain: dict[str, int] = {}
     for g in alive:

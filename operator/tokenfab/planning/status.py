@@ -82,7 +82,9 @@ def conditions(plans: Sequence[RolePlan], obs: Observed) -> list[Condition]:
 
     counts = ", ".join(f"{p.role} {p.ready}/{p.desired}" for p in plans)
     if short:
-        ready = _cond("Ready", False, "GroupsNotReady", f"ready groups: {counts}")
+        waiting = [why for p in short for _, why in sorted(p.waiting.items())]
+        detail = f"; waiting: {waiting[0][:300]}" if waiting else ""
+        ready = _cond("Ready", False, "GroupsNotReady", f"ready groups: {counts}{detail}")
     elif obs.frontend_available < 1:
         ready = _cond(
             "Ready", False, "FrontendNotReady", f"frontend {obs.frontend_available}/{obs.frontend_desired}"
