@@ -155,19 +155,7 @@ def _die_with_parent() -> None:
 
 def spawn(argv: Sequence[str], log: Path, env: dict[str, str]) -> int:
     """Start a Dynamo process in its own session, output appended to `log`; it dies with the runner."""
-    with log.open("ab") as out:
-        out.write(f"\n==== {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(argv)}\n".encode())
-        out.flush()
-        proc = subprocess.Popen(
-            list(argv),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env={**os.environ, **env},
-            preexec_fn=_die_with_parent,
-        )
-    return proc.pid
+    return process.start(argv, log, env, preexec=_die_with_parent)
 
 
 def pod_labels(pod: dict[str, Any], role: str, group: str) -> dict[str, str]:

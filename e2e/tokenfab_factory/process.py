@@ -8,12 +8,19 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 
-def start(argv: Sequence[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None) -> int:
-    """Start a process in its own session (it outlives the caller), output appended to `log`."""
+def start(
+    argv: Sequence[str],
+    log: Path,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    preexec: Callable[[], None] | None = None,
+) -> int:
+    """Start a process in its own session, output appended to `log`. It outlives the caller unless
+    `preexec` (run in the child before exec) arranges otherwise."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
         out.write(f"\n==== {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(argv)}\n".encode())
@@ -26,6 +33,7 @@ def start(argv: Sequence[str], log: Path, env: dict[str, str] | None = None, cwd
             start_new_session=True,
             env={**os.environ, **(env or {})},
             cwd=cwd,
+            preexec_fn=preexec,
         )
     return proc.pid
 
