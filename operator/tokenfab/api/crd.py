@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from tokenfab.api import models as m
+from tokenfab.api.rules import NAME_RULE
 
 JSON = dict[str, Any]
 
@@ -92,6 +93,19 @@ def _structural(node: Any) -> Any:
     return out
 
 
+def _no_object_defaults(node: Any) -> Any:
+    """Status carries no defaults for objects: only the operator writes it, and a defaulted empty object
+    would make every status it writes differ from the stored one."""
+    if isinstance(node, list):
+        return [_no_object_defaults(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _no_object_defaults(v) for k, v in node.items()}
+    if out.get("type") == "object" and out.get("default") == {}:
+        out.pop("default")
+    return out
+
+
 def openapi_schema(model: type[BaseModel]) -> JSON:
     """Structural OpenAPI v3 schema of a model (by alias, inlined)."""
     raw = model.model_json_schema(by_alias=True, mode="validation")
@@ -129,6 +143,13 @@ def printer_columns() -> list[JSON]:
             "description": "ready/desired aggregated worker groups",
         },
         {"name": "GPUs", "type": "string", "jsonPath": ".status.gpus", "description": "ready/desired GPUs"},
+        {
+            "name": "Draining",
+            "type": "integer",
+            "jsonPath": ".status.drainingGroups",
+            "description": "groups finishing their requests before they go",
+            "priority": 1,
+        },
         {
             "name": "Ratio",
             "type": "string",
@@ -171,6 +192,7 @@ def _crd(
     properties: JSON,
     columns: list[JSON],
     required: tuple[str, ...] = (),
+    metadata: JSON | None = None,
 ) -> JSON:
     """A CustomResourceDefinition of one served, stored version with a status subresource."""
     root: JSON = {"type": "object", "description": description}
@@ -179,7 +201,7 @@ def _crd(
     root["properties"] = {
         "apiVersion": {"type": "string", "description": f"APIVersion of this object: {m.API_VERSION}."},
         "kind": {"type": "string", "description": f"Kind of this object: {kind}."},
-        "metadata": {"type": "object"},
+        "metadata": metadata or {"type": "object"},
         **properties,
     }
     return {
@@ -211,10 +233,25 @@ def _crd(
     }
 
 
+def model_deployment_metadata() -> JSON:
+    """The root `metadata` schema: the API server lets a CRD constrain only name and generateName; the
+    rule on name makes it print `metadata.name: Invalid value: "<name>": <message>`."""
+    return {
+        "type": "object",
+        "properties": {
+            "name": {
+                "type": "string",
+                "description": "Name of the deployment; its pods, Services and labels are named after it.",
+                "x-kubernetes-validations": [NAME_RULE.x_kubernetes_validation()],
+            }
+        },
+    }
+
+
 def model_deployment_crd() -> JSON:
     """The ModelDeployment CRD."""
     spec_schema = openapi_schema(m.ModelDeploymentSpec)
-    status_schema = openapi_schema(m.ModelDeploymentStatus)
+    status_schema = _no_object_defaults(openapi_schema(m.ModelDeploymentStatus))
     spec_schema["description"] = m.ModelDeploymentSpec.__doc__
     status_schema["description"] = m.ModelDeploymentStatus.__doc__
     return _crd(
@@ -228,6 +265,7 @@ def model_deployment_crd() -> JSON:
         {"spec": spec_schema, "status": status_schema},
         printer_columns(),
         required=("spec",),
+        metadata=model_deployment_metadata(),
     )
 
 

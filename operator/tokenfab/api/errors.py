@@ -14,6 +14,7 @@ import yaml
 from pydantic import ValidationError
 
 from tokenfab.api.models import ModelDeployment
+from tokenfab.api.rules import REASON_TEXT, go_quote
 
 
 class SpecError(ValueError):
@@ -40,7 +41,7 @@ def _value(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, str):
-        return json.dumps(v)
+        return go_quote(v)
     if isinstance(v, float) and v.is_integer():
         return str(int(v))
     if isinstance(v, (int, float)):
@@ -89,6 +90,17 @@ def k8s_error_text(err: Any) -> list[str]:
         return list(ctx["texts"])
     if typ in ("tokenfab_rule", "tokenfab_reserved_key"):
         return [f"{path}: Invalid value: {err['msg']}"]
+    if typ == "tokenfab_value":  # a CEL rule on a scalar field: the API server quotes the value
+        return [f"{path}: Invalid value: {_value(value)}: {err['msg']}"]
+    if typ == "tokenfab_object_rules":  # CEL rules on an object, each reported on a field of it, or on it
+        out = []
+        for v in ctx["violations"]:
+            where = f"{path}.{v['field']}" if v["field"] else path
+            out.append(f"{where}: {REASON_TEXT[v['reason']]}: {v['message']}")
+        return out
+    if typ == "tokenfab_type":
+        got = json.dumps(_json_type(value))
+        return [f"{path}: Invalid value: {got}: {inb} must be of type {ctx['expected']}: {got}"]
     if typ == "missing":
         return [f"{path}: Required value"]
     if typ == "extra_forbidden":
@@ -115,7 +127,10 @@ def k8s_error_text(err: Any) -> list[str]:
     if typ == "string_too_long":
         return [f"{path}: Too long: may not be more than {ctx['max_length']} bytes"]
     if typ == "too_long":
-        return [f"{path}: Too many: {ctx.get('actual_length')}: must have at most {ctx['max_length']} items"]
+        actual = ctx.get("actual_length")
+        if actual is None and isinstance(value, (dict, list)):
+            actual = len(value)
+        return [f"{path}: Too many: {actual}: must have at most {ctx['max_length']} items"]
     base = typ.split("_")[0]
     if base in _TYPE_NAMES:
         got = json.dumps(_json_type(value))

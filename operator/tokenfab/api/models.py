@@ -7,13 +7,49 @@ in Python with the same messages. Nothing here does I/O.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
-from pydantic_core import PydanticCustomError
+from pydantic_core import PydanticCustomError, PydanticKnownError
 
-from tokenfab.api.rules import BOUNDS_RULE, SPEC_RULES, check_spec, reserved_key_rule
+from tokenfab.api.rules import (
+    BOUNDS_RULE,
+    ENV_ONE_SOURCE,
+    ENV_VALUE_OR_VALUE_FROM,
+    LABEL_KEY_MAX,
+    LABEL_VALUE_PATTERN,
+    MIN_REPLICAS_RULE,
+    NODE_SELECTOR_KEYS_RULE,
+    PRIORITY_CLASS_RULE,
+    QUANTITY_PATTERN,
+    QUERY_RULE,
+    SCHEDULER_NAME_RULE,
+    SOURCE_RULE,
+    SPEC_RULES,
+    TOLERATION_KEY_RULE,
+    TOLERATION_RULES,
+    KeysRule,
+    ObjectRule,
+    ValueRule,
+    check_spec,
+    matches,
+    name_errors,
+    object_rules_error,
+    reserved_key_rule,
+    resource_keys_rule,
+)
 
 GROUP = "tokenfab.dev"
 VERSION = "v1alpha1"
@@ -26,7 +62,12 @@ CATEGORIES = ("tokenfab",)
 
 MTP_MAX_DEPTH = 5
 RATIO_PATTERN = r"^[1-9][0-9]{0,2}:[1-9][0-9]{0,2}$"
-SOURCE_PATTERN = r"^(hf|pvc|s3)://.+$"
+# Free-form extraEngineArgs: the API server counts top-level keys; the models also bound the whole size.
+ENGINE_ARGS_MAX_KEYS = 64
+ENGINE_ARGS_MAX_BYTES = 64 * 1024
+RESOURCES_MAX_ENTRIES = 16
+NODE_SELECTOR_MAX_ENTRIES = 32
+TOLERATIONS_MAX = 32
 
 Mode = Literal["aggregated", "disaggregated"]
 RouterMode = Literal["kv", "round-robin", "random"]
@@ -34,6 +75,7 @@ RatioPolicy = Literal["fixed", "independent"]
 PlacementPolicy = Literal["pack", "spread"]
 Engine = Literal["trtllm"]
 RoleName = Literal["prefill", "decode", "worker"]
+Capability = Literal["IPC_LOCK", "SYS_RESOURCE", "SYS_NICE", "SYS_PTRACE", "NET_RAW", "NET_ADMIN"]
 PlanSystem = Literal["gb200", "gb300", "b200", "h200", "h100"]
 ROLES: tuple[RoleName, ...] = ("prefill", "decode", "worker")
 
@@ -41,6 +83,38 @@ ROLES: tuple[RoleName, ...] = ("prefill", "decode", "worker")
 def _cel_rules(rules: list[dict[str, str]]) -> dict[str, Any]:
     """Schema extra that installs CEL rules on an object."""
     return {"x-kubernetes-validations": rules}
+
+
+def _cel_of(rule: ValueRule | KeysRule) -> dict[str, Any]:
+    """Schema extra that installs a field's CEL rule; `AfterValidator(rule)` is its Python twin."""
+    return _cel_rules([rule.x_kubernetes_validation()])
+
+
+def _refuse_broken(checks: list[tuple[ObjectRule, bool]]) -> None:
+    """Raise the object rules that do not hold (rule, holds), in the API server's words and order."""
+    broken = [rule for rule, holds in checks if not holds]
+    if broken:
+        raise object_rules_error(broken)
+
+
+def _quantity(value: Any) -> int | str:
+    """A Kubernetes quantity as the CRD schema checks it: an integer >= 0 or a quantity string."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise PydanticCustomError(
+            "tokenfab_type", "must be of type integer,string", {"expected": "integer,string"}
+        )
+    if isinstance(value, int) and value < 0:
+        raise PydanticKnownError("greater_than_equal", {"ge": 0})
+    if isinstance(value, str) and not matches(QUANTITY_PATTERN)(value):
+        raise PydanticKnownError("string_pattern_mismatch", {"pattern": QUANTITY_PATTERN})
+    return value
+
+
+Quantity = Annotated[
+    int | str,
+    PlainValidator(_quantity),
+    WithJsonSchema({"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN, "minimum": 0}),
+]
 
 
 class _Model(BaseModel):
@@ -66,11 +140,12 @@ class ModelSource(_Model):
         description="Served model name: the `model` field clients send to the OpenAI-compatible API "
         "(e.g. deepseek-ai/DeepSeek-R1).",
     )
-    source: str = Field(
-        pattern=SOURCE_PATTERN,
+    source: Annotated[str, AfterValidator(SOURCE_RULE)] = Field(
         max_length=2048,
         description="Where the weights live: hf://<org>/<repo> (a model hub), pvc://<claim>/<path> (a "
-        "PersistentVolumeClaim in this namespace) or s3://<bucket>/<prefix>.",
+        "PersistentVolumeClaim in this namespace, and the weights' directory in it) or "
+        "s3://<bucket>/<prefix>. No whitespace, and a non-empty path after the scheme.",
+        json_schema_extra=_cel_of(SOURCE_RULE),
     )
     revision: str | None = Field(
         default=None,
@@ -80,30 +155,112 @@ class ModelSource(_Model):
     )
 
 
+class KeySelector(_Model):
+    """A key of a Secret or ConfigMap in this namespace."""
+
+    name: str = Field(min_length=1, max_length=253, description="Name of the Secret or ConfigMap.")
+    key: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=r"^[-._a-zA-Z0-9]+$",
+        description="The key whose value the variable takes.",
+    )
+    optional: bool | None = Field(
+        default=None, description="Start the container even when the object or the key is missing."
+    )
+
+
+class ObjectFieldSelector(_Model):
+    """A field of the worker pod (Kubernetes downward API)."""
+
+    field_path: str = Field(
+        min_length=1, max_length=512, description="Path of the field, e.g. metadata.name or status.podIP."
+    )
+    api_version: str | None = Field(
+        default=None, max_length=64, description="Version of the schema the path is written in (v1)."
+    )
+
+
+class ResourceFieldSelector(_Model):
+    """A resource request or limit of a worker container (Kubernetes downward API)."""
+
+    resource: str = Field(
+        min_length=1,
+        max_length=LABEL_KEY_MAX,
+        description="The resource, e.g. limits.memory or requests.cpu.",
+    )
+    container_name: str | None = Field(
+        default=None, max_length=63, description="Container whose resource is read (default: this one)."
+    )
+    divisor: Quantity | None = Field(default=None, description="Unit the value is expressed in (default 1).")
+
+
+class EnvVarSource(_Model):
+    """Where a variable's value comes from: exactly one of the sources (a Kubernetes EnvVarSource)."""
+
+    model_config = ConfigDict(json_schema_extra=_cel_rules([ENV_ONE_SOURCE.x_kubernetes_validation()]))
+
+    secret_key_ref: KeySelector | None = Field(
+        default=None, description="A key of a Secret, e.g. a model hub token."
+    )
+    config_map_key_ref: KeySelector | None = Field(default=None, description="A key of a ConfigMap.")
+    field_ref: ObjectFieldSelector | None = Field(default=None, description="A field of the pod.")
+    resource_field_ref: ResourceFieldSelector | None = Field(
+        default=None, description="A resource request or limit of the container."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnvVarSource:
+        sources = [self.secret_key_ref, self.config_map_key_ref, self.field_ref, self.resource_field_ref]
+        _refuse_broken([(ENV_ONE_SOURCE, sum(s is not None for s in sources) == 1)])
+        return self
+
+
 class EnvVar(_Model):
     """One environment variable for the worker containers."""
 
-    name: str = Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", description="Variable name.")
-    value: str | None = Field(default=None, description="Literal value.")
-    value_from: dict[str, Any] | None = Field(
-        default=None,
-        description="A Kubernetes EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef, "
-        "resourceFieldRef), passed through unchanged; e.g. a hub token from a Secret.",
-        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    model_config = ConfigDict(
+        json_schema_extra=_cel_rules([ENV_VALUE_OR_VALUE_FROM.x_kubernetes_validation()])
     )
+
+    name: str = Field(
+        min_length=1, max_length=253, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", description="Variable name."
+    )
+    value: str | None = Field(default=None, max_length=32768, description="Literal value (at most 32 KiB).")
+    value_from: EnvVarSource | None = Field(
+        default=None,
+        description="Where the value comes from, as in a Kubernetes container: secretKeyRef, "
+        "configMapKeyRef, fieldRef or resourceFieldRef; e.g. a hub token from a Secret.",
+    )
+
+    @model_validator(mode="after")
+    def _value_or_value_from(self) -> EnvVar:
+        _refuse_broken([(ENV_VALUE_OR_VALUE_FROM, self.value_from is None or not self.value)])
+        return self
+
+
+_REQUESTS_KEYS = resource_keys_rule("requests")
+_LIMITS_KEYS = resource_keys_rule("limits")
 
 
 class Resources(_Model):
     """CPU and memory for each worker container, beside the GPUs that parallelism implies."""
 
-    requests: dict[str, int | str] = Field(
+    requests: Annotated[dict[str, Quantity], AfterValidator(_REQUESTS_KEYS)] = Field(
         default_factory=dict,
-        description="Resource requests (cpu, memory, ephemeral-storage). GPUs are derived from "
-        "parallelism: do not list the GPU resource here.",
+        max_length=RESOURCES_MAX_ENTRIES,
+        description=f"Resource requests (cpu, memory, ephemeral-storage), at most {RESOURCES_MAX_ENTRIES}, "
+        "each a Kubernetes quantity (8, 500m, 64Gi). GPUs are derived from parallelism: do not list "
+        "topology.gpuResource here.",
+        json_schema_extra=_cel_of(_REQUESTS_KEYS),
     )
-    limits: dict[str, int | str] = Field(
+    limits: Annotated[dict[str, Quantity], AfterValidator(_LIMITS_KEYS)] = Field(
         default_factory=dict,
-        description="Resource limits (cpu, memory, ephemeral-storage). GPUs are derived from parallelism.",
+        max_length=RESOURCES_MAX_ENTRIES,
+        description=f"Resource limits (cpu, memory, ephemeral-storage), at most {RESOURCES_MAX_ENTRIES}, "
+        "each a Kubernetes quantity. GPUs are derived from parallelism: do not list topology.gpuResource "
+        "here.",
+        json_schema_extra=_cel_of(_LIMITS_KEYS),
     )
 
 
@@ -127,6 +284,26 @@ def _refuse_reserved_keys(args: dict[str, Any]) -> dict[str, Any]:
     return args
 
 
+def engine_args_bytes(args: dict[str, Any]) -> int:
+    """Size of extraEngineArgs as compact JSON, the measure of ENGINE_ARGS_MAX_BYTES."""
+    return len(json.dumps(args, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def _bound_engine_args(args: dict[str, Any]) -> dict[str, Any]:
+    # The API server cannot see inside free-form YAML (CEL sees no undeclared field), so this bound is
+    # the models' alone: `tokenfab validate` and the operator refuse what admission let through.
+    size = engine_args_bytes(args)
+    if size > ENGINE_ARGS_MAX_BYTES:
+        raise PydanticCustomError(
+            "tokenfab_rule",
+            "extraEngineArgs must be at most {limit} bytes as JSON (64 KiB), and it is {size}: tokenfab "
+            "writes it into each role's engine ConfigMap (1 MiB at most); keep bulky data in the image or on "
+            "the model volume and point to it",
+            {"limit": ENGINE_ARGS_MAX_BYTES, "size": size},
+        )
+    return args
+
+
 def _engine_args_schema(schema: dict[str, Any]) -> None:
     """Free-form YAML object, but with the reserved keys declared so CEL rules can see them."""
     description = schema.get("description")
@@ -134,6 +311,7 @@ def _engine_args_schema(schema: dict[str, Any]) -> None:
     schema["type"] = "object"
     schema["description"] = description
     schema["x-kubernetes-preserve-unknown-fields"] = True
+    schema["maxProperties"] = ENGINE_ARGS_MAX_KEYS
     # Declared (with the type TensorRT-LLM expects) only so that CEL can see them and refuse them.
     types: dict[str, dict[str, Any]] = {
         "enable_attention_dp": {"type": "boolean"},
@@ -149,11 +327,16 @@ def _engine_args_schema(schema: dict[str, Any]) -> None:
 EngineArgs = Annotated[
     dict[str, Any],
     AfterValidator(_refuse_reserved_keys),
+    AfterValidator(_bound_engine_args),
     Field(
         default_factory=dict,
+        max_length=ENGINE_ARGS_MAX_KEYS,
         description="Extra TensorRT-LLM LLM-API engine settings (YAML), merged into the generated engine "
         "config (e.g. kv_cache_config, cuda_graph_config, moe_config). Keys that tokenfab derives from "
-        "first-class fields (" + ", ".join(sorted(RESERVED_ENGINE_KEYS)) + ") are refused.",
+        "first-class fields (" + ", ".join(sorted(RESERVED_ENGINE_KEYS)) + ") are refused. Limits: at most "
+        f"{ENGINE_ARGS_MAX_KEYS} top-level keys (the API server refuses more) and at most "
+        f"{ENGINE_ARGS_MAX_BYTES // 1024} KiB as JSON in all (the operator and `tokenfab validate` refuse "
+        "more; the API server cannot see inside free-form YAML), as the engine config must fit a ConfigMap.",
         json_schema_extra=_engine_args_schema,
     ),
 ]
@@ -165,6 +348,7 @@ class Runtime(_Model):
     image: str = Field(
         default="ghcr.io/tokenfab/worker:0.1.0",
         min_length=1,
+        max_length=1024,
         description="Worker image: NVIDIA's Dynamo TensorRT-LLM runtime plus tokenfab's launcher.",
     )
     engine: Engine = Field(
@@ -179,6 +363,13 @@ class Runtime(_Model):
     resources: Resources = Field(
         default_factory=Resources,
         description="CPU and memory per worker container; GPUs follow from parallelism.",
+    )
+    add_capabilities: list[Capability] = Field(
+        default_factory=list,
+        max_length=8,
+        description="Linux capabilities the worker containers get back after dropping all (e.g. IPC_LOCK "
+        "for RDMA memory registration). Any of them takes the worker pods out of the restricted Pod "
+        "Security Standard: their namespace must allow baseline or privileged.",
     )
 
 
@@ -211,6 +402,18 @@ class Serving(_Model):
         default="fixed",
         description="fixed: prefill follows decode by prefillDecodeRatio (spec.prefill.replicas must be "
         "left out). independent: prefill has its own replicas and, with autoscaling, its own signal.",
+    )
+    drain_seconds: int = Field(
+        default=600,
+        ge=0,
+        le=86400,
+        description="How long a group that is being removed (scale-down, rollout, a smaller spec) may take "
+        "to finish its requests: it is first taken out of routing (its leader pod's readiness gate "
+        "tokenfab.dev/routable turns False, so the router sends it nothing new), then deleted as soon as "
+        "its engine reports no request in flight, or after drainSeconds (the requests still running are "
+        "cut). Also the pods' terminationGracePeriodSeconds (plus 30 s) and Dynamo's graceful-shutdown "
+        "bound, so a pod evicted by Kubernetes drains too. 600 s fits long reasoning outputs; 0 deletes "
+        "at once.",
     )
 
 
@@ -250,8 +453,9 @@ class Role(_Model):
         default=None,
         ge=0,
         le=4096,
-        description="Number of groups when autoscaling is off (default 1). With serving.ratioPolicy fixed, "
-        "leave it out on prefill: prefill follows decode by the ratio.",
+        description="Number of groups when autoscaling is off (default 1; 0 parks the role), and the "
+        "starting number when it is on. With serving.ratioPolicy fixed, leave it out on prefill: prefill "
+        "follows decode by the ratio.",
     )
     max_batch_size: int | None = Field(
         default=None, ge=1, le=65536, description="Largest batch one group schedules (max_batch_size)."
@@ -352,11 +556,14 @@ class Topology(_Model):
         "group and claim it from its pods, for multi-node NVLink.",
     )
     node_failure_toleration_seconds: int = Field(
-        default=30,
+        default=300,
         ge=0,
         le=3600,
-        description="How long a worker pod stays on a not-ready or unreachable node before eviction, so "
-        "a dead node's group moves quickly.",
+        description="How long a group's pods stay bound to a NotReady or unreachable node (the "
+        "tolerationSeconds of their node.kubernetes.io/not-ready and unreachable tolerations) before the "
+        "group is recreated elsewhere. The default, 300, is Kubernetes' own and rides out a kubelet "
+        "restart; a lower value moves a large (e.g. 32-GPU) group sooner after a real node loss, at the "
+        "cost of restarting it on a short blip.",
     )
 
 
@@ -365,7 +572,13 @@ class RoleBounds(_Model):
 
     model_config = ConfigDict(json_schema_extra=_cel_rules([BOUNDS_RULE.x_kubernetes_validation()]))
 
-    min_replicas: int = Field(default=1, ge=0, le=4096, description="Fewest groups.")
+    min_replicas: Annotated[int, AfterValidator(MIN_REPLICAS_RULE)] = Field(
+        default=1,
+        le=4096,
+        description="Fewest groups, at least 1: scale-to-zero is not supported. To park a role, set "
+        "autoscaling.enabled to false and the role's replicas to 0.",
+        json_schema_extra=_cel_of(MIN_REPLICAS_RULE),
+    )
     max_replicas: int = Field(default=1, ge=0, le=4096, description="Most groups.")
 
     @model_validator(mode="after")
@@ -375,10 +588,62 @@ class RoleBounds(_Model):
         return self
 
 
+class FrontendScaling(_Model):
+    """Bounds and per-replica capacity for sizing the Dynamo frontend from its own ingress."""
+
+    model_config = ConfigDict(json_schema_extra=_cel_rules([BOUNDS_RULE.x_kubernetes_validation()]))
+
+    min_replicas: int = Field(default=1, ge=1, le=64, description="Fewest frontend replicas.")
+    max_replicas: int = Field(default=1, ge=1, le=64, description="Most frontend replicas.")
+    requests_per_second_per_replica: float = Field(
+        default=30.0,
+        gt=0,
+        le=100000,
+        description="Requests/s one frontend replica should take (a replica tops out near 40/s at 60k-token "
+        "inputs): replicas = forecast requests/s / this, rounded up.",
+    )
+    input_tokens_per_second_per_replica: float = Field(
+        default=1_000_000.0,
+        gt=0,
+        le=1e9,
+        description="Input tokens/s one frontend replica should tokenize and route: replicas also cover "
+        "forecast input tokens/s / this.",
+    )
+
+    @model_validator(mode="after")
+    def _min_le_max(self) -> FrontendScaling:
+        if self.min_replicas > self.max_replicas:
+            raise PydanticCustomError("tokenfab_rule", BOUNDS_RULE.message)
+        return self
+
+
 class Autoscaling(_Model):
-    """Scale prefill and decode groups to hold KV-cache utilization near a target."""
+    """Scale prefill and decode groups (and the frontend) with the load: led by the forecast arrival rate
+    and forming queues, with KV-cache utilization near a target as the guard."""
 
     enabled: bool = Field(default=False, description="Turn the built-in autoscaler on.")
+    policy: Literal["leading", "kv"] = Field(
+        default="leading",
+        description="leading: size from the demand ahead (the frontend's arrival rate, forecast "
+        "forecastSeconds ahead, divided by what one group serves) and from queues forming in the groups, "
+        "with the KV-cache target as the guard. kv: KV-cache utilization alone (reacts only once the cache "
+        "fills).",
+    )
+    forecast_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        le=1800,
+        description="How far ahead the arrival rate is forecast: about the time a new group needs to serve "
+        "(scheduling, weight loading, registration). Left out, it is learned from how long this "
+        "deployment's groups took from creation to Ready.",
+    )
+    rate_window_seconds: int = Field(
+        default=30,
+        ge=5,
+        le=600,
+        description="Window of the arrival-rate query (PromQL rate over the frontend's request counter): "
+        "at least twice the Prometheus scrape interval; shorter reacts sooner.",
+    )
     prometheus_url: str | None = Field(
         default=None,
         pattern=r"^https?://.+$",
@@ -429,17 +694,110 @@ class Autoscaling(_Model):
     )
     decode: RoleBounds | None = Field(default=None, description="Bounds for decode groups.")
     worker: RoleBounds | None = Field(default=None, description="Bounds for aggregated worker groups.")
+    frontend: FrontendScaling | None = Field(
+        default=None,
+        description="Size the frontend Deployment from its request and input-token ingress within these "
+        "bounds (left out: serving.frontendReplicas, fixed).",
+    )
     target_queue_depth: float = Field(
         default=4,
         gt=0,
         le=10000,
         description="With ratioPolicy independent: target waiting requests per prefill group.",
     )
-    query: str | None = Field(
+    query: Annotated[str | None, AfterValidator(QUERY_RULE)] = Field(
         default=None,
         max_length=4096,
-        description="PromQL override for the utilization signal, returning one sample per pod in [0, 1]. "
-        "Placeholders {namespace}, {deployment} and {role} are filled in.",
+        description="PromQL override for the utilization signal, returning one sample in [0, 1] per group "
+        "(keyed by its tokenfab_dev_group label). It is filled in by Python's str.format: the placeholders "
+        "{namespace}, {deployment} and {role} (written bare, nothing else inside the braces) become the "
+        "deployment's values, and every literal brace, such as those of PromQL label matchers, must be "
+        'doubled: max by (tokenfab_dev_group) (kv_cache_usage{{namespace="{namespace}", role="{role}"}}).',
+        json_schema_extra=_cel_of(QUERY_RULE),
+    )
+
+
+class Toleration(_Model):
+    """A taint the worker pods tolerate (as a Kubernetes pod toleration)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_cel_rules([r.x_kubernetes_validation() for r in TOLERATION_RULES])
+    )
+
+    key: Annotated[str | None, AfterValidator(TOLERATION_KEY_RULE)] = Field(
+        default=None,
+        max_length=LABEL_KEY_MAX,
+        description="Taint key the toleration matches; left out (with operator Exists) it matches every "
+        "taint.",
+        json_schema_extra=_cel_of(TOLERATION_KEY_RULE),
+    )
+    operator: Literal["Equal", "Exists"] = Field(
+        default="Equal",
+        description="Equal: the taint's value must equal value. Exists: any value (then leave value out).",
+    )
+    value: str | None = Field(
+        default=None,
+        max_length=63,
+        pattern=LABEL_VALUE_PATTERN,
+        description="Taint value the toleration matches (operator Equal).",
+    )
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect the toleration matches; left out, every effect."
+    )
+    toleration_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        description="With effect NoExecute only: how long the pod stays bound to a node after the taint "
+        "appears (left out: forever).",
+    )
+
+    @model_validator(mode="after")
+    def _kubernetes_rules(self) -> Toleration:
+        _refuse_broken(
+            [
+                (TOLERATION_RULES[0], bool(self.key) or self.operator == "Exists"),
+                (TOLERATION_RULES[1], self.operator != "Exists" or not self.value),
+                (TOLERATION_RULES[2], self.toleration_seconds is None or self.effect == "NoExecute"),
+            ]
+        )
+        return self
+
+
+class Scheduling(_Model):
+    """Where the worker pods may run, beyond their NVLink domain: node labels, taints, priority, scheduler.
+
+    The worker pods carry these fields, and placement counts only the nodes whose labels match
+    nodeSelector and whose NoSchedule/NoExecute taints the tolerations tolerate.
+    """
+
+    node_selector: Annotated[
+        dict[str, Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]],
+        AfterValidator(NODE_SELECTOR_KEYS_RULE),
+    ] = Field(
+        default_factory=dict,
+        max_length=NODE_SELECTOR_MAX_ENTRIES,
+        description=f"Node labels a worker node must carry (at most {NODE_SELECTOR_MAX_ENTRIES}): label keys "
+        "mapped to label values (at most 63 characters), e.g. {nvidia.com/gpu.product: NVIDIA-GB200}.",
+        json_schema_extra=_cel_of(NODE_SELECTOR_KEYS_RULE),
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list,
+        max_length=TOLERATIONS_MAX,
+        description=f"Taints the worker pods tolerate (at most {TOLERATIONS_MAX}), e.g. a dedicated GPU "
+        "pool's taint. The not-ready/unreachable tolerations come from "
+        "topology.nodeFailureTolerationSeconds.",
+    )
+    priority_class_name: Annotated[str | None, AfterValidator(PRIORITY_CLASS_RULE)] = Field(
+        default=None,
+        max_length=253,
+        description="PriorityClass of the worker pods.",
+        json_schema_extra=_cel_of(PRIORITY_CLASS_RULE),
+    )
+    scheduler_name: Annotated[str | None, AfterValidator(SCHEDULER_NAME_RULE)] = Field(
+        default=None,
+        max_length=253,
+        description="Scheduler that binds the worker pods (default: the cluster's default scheduler).",
+        json_schema_extra=_cel_of(SCHEDULER_NAME_RULE),
     )
 
 
@@ -464,6 +822,12 @@ class ModelDeploymentSpec(_Model):
         default=None,
         description="SLA and traffic: the operator fills parallelism, prefillDecodeRatio and MTP depth that "
         "the spec leaves out from a plan made for them (NVIDIA aiconfigurator).",
+    )
+    scheduling: Scheduling | None = Field(
+        default=None,
+        description="Node selector, tolerations, priority class and scheduler of the worker pods. Placement "
+        "counts only the nodes whose labels match nodeSelector and whose NoSchedule/NoExecute taints the "
+        "tolerations tolerate.",
     )
 
     @model_validator(mode="after")
@@ -495,7 +859,14 @@ class ModelDeploymentSpec(_Model):
 # ------------------------------------------------------------------------------------------- status
 
 
-class Condition(_Model):
+class _Status(_Model):
+    """Base for what the operator writes to status: read leniently, so an operator keeps working when the
+    stored status has fields a newer version wrote (they are dropped on read). The schema is the same."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class Condition(_Status):
     """A Kubernetes-style condition."""
 
     type: str = Field(
@@ -508,7 +879,7 @@ class Condition(_Model):
     observed_generation: int | None = Field(default=None, description="Spec generation the condition saw.")
 
 
-class RoleStatus(_Model):
+class RoleStatus(_Status):
     """Observed groups and GPUs of one role."""
 
     desired_groups: int = Field(default=0, description="Groups the operator wants (spec or autoscaler).")
@@ -517,9 +888,10 @@ class RoleStatus(_Model):
     desired_gpus: int = Field(default=0, description="GPUs of the desired groups.")
     ready_gpus: int = Field(default=0, description="GPUs of the ready groups.")
     groups: str = Field(default="0/0", description="ready/desired groups, for kubectl get.")
+    draining_groups: int = Field(default=0, description="Groups out of routing, finishing their requests.")
 
 
-class GroupPlacement(_Model):
+class GroupPlacement(_Status):
     """Where one group runs."""
 
     group: str = Field(description="Group name.")
@@ -528,7 +900,7 @@ class GroupPlacement(_Model):
     gpus: int = Field(description="GPUs of the group.")
 
 
-class ScalingDecision(_Model):
+class ScalingDecision(_Status):
     """One autoscaling decision."""
 
     time: str = Field(description="When it was taken (RFC 3339).")
@@ -544,7 +916,7 @@ class ScalingDecision(_Model):
     message: str = Field(default="", description="The numbers behind the decision.")
 
 
-class AutoscalingStatus(_Model):
+class AutoscalingStatus(_Status):
     """The autoscaler's memory and results, kept in status so a restart keeps them."""
 
     desired: dict[str, int] = Field(default_factory=dict, description="Desired groups per role.")
@@ -557,16 +929,46 @@ class AutoscalingStatus(_Model):
     last_evaluation: dict[str, float] = Field(
         default_factory=dict, description="Unix time of the last evaluation per role."
     )
+    arrivals: list[list[float]] = Field(
+        default_factory=list,
+        description="Recent arrivals at the frontend as [unix time, requests/s, input tokens/s] (the "
+        "forecast's window).",
+    )
+    capacity: dict[str, float] = Field(
+        default_factory=dict,
+        description="Requests/s one group of each role serves at the target, learned from the load it "
+        "served (or from the profile's plan).",
+    )
+    startup_seconds: float | None = Field(
+        default=None, description="Learned seconds from a group's creation to Ready (the forecast horizon)."
+    )
+    frontend_replicas: int | None = Field(default=None, description="Desired frontend replicas.")
+    frontend_recommendations: list[list[float]] = Field(
+        default_factory=list, description="Recent frontend recommendations as [unix time, replicas] pairs."
+    )
 
 
-class PlannedRole(_Model):
+def _drop_unknown(model: type[BaseModel]) -> BeforeValidator:
+    """Read a spec model (strict) leniently inside status: unknown keys are dropped before validation."""
+    known = set(model.model_fields) | {f.alias for f in model.model_fields.values() if f.alias}
+
+    def drop(value: Any) -> Any:
+        return {k: v for k, v in value.items() if k in known} if isinstance(value, dict) else value
+
+    return BeforeValidator(drop)
+
+
+class PlannedRole(_Status):
     """One role of a plan."""
 
-    parallelism: Parallelism = Field(description="Parallelism of one group.")
+    # The spec's own Parallelism (so a plan compares equal to a spec), read leniently.
+    parallelism: Annotated[Parallelism, _drop_unknown(Parallelism)] = Field(
+        description="Parallelism of one group."
+    )
     replicas: int = Field(description="Groups of this role in the plan.")
 
 
-class PlanPrediction(_Model):
+class PlanPrediction(_Status):
     """What the performance model predicts for the plan."""
 
     gpus: int = Field(description="GPUs of the whole plan.")
@@ -577,7 +979,7 @@ class PlanPrediction(_Model):
     request_rate: float | None = Field(default=None, description="Requests/s the plan serves.")
 
 
-class ProfileStatus(_Model):
+class ProfileStatus(_Status):
     """The plan made for spec.profile, kept so it is made once per profile."""
 
     profile_hash: str = Field(description="Hash of the profile (and model, mode) this plan answers.")
@@ -595,17 +997,39 @@ class ProfileStatus(_Model):
     predicted: PlanPrediction | None = Field(default=None, description="Predicted figures of the plan.")
 
 
-class ModelDeploymentStatus(_Model):
+class RoleFailures(_Status):
+    """Consecutive failures of a role's groups (an engine that exits, pods that cannot bind in time), which
+    space out its replacements: 10 s, 20 s, 40 s ... up to 5 minutes."""
+
+    failures: int = Field(description="Groups of the role that failed in a row.")
+    last_failure: str = Field(description="When the last one failed (RFC 3339).")
+    message: str = Field(
+        default="", description="Why the last one failed (the pod's exit, the scheduler's words)."
+    )
+    retry_after: str | None = Field(default=None, description="No replacement before this time (RFC 3339).")
+    healthy_since: str | None = Field(
+        default=None,
+        description="Since when every group of the role serves (the count resets after 2 minutes).",
+    )
+
+
+class ModelDeploymentStatus(_Status):
     """Observed state of a ModelDeployment, written only by the operator."""
 
     observed_generation: int | None = Field(default=None, description="Spec generation last reconciled.")
     conditions: list[Condition] = Field(default_factory=list, description="Current conditions.")
     roles: dict[str, RoleStatus] = Field(default_factory=dict, description="Per-role groups and GPUs.")
     gpus: str = Field(default="0/0", description="ready/desired GPUs over all roles, for kubectl get.")
+    draining_groups: int = Field(
+        default=0, description="Groups draining over all roles (out of routing, finishing their requests)."
+    )
     placement: list[GroupPlacement] = Field(default_factory=list, description="Group to NVLink domain.")
     endpoint: str | None = Field(default=None, description="In-cluster URL of the OpenAI-compatible API.")
     autoscaling: AutoscalingStatus | None = Field(default=None, description="Autoscaler state.")
     profile: ProfileStatus | None = Field(default=None, description="The plan made for spec.profile.")
+    failures: dict[str, RoleFailures] = Field(
+        default_factory=dict, description="Roles whose groups keep failing, and when they may be replaced."
+    )
 
 
 class ObjectMeta(BaseModel):
@@ -620,13 +1044,28 @@ class ObjectMeta(BaseModel):
     annotations: dict[str, str] = Field(default_factory=dict)
 
 
+class ModelDeploymentMeta(ObjectMeta):
+    """Metadata of a ModelDeployment: its name must suit the children named after it."""
+
+    @field_validator("name")
+    @classmethod
+    def _name_names_children(cls, name: str | None) -> str | None:
+        # The API server checks every object's name (a DNS subdomain), then the CRD's NAME_RULE.
+        texts = [] if name is None else name_errors(name)
+        if texts:
+            raise PydanticCustomError(
+                "tokenfab_rules", "{summary}", {"summary": "; ".join(texts), "texts": texts}
+            )
+        return name
+
+
 class ModelDeployment(BaseModel):
     """A whole ModelDeployment object as read from YAML or the API server."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     api_version: Literal["tokenfab.dev/v1alpha1"] = Field(alias="apiVersion")
     kind: Literal["ModelDeployment"]
-    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    metadata: ModelDeploymentMeta = Field(default_factory=ModelDeploymentMeta)
     spec: ModelDeploymentSpec
     status: ModelDeploymentStatus | None = None
 
@@ -639,7 +1078,7 @@ DOMAIN_SINGULAR = "nvlinkdomain"
 DOMAIN_SHORT_NAMES = ("nvld",)
 
 
-class DomainGroup(_Model):
+class DomainGroup(_Status):
     """A worker group placed in the domain."""
 
     namespace: str = Field(description="Namespace of the group's ModelDeployment.")
@@ -647,7 +1086,7 @@ class DomainGroup(_Model):
     gpus: int = Field(description="GPUs the group uses.")
 
 
-class NVLinkDomainStatus(_Model):
+class NVLinkDomainStatus(_Status):
     """Capacity of one NVLink domain (one NVL72 rack), kept current by the operator."""
 
     domain: str = Field(description="Value of the domain label on the domain's nodes.")
