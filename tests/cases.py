@@ -45,14 +45,23 @@ class InvalidCase:
     rule: str | None
 
 
+def case_name(case_id: str) -> str:
+    """A valid ModelDeployment name for a case (a DNS-1035 label of at most 40 characters)."""
+    return ("invalid-" + case_id)[:40].rstrip("-")
+
+
 def invalid_cases() -> list[InvalidCase]:
+    """The cases of tests/data/invalid-specs.yaml. A case merge-patches `patch` into the example's spec and
+    `metadata` into its metadata; `expect` is the line, or else `rule` names a spec rule whose (static) text
+    is the line. A case may give both, for a rule whose message quotes the spec."""
     rules = {r.name: r for r in SPEC_RULES}
     out = []
     for raw in yaml.safe_load((ROOT / "tests" / "data" / "invalid-specs.yaml").read_text()):
         doc = load_example(raw["base"])
-        doc["metadata"]["name"] = "invalid-" + raw["id"]
-        doc["spec"] = merge_patch(doc["spec"], raw["patch"])
+        doc["metadata"]["name"] = case_name(raw["id"])
+        doc["metadata"] = merge_patch(doc["metadata"], raw.get("metadata") or {})
+        doc["spec"] = merge_patch(doc["spec"], raw.get("patch") or {})
         rule = raw.get("rule")
-        expect = rules[rule].error_text() if rule else raw["expect"]
+        expect = raw.get("expect") or rules[rule].error_text()
         out.append(InvalidCase(raw["id"], doc, expect, rule))
     return out

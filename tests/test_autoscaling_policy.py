@@ -140,9 +140,15 @@ CASES = [
     Case("below min -> raised to min", (0.7,), 2, "ScaleUp", cfg={"min_groups": 2}),
     Case("below min, idle -> raised to min", (0.0,), 3, "ScaleUp", cfg={"min_groups": 3}),
     # prefill on queue depth (ratioPolicy independent): the same policy, target 4 waiting requests
-    Case("queue 20 per group -> +2", (20.0, 20.0), 4, "ScaleUp", cfg={"target": 4.0}),
-    Case("queue around 4 holds", (3.8, 4.3, 4.0), 3, "WithinTolerance", cfg={"target": 4.0}),
-    Case("empty queues -> -1", (0.0, 0.0, 0.0), 2, "ScaleDown", cfg={"target": 4.0}),
+    Case("queue 20 per group -> +2", (20.0, 20.0), 4, "ScaleUp", cfg={"target": 4.0, "utilization": False}),
+    Case(
+        "queue around 4 holds",
+        (3.8, 4.3, 4.0),
+        3,
+        "WithinTolerance",
+        cfg={"target": 4.0, "utilization": False},
+    ),
+    Case("empty queues -> -1", (0.0, 0.0, 0.0), 2, "ScaleDown", cfg={"target": 4.0, "utilization": False}),
 ]
 
 
@@ -430,8 +436,10 @@ PROPS = settings(max_examples=300, deadline=None, database=None)
 def configs(draw) -> Config:
     lo = draw(st.integers(0, 6))
     hi = draw(st.integers(max(lo, 1), 20))
+    target = draw(st.sampled_from([0.5, 0.7, 0.85, 1.0, 4.0]))
     return Config(
-        target=draw(st.sampled_from([0.5, 0.7, 0.85, 1.0, 4.0])),
+        target=target,
+        utilization=target <= 1,  # KV-cache utilization, or (prefill) waiting requests
         min_groups=lo,
         max_groups=hi,
         tolerance=draw(st.sampled_from([0.0, 0.05, 0.1, 0.3])),

@@ -79,7 +79,11 @@ def render_children(example: str, patch: dict[str, Any]) -> list[dict[str, Any]]
         cd = b.compute_domain(own, spec, role, 0)
         if cd is not None:
             docs.append(cd)
-        docs += b.group_pods(own, spec, role, 0, DOMAIN, b.role_revision(spec, role))
+        if b.gang_of(spec, role, "podgroup"):
+            docs.append(b.pod_group(own, spec, role, 0))
+        nodes = [f"gb200-r00-t{i:02d}" for i in range(b.group_shape(spec, role).nodes)]
+        # Multi-node groups: the PodGroup gang path (the gate path is tested below).
+        docs += b.group_pods(own, spec, role, 0, DOMAIN, b.role_revision(spec, role), nodes, gang="podgroup")
     return docs
 
 
@@ -238,6 +242,86 @@ def test_user_resources_and_env_reach_the_worker_beside_the_derived_gpus():
     assert hf == [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]
 
 
+# ----------------------------------------------------------------------------------------------- drains
+
+
+def _pods_of(example: str, drain: int | None) -> list[dict[str, Any]]:
+    """Every worker pod of slot 0 of every role of an example (drainSeconds set when not None)."""
+    spec = spec_of(example, {"serving": {"drainSeconds": drain}} if drain is not None else None)
+    own = owner(load_example(example)["metadata"]["name"])
+    return [pod for role, _ in spec.roles() for pod in b.group_pods(own, spec, role, 0, DOMAIN, "rev")]
+
+
+@pytest.mark.parametrize("example", [p.name for p in example_paths()])
+@pytest.mark.parametrize("drain", [None, 1, 0])
+def test_only_a_groups_leader_pod_has_the_routable_readiness_gate_and_only_when_groups_drain(example, drain):
+    # The operator takes a group out of routing through its leader's readiness gate; with drainSeconds 0
+    # groups are deleted at once, and a gate nobody turns True would keep the pods from ever being Ready.
+    for pod in _pods_of(example, drain):
+        gates = pod["spec"].get("readinessGates")
+        leader = pod["metadata"]["labels"][c.LABEL_RANK] == "0"
+        if leader and drain != 0:
+            assert gates == [{"conditionType": c.ROUTABLE_CONDITION}]
+        else:
+            assert gates is None, pod["metadata"]["name"]
+
+
+@pytest.mark.parametrize(("drain", "grace"), [(None, 600 + 5 + 25), (1, 31), (86400, 86430), (0, 30)])
+def test_every_worker_pod_drains_on_sigterm_within_its_grace_period(drain, grace):
+    pods = _pods_of("deepseek-r1-disaggregated.yaml", drain)
+    assert len(pods) == 2 + 8
+    seconds = 600 if drain is None else drain
+    for pod in pods:
+        assert pod["spec"]["terminationGracePeriodSeconds"] == grace
+        [container] = pod["spec"]["containers"]
+        # The endpoint's removal reaches the routers before the engine hears SIGTERM ...
+        assert container["lifecycle"] == {"preStop": {"sleep": {"seconds": b.PRESTOP_SECONDS}}}
+        assert b.PRESTOP_SECONDS == 5
+        # ... then Dynamo finishes its requests for up to drainSeconds, inside the grace period.
+        if seconds:
+            assert env(pod)[c.ENV_DYN_SHUTDOWN_TIMEOUT] == str(seconds)
+            assert c.ENV_DYN_SHUTDOWN_TIMEOUT == "DYN_RUNTIME_GRACEFUL_SHUTDOWN_TIMEOUT_SECS"
+            assert grace >= b.PRESTOP_SECONDS + seconds
+        else:
+            assert c.ENV_DYN_SHUTDOWN_TIMEOUT not in env(pod)
+
+
+def test_the_frontend_has_no_drain_settings_of_the_workers():
+    own = owner("deepseek-r1")
+    dep = b.frontend_deployment(own, spec_of("deepseek-r1-disaggregated.yaml"))
+    pod = dep["spec"]["template"]["spec"]
+    assert "readinessGates" not in pod
+    assert c.ENV_DYN_SHUTDOWN_TIMEOUT not in {e["name"] for e in pod["containers"][0]["env"]}
+
+
+@pytest.mark.parametrize(("pods", "min_available"), [(16, 15), (8, 7), (2, 1), (1, 0), (0, 0)])
+def test_a_roles_disruption_budget_lets_one_of_its_pods_go_at_a_time(pods, min_available):
+    own = owner("deepseek-r1")
+    pdb = b.pod_disruption_budget(own, "decode", pods)
+    assert (pdb["apiVersion"], pdb["kind"]) == ("policy/v1", "PodDisruptionBudget")
+    assert (pdb["metadata"]["name"], pdb["metadata"]["namespace"]) == ("deepseek-r1-decode", "ml")
+    assert pdb["metadata"]["labels"][c.LABEL_ROLE] == "decode"
+    assert pdb["metadata"]["ownerReferences"][0]["uid"] == UID
+    assert pdb["spec"]["minAvailable"] == min_available
+    # (a pod that is not Ready, e.g. a draining leader, may always be evicted)
+    assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+
+
+def test_a_roles_disruption_budget_selects_exactly_its_worker_pods():
+    own = owner("deepseek-r1")
+    spec = spec_of("deepseek-r1-disaggregated.yaml")
+    selector = b.pod_disruption_budget(own, "decode", 16)["spec"]["selector"]["matchLabels"]
+    for role in ("prefill", "decode"):
+        for revision in ("rev1", "rev2"):  # every generation of the role
+            for pod in b.group_pods(own, spec, role, 0, DOMAIN, revision):
+                selected = selector.items() <= pod["metadata"]["labels"].items()
+                assert selected == (role == "decode"), pod["metadata"]["name"]
+    frontend = b.frontend_deployment(own, spec)["spec"]["template"]["metadata"]["labels"]
+    assert not selector.items() <= frontend.items()
+    other = b.group_pods(owner("other"), spec, "decode", 0, DOMAIN, "rev1")[0]
+    assert not selector.items() <= other["metadata"]["labels"].items()
+
+
 # --------------------------------------------------------------------------------------------- revision
 
 
@@ -256,13 +340,42 @@ def test_revision_changes_with_what_shapes_the_pods(change):
     before = spec_of("deepseek-r1-disaggregated.yaml")
     after = spec_of("deepseek-r1-disaggregated.yaml", REVISION_CHANGES[change])
     assert b.role_revision(after, "decode") != b.role_revision(before, "decode")
+    # Prefill and decode of a disaggregated deployment are one generation: they always share a revision.
+    assert b.role_revision(after, "prefill") == b.role_revision(after, "decode")
 
 
-def test_a_role_level_engine_arg_changes_only_that_roles_revision():
-    before = spec_of("deepseek-r1-disaggregated.yaml")
-    after = spec_of("deepseek-r1-disaggregated.yaml", {"decode": {"extraEngineArgs": {"x": 1}}})
-    assert b.role_revision(after, "prefill") == b.role_revision(before, "prefill")
-    assert b.role_revision(after, "decode") != b.role_revision(before, "decode")
+@pytest.mark.parametrize(
+    ("example", "role", "rolled"),
+    [
+        # Disaggregated: a change to either role rolls both (a new generation of prefill and decode comes up
+        # together in its own Dynamo namespace), though only the changed role's engine config differs.
+        ("deepseek-r1-disaggregated.yaml", "decode", ("prefill", "decode")),
+        ("deepseek-r1-disaggregated.yaml", "prefill", ("prefill", "decode")),
+        ("qwen3-235b-autoscaled.yaml", "decode", ("prefill", "decode")),
+        # Aggregated: the worker role is its own generation.
+        ("aggregated-small.yaml", "worker", ("worker",)),
+        ("llama-405b-multinode-tp.yaml", "worker", ("worker",)),
+    ],
+)
+def test_a_role_level_engine_arg_rolls_that_roles_generation(example, role, rolled):
+    before = spec_of(example)
+    after = spec_of(example, {role: {"extraEngineArgs": {"x": 1}}})
+    roles = [r for r, _ in before.roles()]
+    assert sorted(roles) == sorted(rolled)
+    for r in roles:
+        assert b.role_revision(after, r) != b.role_revision(before, r), r
+        assert (engine_config(after, r) != engine_config(before, r)) == (r == role), r
+    assert len({b.role_revision(after, r) for r in roles}) == 1
+    assert len({b.role_revision(before, r) for r in roles}) == 1
+
+
+def test_an_aggregated_revision_is_not_a_disaggregated_generations():
+    # The same inputs hashed alone (aggregated) and as a generation (disaggregated) differ, and the
+    # generation's hash covers both roles' inputs.
+    spec = spec_of("deepseek-r1-disaggregated.yaml")
+    generation = b.role_revision(spec, "decode")
+    assert generation != b.content_hash(b._revision_inputs(spec, "decode"))
+    assert generation == b.content_hash({r: b._revision_inputs(spec, r) for r in ("prefill", "decode")})
 
 
 @pytest.mark.parametrize(
@@ -417,11 +530,75 @@ def test_user_defaults_of_a_role_do_not_leak_into_another_role():
     assert "cuda_graph_config" not in engine_config(spec, "prefill")
 
 
-def test_engine_configmap_holds_the_rendered_engine_config():
+def test_engine_configmap_holds_the_rendered_engine_config_under_its_revisions_name():
+    own = owner("deepseek-r1")
     spec = spec_of("deepseek-r1-disaggregated.yaml")
-    cm = b.engine_configmap(owner("deepseek-r1"), spec, "decode")
-    assert cm["metadata"]["name"] == "deepseek-r1-decode-engine"
+    rev = b.role_revision(spec, "decode")
+    cm = b.engine_configmap(own, spec, "decode")
+    assert (
+        cm["metadata"]["name"]
+        == f"deepseek-r1-decode-engine-{rev}"
+        == b.engine_configmap_name(own, "decode", rev)
+    )
+    labels = cm["metadata"]["labels"]
+    assert (labels[c.LABEL_ROLE], labels[c.LABEL_REVISION]) == ("decode", rev)
     assert yaml.safe_load(cm["data"][c.ENGINE_CONFIG_FILE]) == engine_config(spec, "decode")
+    # The pods of a revision mount that revision's ConfigMap, so a rollout never rewrites the engine
+    # config under the old generation's pods: the new revision gets a ConfigMap of its own.
+    for revision in (rev, "0123456789"):
+        for pod in b.group_pods(own, spec, "decode", 0, DOMAIN, revision):
+            [vol] = [v for v in pod["spec"]["volumes"] if v["name"] == "engine"]
+            assert vol["configMap"]["name"] == f"deepseek-r1-decode-engine-{revision}"
+    after = spec_of("deepseek-r1-disaggregated.yaml", {"decode": {"maxBatchSize": 128}})
+    new = b.engine_configmap(own, after, "decode")
+    assert new["metadata"]["name"] != cm["metadata"]["name"]
+    assert new["metadata"]["name"] == f"deepseek-r1-decode-engine-{b.role_revision(after, 'decode')}"
+    # (prefill's engine config is unchanged, but it is a new generation too: a ConfigMap of its own)
+    assert (
+        b.engine_configmap(own, after, "prefill")["metadata"]["name"]
+        != b.engine_configmap(own, spec, "prefill")["metadata"]["name"]
+    )
+
+
+def test_each_generation_has_its_own_dynamo_namespace_and_the_frontend_routes_to_every_one():
+    own = owner("deepseek-r1")
+    spec = spec_of("deepseek-r1-disaggregated.yaml")
+    rev = b.role_revision(spec, "decode")
+    prefix = b.dynamo_namespace_prefix(own)
+    assert prefix.startswith("ml-deepseek-r1-")  # (readable: the deployment's namespace and name first)
+    namespaces = {}
+    for revision in (rev, "fedcba9876"):
+        for role in ("prefill", "decode"):
+            for pod in b.group_pods(own, spec, role, 0, DOMAIN, revision):
+                namespaces.setdefault(revision, set()).add(env(pod)[c.ENV_DYNAMO_NAMESPACE])
+    # One namespace per generation, shared by its prefill and decode workers; all under the prefix.
+    assert namespaces == {rev: {f"{prefix}{rev[:8]}"}, "fedcba9876": {f"{prefix}fedcba98"}}
+    assert b.dynamo_namespace(own, rev) == f"{prefix}{rev[:8]}"
+    frontend = b.frontend_deployment(own, spec)["spec"]["template"]["spec"]["containers"][0]
+    args = frontend["args"]
+    assert args[args.index("--namespace-prefix") + 1] == prefix
+    assert {e["name"]: e.get("value") for e in frontend["env"]}[c.ENV_DYNAMO_NAMESPACE] == prefix
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        (("ml", "llama"), ("ml", "llama-guard")),  # a name that extends another past "-g"
+        (("ml", "qwen"), ("ml", "qwen-g2")),
+        (("ml", "x-y"), ("ml-x", "y")),  # namespace and name joined by "-" alike
+        (("a", "b"), ("a", "b")),
+    ],
+)
+def test_a_frontend_never_discovers_another_deployments_workers(one, other):
+    # The frontend discovers every Dynamo namespace that starts with its prefix (Dynamo's
+    # --namespace-prefix is a plain string prefix), so no generation of another deployment may start with it.
+    a, z = b.Owner(one[1], one[0], UID), b.Owner(other[1], other[0], UID)
+    for rev in ("0123456789", "abcdef0123"):
+        if (a.namespace, a.name) == (z.namespace, z.name):
+            assert b.dynamo_namespace(z, rev).startswith(b.dynamo_namespace_prefix(a))
+            continue
+        assert not b.dynamo_namespace(z, rev).startswith(b.dynamo_namespace_prefix(a))
+        assert not b.dynamo_namespace(a, rev).startswith(b.dynamo_namespace_prefix(z))
 
 
 # -------------------------------------------------------------------------------------- shared children
@@ -438,7 +615,6 @@ def test_every_child_is_owned_by_the_model_deployment():
                     "name": load_example(example)["metadata"]["name"],
                     "uid": UID,
                     "controller": True,
-                    "blockOwnerDeletion": True,
                 }
             ], variant
             assert doc["metadata"]["namespace"] == "ml"

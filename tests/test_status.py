@@ -11,16 +11,27 @@ from tokenfab.api.models import (
     ModelDeploymentStatus,
     RoleStatus,
 )
-from tokenfab.planning.groups import Create, Delete, GroupView, NodeHealth, PodView, RolePlan, plan_role
+from tokenfab.planning.groups import (
+    Create,
+    Delete,
+    Drain,
+    DrainPolicy,
+    GroupView,
+    NodeHealth,
+    PodView,
+    RolePlan,
+    plan_role,
+)
 from tokenfab.planning.status import (
     Observed,
     build_status,
     conditions,
+    event_for,
     merge_conditions,
     rfc3339,
     role_statuses,
 )
-from tokenfab.planning.topology import GroupShape, NodeInfo, build_domains
+from tokenfab.planning.topology import GpuUse, GroupShape, NodeInfo, build_domains
 
 ENDPOINT = "http://m.ml.svc.cluster.local:8000/v1"
 OBS = Observed(generation=4, frontend_available=1, frontend_desired=1, endpoint=ENDPOINT)
@@ -28,11 +39,11 @@ T0, T1 = 1_700_000_000.0, 1_700_000_600.0
 
 
 def role_plan(role="decode", desired=2, ready=None, gpus=32, **fields) -> RolePlan:
-    """A plan whose first `ready` groups (default: `desired`) are ready; `states` overrides them."""
+    """A plan whose first `ready` groups (default: `desired`) are serving; `states` overrides them."""
     states = fields.pop("states", None)
     plan = RolePlan(role=role, desired=desired, revision="r2", shape=GroupShape(gpus, 4), **fields)
     n = desired if ready is None else ready
-    plan.states = states if states is not None else {f"m-{role}-{i}": "ready" for i in range(n)}
+    plan.states = states if states is not None else {f"m-{role}-{i}": "serving" for i in range(n)}
     return plan
 
 
@@ -58,6 +69,7 @@ def test_all_groups_ready():
         "Placed": ("True", "AllGroupsPlaced"),
     }
     assert message(conds, "Ready") == f"ready groups: prefill 1/1, decode 2/2; serving at {ENDPOINT}"
+    assert message(conds, "Placed") == "every group is bound whole inside one NVLink domain"
 
 
 def test_insufficient_capacity_names_the_gpus_needed_and_the_largest_free_block():
@@ -80,7 +92,7 @@ def test_insufficient_capacity_with_no_free_gpu_anywhere_names_no_domain():
 def test_a_broken_group_degrades_and_recovers():
     plan = role_plan(
         desired=1,
-        states={"m-decode-0": "broken", "m-decode-1": "ready"},
+        states={"m-decode-0": "broken", "m-decode-1": "serving"},
         delete=[Delete("decode", "m-decode-0", "Broken")],
         broken_reasons={"m-decode-0": "node a-3 of pod m-decode-0-3 is not ready"},
     )
@@ -109,11 +121,12 @@ def _replaced_broken_group() -> RolePlan:
         PodView("m-decode-0-1", 1, "Running", True, "a-1", False),
     )
     broken = GroupView("m-decode-0", "decode", 0, "r2", "a", 2, 8, pods, True)
-    domains = build_domains(nodes, [])
+    domains = build_domains(nodes, [GpuUse(4, p.node) for p in pods])  # its pods still hold their nodes
     health = {n.name: NodeHealth(True) for n in nodes}
     plan, _ = plan_role("decode", 1, "r2", GroupShape(8, 4), [broken], domains, "pack", health, T0, 30)
-    assert plan.create == [Create("decode", 1, "a", "r2", "Replace")]
+    assert plan.create == [Create("decode", 1, "a", "r2", "Replace", ("a-2", "a-3"))]
     assert plan.delete == [Delete("decode", "m-decode-0", "Broken")]
+    assert (plan.unbound, plan.release) == ({}, [])
     return plan
 
 
@@ -130,7 +143,7 @@ def test_replacing_a_broken_group_is_recovering_not_rolling_out():
         role_plan(
             ready=2,
             old_groups=2,
-            states={"m-decode-0": "ready", "m-decode-1": "ready", "m-decode-2": "starting"},
+            states={"m-decode-0": "serving", "m-decode-1": "serving", "m-decode-2": "starting"},
         ),
         role_plan(ready=3, old_groups=2, delete=[Delete("decode", "m-decode-1", "Rollout")]),
         role_plan(ready=2, old_groups=1, delete=[Delete("decode", "m-decode-1", "Rollout")]),
@@ -177,6 +190,214 @@ def test_groups_not_ready_is_reported_before_the_frontend():
     conds = conditions([role_plan("prefill", 1, gpus=8), role_plan(ready=1)], obs)
     assert summary(conds)["Ready"] == ("False", "GroupsNotReady")
     assert message(conds, "Ready") == "ready groups: prefill 1/1, decode 1/2"
+
+
+# ----------------------------------------------------------------------------- binding and API errors
+
+
+def test_groups_not_bound_yet_leave_placed_unknown_and_say_why():
+    prefill = role_plan("prefill", 1, ready=0, gpus=8, unbound={"m-prefill-0": "released to the scheduler"})
+    decode = role_plan(
+        ready=1,
+        unbound={"m-decode-1": "0/72 nodes are available", "m-decode-0": "creating ranks [1]"},
+    )
+    conds = conditions([prefill, decode], OBS)
+    assert summary(conds)["Placed"] == ("Unknown", "Binding")
+    assert message(conds, "Placed") == (
+        "3 group(s) placed but not bound yet: m-prefill-0 (released to the scheduler); "
+        "m-decode-0 (creating ranks [1]); m-decode-1 (0/72 nodes are available)"
+    )
+    # Binding is not a failure.
+    assert summary(conds)["Degraded"] == ("False", "AsExpected")
+
+
+def test_a_long_binding_message_is_cut():
+    plan = role_plan(ready=0, unbound={f"m-decode-{i}": "x" * 100 for i in range(20)})
+    text = message(conditions([plan], OBS), "Placed")
+    assert text.startswith("20 group(s) placed but not bound yet: m-decode-0 (xxx")
+    assert len(text) == len("20 group(s) placed but not bound yet: ") + 600
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"blocked": "decode groups need an NVIDIA ComputeDomain"}, "ComputeDomainUnavailable"),
+        ({"unplaced": 1}, "InsufficientCapacity"),
+        ({"rollout_blocked": True, "old_groups": 1}, "RolloutBlocked"),
+    ],
+)
+def test_placement_failures_outrank_binding(fields, reason):
+    plan = role_plan(ready=1, unbound={"m-decode-1": "released to the scheduler"}, **fields)
+    assert summary(conditions([plan], OBS))["Placed"] == ("False", reason)
+
+
+def test_reserved_groups_count_as_starting():
+    plan = role_plan(
+        desired=3, states={"m-decode-0": "serving", "m-decode-1": "reserved", "m-decode-2": "starting"}
+    )
+    conds = conditions([plan], OBS)
+    assert summary(conds)["Progressing"] == ("True", "Scaling")
+    assert message(conds, "Progressing") == "0 group(s) creating, 2 starting, 0 deleting"
+    # A draining group is neither starting nor ready.
+    plan = role_plan(desired=2, states={"m-decode-0": "serving", "m-decode-1": "draining"})
+    conds = conditions([plan], OBS)
+    assert summary(conds)["Progressing"] == ("False", "Stable")
+    assert summary(conds)["Ready"] == ("False", "GroupsNotReady")
+
+
+# ------------------------------------------------------------------------------------------------ drains
+
+
+def test_groups_draining_alone_are_progressing_draining_and_say_for_how_long():
+    # One started draining this pass (0 s), one 30 s ago; the groups wanted all serve.
+    plan = role_plan(
+        desired=1,
+        states={"m-decode-0": "serving", "m-decode-1": "draining", "m-decode-2": "draining"},
+        drain=[Drain("decode", "m-decode-2", "Surplus", 4)],
+        draining={"m-decode-1": 30.4},
+    )
+    conds = conditions([plan], OBS)
+    assert summary(conds) == {
+        "Ready": ("True", "AllGroupsReady"),
+        "Progressing": ("True", "Draining"),
+        "Degraded": ("False", "AsExpected"),
+        "Placed": ("True", "AllGroupsPlaced"),
+    }
+    assert message(conds, "Progressing") == (
+        "2 group(s) out of routing, finishing their requests: m-decode-1 (30 s), m-decode-2 (0 s)"
+    )
+    # A drain that ends this pass is still reported (its group is deleted now).
+    plan = role_plan(
+        desired=1,
+        states={"m-decode-0": "serving", "m-decode-1": "draining"},
+        delete=[Delete("decode", "m-decode-1", "Drained", 0, 12.0)],
+        draining={"m-decode-1": 12.0},
+    )
+    assert summary(conditions([plan], OBS))["Progressing"] == ("True", "Draining")
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [
+        role_plan(ready=2, old_groups=1, drain=[Drain("decode", "m-decode-1", "Rollout")]),
+        role_plan(ready=2, old_groups=0, drain=[Drain("decode", "m-decode-1", "Rollout")]),
+        role_plan(ready=2, old_groups=1, draining={"m-decode-1": 5.0}),
+    ],
+    ids=["old groups start to drain", "the last old groups start to drain", "old groups left"],
+)
+def test_drains_of_a_rollout_are_rolling_out(plan):
+    assert summary(conditions([plan], OBS))["Progressing"] == ("True", "RollingOut")
+
+
+def test_the_last_old_groups_draining_after_a_rollout_are_draining():
+    plan = role_plan(ready=2, old_groups=0, draining={"m-decode-2": 5.0, "m-decode-3": 5.0})
+    assert summary(conditions([plan], OBS))["Progressing"] == ("True", "Draining")
+
+
+def test_draining_posts_no_event_of_its_own():
+    # (The drains get their own Events from the executor: GroupDraining, GroupDrained, GroupDrainTimedOut.)
+    [_, progressing, *_] = conditions([role_plan(desired=1, draining={"m-decode-1": 1.0})], OBS)
+    assert progressing.reason == "Draining"
+    assert event_for(progressing, None) is None
+
+
+def test_draining_groups_are_counted_per_role_and_in_all():
+    prefill = role_plan(
+        "prefill",
+        1,
+        gpus=8,
+        drain=[Drain("prefill", "m-prefill-1", "Surplus")],
+        draining={"m-prefill-2": 3.0},
+    )
+    decode = role_plan(draining={"m-decode-2": 9.0})
+    idle = role_plan("worker", 1, gpus=1)
+    roles = role_statuses([prefill, decode, idle])
+    assert {r: s.draining_groups for r, s in roles.items()} == {"prefill": 2, "decode": 1, "worker": 0}
+    # (a group whose drain starts this pass and that drained before is counted once)
+    twice = role_plan(drain=[Drain("decode", "m-decode-2", "Surplus")], draining={"m-decode-2": 1.0})
+    assert role_statuses([twice])["decode"].draining_groups == 1
+    status, _ = build_status([prefill, decode, idle], [], OBS, None, T0)
+    assert status.draining_groups == 3
+    assert status.model_dump(by_alias=True)["drainingGroups"] == 3
+    assert status.model_dump(by_alias=True)["roles"]["prefill"]["drainingGroups"] == 2
+
+
+def _serving_group(slot: int, revision: str = "r2", draining_since: float | None = None) -> GroupView:
+    pods = tuple(
+        PodView(f"m-decode-{slot}-{r}", r, "Running", True, f"a-{2 * slot + r}", False) for r in range(2)
+    )
+    return GroupView(
+        f"m-decode-{slot}", "decode", slot, revision, "a", 2, 8, pods, True, draining_since=draining_since
+    )
+
+
+def test_status_from_a_plan_with_drains_under_way_counts_only_groups_still_draining():
+    nodes = [NodeInfo(f"a-{i}", "a", 4, True, True) for i in range(8)]
+    health = {n.name: NodeHealth(True) for n in nodes}
+    groups = [_serving_group(0), _serving_group(1, draining_since=T0 - 30), _serving_group(2)]
+    groups.append(_serving_group(3, draining_since=T0 - 10))
+    domains = build_domains(nodes, [])
+    drain = DrainPolicy(600, {"m-decode-1": 2, "m-decode-2": 1})
+
+    def planned(desired: int) -> RolePlan:
+        return plan_role(
+            "decode", desired, "r2", GroupShape(8, 4), groups, domains, "pack", health, T0, 30, drain=drain
+        )[0]
+
+    # Scaled to 1: m-decode-2 starts to drain; m-decode-1 and -3 go on.
+    plan = planned(1)
+    assert [d.name for d in plan.drain] == ["m-decode-2"]
+    assert role_statuses([plan])["decode"].draining_groups == 3
+    assert role_statuses([plan])["decode"].groups == "1/1"
+    assert summary(conditions([plan], OBS))["Progressing"] == ("True", "Draining")
+    # Scaled to 3: the two draining groups are taken back, and count as ready again, not as draining.
+    plan = planned(3)
+    assert plan.undrain == ["m-decode-1"]
+    plan = planned(4)
+    assert plan.undrain == ["m-decode-1", "m-decode-3"]
+    statuses = role_statuses([plan])["decode"]
+    assert (statuses.draining_groups, statuses.groups) == (0, "4/4")
+    assert summary(conditions([plan], OBS))["Progressing"] == ("False", "Stable")
+
+
+ERRORS = (
+    'pods "m-decode-1-0" is forbidden: exceeded quota: gpus',
+    "the server was unable to return a response",
+)
+
+
+def test_api_errors_while_groups_are_short_make_ready_false_with_the_servers_words():
+    obs = Observed(4, 1, 1, ENDPOINT, errors=ERRORS)
+    conds = conditions([role_plan(ready=1)], obs)
+    assert summary(conds)["Ready"] == ("False", "ReconcileError")
+    assert message(conds, "Ready") == f"ready groups: decode 1/2; the API server refused: {'; '.join(ERRORS)}"
+    assert summary(conds)["Degraded"] == ("True", "ReconcileError")
+    assert message(conds, "Degraded") == f"the API server refused: {'; '.join(ERRORS)}"
+
+
+def test_api_errors_while_the_frontend_is_down_make_ready_false():
+    obs = Observed(4, 0, 1, ENDPOINT, errors=ERRORS[:1])
+    conds = conditions([role_plan()], obs)
+    assert summary(conds)["Ready"] == ("False", "ReconcileError")
+
+
+def test_api_errors_while_everything_serves_keep_ready_but_degrade():
+    conds = conditions([role_plan()], Observed(4, 1, 1, ENDPOINT, errors=ERRORS[:1]))
+    assert summary(conds)["Ready"] == ("True", "AllGroupsReady")
+    assert summary(conds)["Degraded"] == ("True", "ReconcileError")
+
+
+def test_api_errors_outrank_broken_groups_in_degraded_and_are_cut():
+    plan = role_plan(desired=1, broken_reasons={"m-decode-0": "pod m-decode-0-0 failed"})
+    conds = conditions([plan], Observed(4, 1, 1, ENDPOINT, errors=("e" * 2000,)))
+    assert summary(conds)["Degraded"] == ("True", "ReconcileError")
+    assert message(conds, "Degraded") == "the API server refused: " + "e" * 900
+    # Without errors, the broken group is named (and a long list is cut too).
+    many = {f"m-decode-{i:02d}": "pod rank 1 is missing" for i in range(50)}
+    conds = conditions([role_plan(desired=1, broken_reasons=many)], OBS)
+    assert summary(conds)["Degraded"] == ("True", "GroupFailed")
+    assert message(conds, "Degraded").startswith("m-decode-00: pod rank 1 is missing; m-decode-01: ")
+    assert len(message(conds, "Degraded")) == 900
 
 
 # ------------------------------------------------------------------------------------- merge_conditions
@@ -235,7 +456,7 @@ def test_conditions_of_other_owners_are_kept_untouched():
 
 def test_only_the_conditions_that_moved_are_reported():
     old = merge_conditions([], conditions([role_plan()], OBS), 1, T0)[0]
-    short = role_plan(states={"m-decode-0": "ready", "m-decode-1": "starting"})
+    short = role_plan(states={"m-decode-0": "serving", "m-decode-1": "starting"})
     merged, changed = merge_conditions(old, conditions([short], OBS), 2, T1)
     assert [(c.type, c.status, c.reason) for c in changed] == [
         ("Ready", "False", "GroupsNotReady"),
@@ -266,17 +487,18 @@ def test_role_statuses_count_groups_and_gpus():
     }
 
 
-def test_only_ready_groups_count_as_ready():
+def test_only_serving_groups_count_as_ready():
     plan = role_plan(
         "worker",
         3,
         gpus=1,
         states={
-            "w-0": "ready",
+            "w-0": "serving",
             "w-1": "starting",
-            "w-2": "incomplete",
+            "w-2": "reserved",
             "w-3": "broken",
-            "w-4": "terminating",
+            "w-4": "deleting",
+            "w-5": "draining",
         },
     )
     status = role_statuses([plan])["worker"]
@@ -336,3 +558,10 @@ def test_plan_role_records_why_a_pod_waits():
     )
     assert plan.states == {"m-decode-0": "starting"}
     assert plan.waiting == {"m-decode-0": "pod m-decode-0-0: 0/4 nodes are available"}
+    assert plan.unbound == {"m-decode-0": "0/4 nodes are available"}
+    conds = conditions([plan], OBS)
+    assert summary(conds)["Placed"] == ("Unknown", "Binding")
+    assert (
+        message(conds, "Placed")
+        == "1 group(s) placed but not bound yet: m-decode-0 (0/4 nodes are available)"
+    )

@@ -12,6 +12,14 @@ while any group is warming nothing is scaled down: a fresh group reports near-ze
 neither. No data, a failed query or stale samples hold the current count: never a scale-down on missing
 data. That includes partial data: while a group that counts has no fresh sample nothing is scaled down
 (and the decision says metrics are missing); a scale-up still may, on the load that was measured.
+
+Leading signals (Config.leading, the default): the KV recommendation is a guard, and the demand ahead
+leads. The arrival rate at the frontend is forecast a little ahead (tokenfab.planning.forecast) and
+divided by a capacity per group (from the plan, or learned from the load being served); queues forming
+in the groups (waiting requests above `queue_per_group`) add a group at once. The recommendation is the
+largest of the three, so a burst scales up on its first samples, before KV saturates; scale-down still
+waits out the long window, which also keeps the forecast's recent peak in view. Bad samples (a
+utilization outside [0, 1], anything not finite, a negative count) are no data.
 """
 
 from __future__ import annotations
@@ -21,6 +29,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from tokenfab.api.models import Autoscaling
+from tokenfab.planning import forecast
+
+DEFAULT_HORIZON = 30.0  # seconds ahead, before a startup time has been learned
 
 
 @dataclass(frozen=True)
@@ -42,6 +53,11 @@ class Config:
     up_window: float = 0.0
     down_window: float = 300.0
     stale_after: float = 60.0
+    leading: bool = False  # lead with the forecast demand and queues (KV stays the guard)
+    forecast_window: float = 30.0  # seconds of rate history the trend is fitted to
+    forecast_horizon: float = 30.0  # how far ahead the demand is forecast (about a group's time to serve)
+    queue_per_group: float = 2.0  # waiting requests per group that mean a queue is forming
+    utilization: bool = True  # the signal is a utilization in [0, 1] (else a count >= 0)
 
 
 @dataclass(frozen=True)
@@ -50,6 +66,18 @@ class Memory:
 
     recommendations: tuple[tuple[float, int], ...] = ()
     last_scale_time: float | None = None
+    rates: tuple[tuple[float, float], ...] = ()  # (time, arrival requests/s) at the frontend
+    capacity: float | None = None  # learned requests/s one group serves at the target
+
+
+@dataclass(frozen=True)
+class Demand:
+    """Leading signals for one decision (all optional)."""
+
+    rate: float | None = None  # arrival requests/s at the frontend now
+    waiting: Mapping[str, float] | None = None  # waiting requests per group (counted groups only)
+    capacity: float | None = None  # requests/s one group serves at the SLO, from a plan (beats learning)
+    starting: int = 0  # groups on their way (created, not Ready yet): a queue waits for them
 
 
 @dataclass(frozen=True)
@@ -68,8 +96,23 @@ class Decision:
         return "up" if self.desired > self.current else "down" if self.desired < self.current else "hold"
 
 
-def config_for(a: Autoscaling, min_groups: int, max_groups: int, target: float | None = None) -> Config:
-    """The policy's settings from a spec's autoscaling section (target defaults to the KV target)."""
+def config_for(
+    a: Autoscaling,
+    min_groups: int,
+    max_groups: int,
+    target: float | None = None,
+    startup_seconds: float | None = None,
+    utilization: bool = True,
+) -> Config:
+    """The policy's settings from a spec's autoscaling section (target defaults to the KV target; the
+    signal is a utilization in [0, 1] unless `utilization` is False, a waiting count). The
+    forecast looks spec.autoscaling.forecastSeconds ahead, else the learned startup time, else 30 s."""
+    if a.forecast_seconds is not None:
+        horizon = float(a.forecast_seconds)
+    elif startup_seconds is not None:
+        horizon = max(float(a.interval_seconds), startup_seconds)
+    else:
+        horizon = DEFAULT_HORIZON
     return Config(
         target=a.target_kv_cache_utilization if target is None else target,
         min_groups=min_groups,
@@ -80,11 +123,74 @@ def config_for(a: Autoscaling, min_groups: int, max_groups: int, target: float |
         up_window=a.scale_up_stabilization_seconds,
         down_window=a.scale_down_stabilization_seconds,
         stale_after=max(60.0, 3.0 * a.interval_seconds),  # a few missed scrapes make a sample stale
+        leading=a.policy == "leading",
+        forecast_window=max(30.0, 3.0 * a.interval_seconds),
+        forecast_horizon=horizon,
+        utilization=utilization,
     )
 
 
 def _clamp(n: int, cfg: Config) -> int:
     return max(cfg.min_groups, min(cfg.max_groups, n))
+
+
+def _lead(
+    rec: int,
+    current: int,
+    groups: int,
+    signal: float,
+    cfg: Config,
+    memory: Memory,
+    d: Demand,
+    now: float,
+) -> tuple[int, str, Memory]:
+    """The recommendation raised by the demand ahead and by forming queues (while no group is on its way:
+    created, not Ready yet); the memory with the new rate sample and the learned capacity. Returns
+    (recommendation, what led it, memory)."""
+    notes = []
+    mem = memory
+    waits = [w for w in (d.waiting or {}).values() if forecast.valid_count(w)]
+    queued = sum(waits) / len(waits) if waits else 0.0
+    if d.rate is not None and forecast.valid_count(d.rate):
+        rates = forecast.observe(memory.rates, now, d.rate, cfg.forecast_window)
+        capacity = memory.capacity
+        prev = memory.rates[-1][1] if memory.rates else None
+        # A fair sample of what a group serves: the cache not saturated, no queue, and the rate not in the
+        # middle of a jump (the cache fills a request's duration after the rate moves).
+        if (
+            cfg.utilization
+            and queued <= cfg.queue_per_group / 2
+            and (prev is None or not forecast.jumped(prev, d.rate))
+        ):
+            capacity = forecast.learn(memory.capacity, d.rate, groups, signal, cfg.target)
+        mem = replace(memory, rates=rates, capacity=capacity)
+        f = forecast.forecast(rates, now, cfg.forecast_window, cfg.forecast_horizon)
+        if memory.rates and not (prev is not None and forecast.jumped(prev, d.rate)):
+            # Short of a jump, demand must hold for two decisions in a row (a noisy sample, or a chance run
+            # of them that reads as a trend, rarely does): the forecast made one decision ago caps this one.
+            before = forecast.forecast(
+                memory.rates, memory.rates[-1][0], cfg.forecast_window, cfg.forecast_horizon
+            )
+            f = replace(f, ahead=min(f.ahead, before.ahead))
+        per_group = d.capacity or capacity
+        # The same band as the KV target's: a group more once the demand passes the groups' capacity by
+        # the tolerance; one fewer only while the rest would still have the tolerance to spare.
+        up = forecast.groups_for(f.ahead, None if per_group is None else per_group * (1 + cfg.tolerance))
+        keep = forecast.groups_for(f.ahead, None if per_group is None else per_group * (1 - cfg.tolerance))
+        if up is not None and per_group is not None and up > rec:
+            ahead = (
+                f" heading to {f.ahead:.2f}/s in {cfg.forecast_horizon:.0f} s" if f.ahead > f.rate_now else ""
+            )
+            notes.append(f"demand {f.rate_now:.2f}/s{ahead} at {per_group:.2f}/s per group needs {up}")
+            rec = up
+        if keep is not None and rec < current and keep > rec:
+            rec = min(current, keep)
+            notes.append(f"demand {f.ahead:.2f}/s keeps {rec}")
+    if waits and queued > cfg.queue_per_group and rec <= current and not d.starting:
+        # (A group that is Ready but still warming up serves already: a queue that outlasts it needs more.)
+        rec = current + max(1, min(cfg.max_step_up, math.floor(queued / (2 * cfg.queue_per_group))))
+        notes.append(f"queues forming ({queued:.1f} waiting per group)")
+    return rec, ("; " + "; ".join(notes)) if notes else "", mem
 
 
 def decide(
@@ -95,6 +201,7 @@ def decide(
     cfg: Config,
     memory: Memory,
     now: float,
+    demand: Demand | None = None,
 ) -> Decision:
     """One decision for one role.
 
@@ -118,6 +225,11 @@ def decide(
 
     if samples is None:
         return hold("MetricsUnavailable", "the metrics query failed: holding the current groups", False)
+    valid = forecast.valid_utilization if cfg.utilization else forecast.valid_count
+    bad = {g: s.value for g, s in samples.items() if not valid(s.value)}
+    if bad:
+        shown = ", ".join(f"{g}={v!r}" for g, v in sorted(bad.items())[:3])
+        return hold("MetricsUnavailable", f"bad samples ({shown}): holding the current groups", False)
     fresh = {g: s for g, s in samples.items() if g in counted and s.age_seconds <= cfg.stale_after}
     if not fresh:
         if counted:
@@ -138,18 +250,22 @@ def decide(
     else:
         rec = math.ceil(len(fresh) * signal / cfg.target - 1e-9)
         rec = max(rec, 1 if signal > 0 else 0)
+    leads = ""
+    mem = memory
+    if cfg.leading and demand is not None:
+        rec, leads, mem = _lead(rec, current, len(fresh), signal, cfg, memory, demand, now)
     rec = _clamp(rec, cfg)  # the windows compare recommendations; the step caps come after them
     history = (*history, (now, rec))
-    mem = replace(memory, recommendations=history)
+    mem = replace(mem, recommendations=history)
 
     if rec > current:
-        window = [n for t, n in history if now - t <= cfg.up_window]
+        window = [n for t, n in history if now - t <= cfg.up_window] if cfg.up_window > 0 else [rec]
         desired = min(current + cfg.max_step_up, max(current, min(window)))
         reason = "ScaleUp" if desired > current else "ScaleUpStabilizing"
     elif rec < current and (warming or missing):
         desired, reason = current, "Warming" if warming else "MetricsIncomplete"
     elif rec < current:
-        window = [n for t, n in history if now - t <= cfg.down_window]
+        window = [n for t, n in history if now - t <= cfg.down_window] if cfg.down_window > 0 else [rec]
         desired = max(current - cfg.max_step_down, min(current, max(window)))
         reason = "ScaleDown" if desired < current else "ScaleDownStabilizing"
     else:
@@ -162,8 +278,8 @@ def decide(
         message = f"{warming} group(s) still warming up: no scale-down yet"
     else:
         message = (
-            f"mean {signal:.3f} over {len(fresh)} group(s) vs target {cfg.target:g}: recommend {rec}, "
-            f"{current} -> {desired}"
+            f"mean {signal:.3f} over {len(fresh)} group(s) vs target {cfg.target:g}{leads}: recommend "
+            f"{rec}, {current} -> {desired}"
         )
     if missing:
         message += f"; no fresh sample from {missing} of {len(counted)} ready group(s)" + (

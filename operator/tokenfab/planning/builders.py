@@ -15,11 +15,13 @@ operator recreates the whole group), exact placement, and no second controller d
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from tokenfab.api.models import API_VERSION, KIND, ModelDeploymentSpec, RoleName
 from tokenfab.planning import contract as c
+from tokenfab.planning.capacity import Constraints, Toleration, to_units
 from tokenfab.planning.engine import content_hash, disaggregation_mode, engine_config, render
 from tokenfab.planning.topology import GroupShape
 
@@ -42,7 +44,8 @@ def owner_reference(owner: Owner) -> dict[str, Any]:
         "name": owner.name,
         "uid": owner.uid,
         "controller": True,
-        "blockOwnerDeletion": True,
+        # No blockOwnerDeletion: it would need update on modeldeployments/finalizers where
+        # OwnerReferencesPermissionEnforcement is on, and nothing here waits for foreground deletion.
     }
 
 
@@ -83,8 +86,10 @@ def worker_address(group: str, rank: int, service: str, namespace: str) -> str:
     return f"{pod_name(group, rank)}.{service}.{namespace}.svc.cluster.local"
 
 
-def engine_configmap_name(owner: Owner, role: RoleName) -> str:
-    return f"{owner.name}-{role}-engine"
+def engine_configmap_name(owner: Owner, role: RoleName, revision: str) -> str:
+    """One engine ConfigMap per role and revision: a pod of an old revision that restarts during a
+    rollout still reads its own engine YAML."""
+    return f"{owner.name}-{role}-engine-{revision[:10]}"
 
 
 def frontend_name(owner: Owner) -> str:
@@ -95,8 +100,18 @@ def endpoint(owner: Owner) -> str:
     return f"http://{owner.name}.{owner.namespace}.svc.cluster.local:{c.FRONTEND_PORT}/v1"
 
 
-def dynamo_namespace(owner: Owner) -> str:
-    return f"{owner.namespace}-{owner.name}"
+def dynamo_namespace_prefix(owner: Owner) -> str:
+    """The frontend routes to every Dynamo namespace starting with this (one per generation). A hash of
+    the deployment's namespace and name follows them: Dynamo matches a plain string prefix, and the
+    generations of another deployment whose name merely extends this one ("llama" and "llama-guard"), or
+    joins namespace and name at another hyphen, must not match."""
+    return f"{owner.namespace}-{owner.name}-{content_hash([owner.namespace, owner.name], 6)}-g"
+
+
+def dynamo_namespace(owner: Owner, revision: str) -> str:
+    """The Dynamo namespace of one generation: its groups discover each other only, so a prefill group
+    never hands a KV cache to a decode group of another revision."""
+    return f"{dynamo_namespace_prefix(owner)}{revision[:8]}"
 
 
 # ------------------------------------------------------------------------------------------ role facts
@@ -108,6 +123,82 @@ def group_shape(spec: ModelDeploymentSpec, role: RoleName) -> GroupShape:
         raise ValueError(f"the deployment has no {role} role")
     return GroupShape(
         gpus=r.parallelism.tensor * r.parallelism.pipeline, gpus_per_node=spec.topology.gpus_per_node
+    )
+
+
+def pod_requests(spec: ModelDeploymentSpec, role: RoleName) -> dict[str, int]:
+    """What one worker pod of the role requests, in the ledger's units (GPUs, CPU, memory, ...)."""
+    requests, _ = worker_resources(spec, role)
+    out: dict[str, int] = {}
+    for name, value in requests.items():
+        try:
+            out[name] = to_units(name, value)
+        except ValueError:
+            continue
+    return out
+
+
+# The worker and frontend images run as this non-root uid (runtime-images/*/Dockerfile).
+RUN_AS = 10001
+# Every pod tokenfab creates meets the restricted Pod Security Standard: non-root, RuntimeDefault seccomp,
+# no privilege escalation, every capability dropped, a read-only root filesystem (with /tmp and the cache
+# directory as emptyDirs), no service-account token.
+POD_SECURITY: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": RUN_AS,
+    "runAsGroup": RUN_AS,
+    "fsGroup": RUN_AS,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+# Seconds a terminating worker waits before its engine hears SIGTERM (endpoint removal propagates).
+PRESTOP_SECONDS = 5
+# Requests per GPU when runtime.resources leaves CPU or memory out (a GB200 tray has 144 cores and
+# 960 GiB for 4 GPUs): the scheduler and the placement ledger count them.
+DEFAULT_CPU_PER_GPU = 4
+DEFAULT_MEMORY_GI_PER_GPU = 32
+
+
+def container_security(spec: ModelDeploymentSpec | None = None) -> dict[str, Any]:
+    """A container's security context; capabilities a deployment asks for (runtime.addCapabilities,
+    e.g. IPC_LOCK for RDMA) are added back, and take its pods out of the restricted standard."""
+    add = list(getattr(spec.runtime, "add_capabilities", None) or []) if spec is not None else []
+    caps: dict[str, Any] = {"drop": ["ALL"]}
+    if add:
+        caps["add"] = add
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": caps,
+    }
+
+
+def worker_resources(spec: ModelDeploymentSpec, role: RoleName) -> tuple[dict[str, str], dict[str, str]]:
+    """Requests and limits of one worker container: the spec's, the GPUs parallelism implies, and CPU and
+    memory requests per GPU where the spec leaves them out."""
+    res = spec.runtime.resources
+    gpus = group_shape(spec, role).pod_gpus
+    gpu = {spec.topology.gpu_resource: str(gpus)}
+    requests = {k: str(v) for k, v in res.requests.items()}
+    limits = {k: str(v) for k, v in res.limits.items()}
+    requests.setdefault("cpu", limits.get("cpu", str(DEFAULT_CPU_PER_GPU * gpus)))
+    requests.setdefault("memory", limits.get("memory", f"{DEFAULT_MEMORY_GI_PER_GPU * gpus}Gi"))
+    return {**requests, **gpu}, {**limits, **gpu}
+
+
+def placement_constraints(spec: ModelDeploymentSpec) -> Constraints:
+    """Which nodes the deployment's worker pods may run on, for placement."""
+    sched = spec.scheduling
+    selector = dict(sched.node_selector) if sched is not None else {}
+    tolerations = tuple(
+        Toleration(t.key or "", t.operator, t.value or "", t.effect or "")
+        for t in (sched.tolerations if sched is not None else [])
+    )
+    return Constraints(
+        domain_label=spec.topology.domain_label,
+        gpu_resource=spec.topology.gpu_resource,
+        node_selector=tuple(sorted(selector.items())),
+        tolerations=tolerations,
     )
 
 
@@ -168,35 +259,61 @@ def worker_args(spec: ModelDeploymentSpec, role: RoleName) -> list[str]:
 
 
 def engine_configmap(owner: Owner, spec: ModelDeploymentSpec, role: RoleName) -> Manifest:
+    revision = role_revision(spec, role)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _meta(owner, engine_configmap_name(owner, role), "worker", {c.LABEL_ROLE: role}),
+        "metadata": _meta(
+            owner,
+            engine_configmap_name(owner, role, revision),
+            "worker",
+            {c.LABEL_ROLE: role, c.LABEL_REVISION: revision},
+        ),
         "data": {c.ENGINE_CONFIG_FILE: render(engine_config(spec, role))},
     }
 
 
+# Bumped when the worker pods tokenfab builds change in a way running groups must adopt (a new security
+# context, say): the revision of every role changes, so an operator upgrade rolls every group once, one
+# group at a time, like a Deployment whose template changed.
+POD_TEMPLATE_VERSION = 2
+
+
 def role_revision(spec: ModelDeploymentSpec, role: RoleName) -> str:
-    """Hash of everything that shapes a role's pods: a change means new groups (a rollout)."""
+    """Hash of everything that shapes a role's pods: a change means new groups (a rollout). A
+    disaggregated deployment's prefill and decode share one revision, a generation: a change to either
+    rolls both, so a new generation of prefill and decode groups comes up together in its own Dynamo
+    namespace and never exchanges KV caches with the old one."""
+    if spec.serving.mode == "disaggregated" and role in ("prefill", "decode"):
+        return content_hash({r: _revision_inputs(spec, r) for r in ("prefill", "decode") if spec.role(r)})
+    return content_hash(_revision_inputs(spec, role))
+
+
+def _revision_inputs(spec: ModelDeploymentSpec, role: RoleName) -> dict[str, Any]:
     r = spec.role(role)
     assert r is not None
-    return content_hash(
-        {
-            "engine": engine_config(spec, role),
-            "args": worker_args(spec, role),
-            "image": spec.runtime.image,
-            "env": [e.model_dump(by_alias=True, exclude_none=True) for e in spec.runtime.env],
-            "resources": spec.runtime.resources.model_dump(by_alias=True),
-            "model": spec.model.model_dump(by_alias=True, exclude_none=True),
-            "topology": [
-                spec.topology.gpus_per_node,
-                spec.topology.gpu_resource,
-                spec.topology.compute_domain,
-                spec.topology.node_failure_toleration_seconds,
-                spec.topology.domain_label,
-            ],
-        }
-    )
+    return {
+        "engine": engine_config(spec, role),
+        "args": worker_args(spec, role),
+        "image": spec.runtime.image,
+        "env": [e.model_dump(by_alias=True, exclude_none=True) for e in spec.runtime.env],
+        "resources": spec.runtime.resources.model_dump(by_alias=True),
+        **({"capabilities": list(spec.runtime.add_capabilities)} if spec.runtime.add_capabilities else {}),
+        "model": spec.model.model_dump(by_alias=True, exclude_none=True),
+        "topology": [
+            spec.topology.gpus_per_node,
+            spec.topology.gpu_resource,
+            spec.topology.compute_domain,
+            spec.topology.node_failure_toleration_seconds,
+            spec.topology.domain_label,
+        ],
+        **(
+            {"scheduling": spec.scheduling.model_dump(by_alias=True, exclude_none=True)}
+            if spec.scheduling is not None
+            else {}
+        ),
+        "template": POD_TEMPLATE_VERSION,
+    }
 
 
 # ----------------------------------------------------------------------------------------------- pods
@@ -221,13 +338,44 @@ def uses_compute_domain(spec: ModelDeploymentSpec, role: RoleName) -> bool:
     return spec.topology.compute_domain and group_shape(spec, role).nodes > 1
 
 
+GangMode = Literal["podgroup", "gates"]
+
+
+def gang_of(spec: ModelDeploymentSpec, role: RoleName, mode: GangMode) -> GangMode | None:
+    """How a group of this role binds all or nothing: None for a one-pod group (nothing to coordinate),
+    else the cluster's PodGroup gang API or tokenfab's scheduling gate."""
+    return mode if group_shape(spec, role).nodes > 1 else None
+
+
 def group_pods(
-    owner: Owner, spec: ModelDeploymentSpec, role: RoleName, slot: int, domain: str, revision: str
+    owner: Owner,
+    spec: ModelDeploymentSpec,
+    role: RoleName,
+    slot: int,
+    domain: str,
+    revision: str,
+    nodes: Sequence[str] = (),
+    ranks: Sequence[int] = (),
+    gang: GangMode = "gates",
 ) -> list[Manifest]:
-    """All pods of one group, pinned to `domain`."""
+    """Pods of one group (all ranks, or `ranks`), pinned to `domain` and, when `nodes` are given (one per
+    rank of `ranks`, or per rank of the group), each to its node.
+
+    A multi-node group binds all or nothing: with `gang` "gates" its pods carry tokenfab's scheduling gate,
+    lifted for the whole group once every pod exists; with "podgroup" they name the group's PodGroup
+    (scheduling.k8s.io gang policy, minCount = all ranks), and the scheduler binds none before all fit."""
     r = spec.role(role)
     assert r is not None
     shape = group_shape(spec, role)
+    wanted = list(ranks) if ranks else list(range(shape.nodes))
+    if nodes and len(nodes) != len(wanted):
+        raise ValueError(
+            f"{len(nodes)} nodes for {len(wanted)} ranks of group {group_name(owner, role, slot)}"
+        )
+    assigned = dict(zip(wanted, nodes, strict=True)) if nodes else {}
+    group_gang = gang_of(spec, role, gang)
+    sched = spec.scheduling
+    drain = spec.serving.drain_seconds
     group = group_name(owner, role, slot)
     topo = spec.topology
     service = workers_service_name(owner)
@@ -235,7 +383,7 @@ def group_pods(
     engine_hash = content_hash(engine_config(spec, role))
     volumes, mounts = _model_volume(spec)
     volumes = [
-        {"name": "engine", "configMap": {"name": engine_configmap_name(owner, role)}},
+        {"name": "engine", "configMap": {"name": engine_configmap_name(owner, role, revision)}},
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
         *volumes,
     ]
@@ -244,8 +392,9 @@ def group_pods(
         {"name": "dshm", "mountPath": "/dev/shm"},
         *mounts,
     ]
-    gpu = {topo.gpu_resource: str(shape.pod_gpus)}
-    resources = spec.runtime.resources
+    volumes += [{"name": "tmp", "emptyDir": {}}, {"name": "cache", "emptyDir": {}}]
+    mounts += [{"name": "tmp", "mountPath": "/tmp"}, {"name": "cache", "mountPath": c.CACHE_DIR}]
+    requests, limits = worker_resources(spec, role)
     mode = disaggregation_mode(spec, role) or c.MODE_AGGREGATED
     multi_node = shape.nodes > 1
     if multi_node:
@@ -253,8 +402,9 @@ def group_pods(
         volumes.append({"name": "mpi-ssh", "secret": {"secretName": c.MPI_SSH_SECRET}})
         mounts.append({"name": "mpi-ssh", "mountPath": c.MPI_SSH_DIR, "readOnly": True})
     pods = []
-    for rank in range(shape.nodes):
+    for rank in wanted:
         name = pod_name(group, rank)
+        node = assigned.get(rank)
         env = [
             {"name": c.ENV_ROLE, "value": role},
             {"name": c.ENV_GROUP, "value": group},
@@ -270,8 +420,10 @@ def group_pods(
             {"name": c.ENV_MODEL_REVISION, "value": spec.model.revision or ""},
             {"name": c.ENV_MODEL_PATH, "value": model_path(spec)},
             {"name": c.ENV_DISAGGREGATION_MODE, "value": mode},
-            {"name": c.ENV_DYNAMO_NAMESPACE, "value": dynamo_namespace(owner)},
+            {"name": c.ENV_DYNAMO_NAMESPACE, "value": dynamo_namespace(owner, revision)},
             {"name": c.ENV_DYN_SYSTEM_PORT, "value": str(c.WORKER_METRICS_PORT)},
+            # A SIGTERMed Dynamo worker leaves discovery at once and finishes its requests up to this bound.
+            *([{"name": c.ENV_DYN_SHUTDOWN_TIMEOUT, "value": str(drain)}] if drain else []),
             {"name": c.ENV_DYN_HEALTH_ENDPOINTS, "value": '["generate"]'},
             {"name": "NCCL_MNNVL_ENABLE", "value": "1"},
             {"name": "NCCL_CUMEM_ENABLE", "value": "1"},
@@ -295,42 +447,67 @@ def group_pods(
                 "periodSeconds": 10,
                 "failureThreshold": 3,
             },
-            "resources": {
-                "requests": {**{k: str(v) for k, v in resources.requests.items()}, **gpu},
-                "limits": {**{k: str(v) for k, v in resources.limits.items()}, **gpu},
-            },
+            "resources": {"requests": requests, "limits": limits},
+            "securityContext": container_security(spec),
             "volumeMounts": mounts,
+        }
+        term: dict[str, Any] = {
+            "matchExpressions": [{"key": topo.domain_label, "operator": "In", "values": [domain]}]
+        }
+        if node is not None:
+            # The node the ledger reserved for this rank: the scheduler binds it there or nowhere.
+            term["matchFields"] = [{"key": "metadata.name", "operator": "In", "values": [node]}]
+        container["lifecycle"] = {
+            # Let the endpoint's removal reach the routers before the engine hears SIGTERM.
+            "preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}
         }
         pod_spec: dict[str, Any] = {
             "hostname": name,
             "subdomain": service,
+            "automountServiceAccountToken": False,  # workers never talk to the API server
+            "securityContext": POD_SECURITY,
             "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 30,
+            # Dynamo drains on SIGTERM: the grace period covers drainSeconds, so an eviction drains too
+            # (drainSeconds 0: Kubernetes' default 30 s).
+            "terminationGracePeriodSeconds": drain + PRESTOP_SECONDS + 25 if drain else 30,
             "affinity": {
                 "nodeAffinity": {
-                    "requiredDuringSchedulingIgnoredDuringExecution": {
-                        "nodeSelectorTerms": [
-                            {
-                                "matchExpressions": [
-                                    {"key": topo.domain_label, "operator": "In", "values": [domain]}
-                                ]
-                            }
-                        ]
-                    }
+                    "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
                 }
             },
             "tolerations": [
-                {
-                    "key": key,
-                    "operator": "Exists",
-                    "effect": "NoExecute",
-                    "tolerationSeconds": topo.node_failure_toleration_seconds,
-                }
-                for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+                *(
+                    {
+                        "key": key,
+                        "operator": "Exists",
+                        "effect": "NoExecute",
+                        "tolerationSeconds": topo.node_failure_toleration_seconds,
+                    }
+                    for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+                ),
+                *(
+                    t.model_dump(by_alias=True, exclude_none=True)
+                    for t in (sched.tolerations if sched else [])
+                ),
             ],
             "containers": [container],
             "volumes": volumes,
         }
+        if sched is not None:
+            if sched.node_selector:
+                pod_spec["nodeSelector"] = dict(sched.node_selector)
+            if sched.priority_class_name:
+                pod_spec["priorityClassName"] = sched.priority_class_name
+            if sched.scheduler_name:
+                pod_spec["schedulerName"] = sched.scheduler_name
+        if rank == 0 and drain > 0:
+            # The operator turns this False to take the group out of routing before removing it (a
+            # router following endpoint readiness sends it nothing new), and True when it may serve.
+            pod_spec["readinessGates"] = [{"conditionType": c.ROUTABLE_CONDITION}]
+        if group_gang == "gates":
+            pod_spec["schedulingGates"] = [{"name": c.GANG_GATE}]
+        elif group_gang == "podgroup":
+            pod_spec["schedulingGroup"] = {"podGroupName": group}
         if uses_compute_domain(spec, role):
             pod_spec["resourceClaims"] = [
                 {"name": c.COMPUTE_DOMAIN_CLAIM, "resourceClaimTemplateName": compute_domain_name(group)}
@@ -347,6 +524,7 @@ def group_pods(
                 c.LABEL_RANK: str(rank),
                 c.LABEL_REVISION: revision,
                 c.LABEL_DOMAIN: domain,
+                **({c.LABEL_PEERS: "true"} if multi_node else {}),
             },
         )
         meta["annotations"] = {
@@ -356,8 +534,25 @@ def group_pods(
             "prometheus.io/scrape": "true",
             "prometheus.io/port": str(c.WORKER_METRICS_PORT),
         }
+        if node is not None:
+            meta["annotations"][c.ANN_NODE] = node
+            if len(assigned) == shape.nodes:
+                meta["annotations"][c.ANN_GROUP_NODES] = ",".join(assigned[i] for i in sorted(assigned))
         pods.append({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec})
     return pods
+
+
+def pod_group(owner: Owner, spec: ModelDeploymentSpec, role: RoleName, slot: int) -> Manifest:
+    """The gang PodGroup of a multi-node group (scheduling.k8s.io, Kubernetes 1.35+ with the
+    GenericWorkload and GangScheduling feature gates): the scheduler binds none of its pods until all
+    of them can bind."""
+    group = group_name(owner, role, slot)
+    return {
+        "apiVersion": c.POD_GROUP_API,
+        "kind": "PodGroup",
+        "metadata": _meta(owner, group, "worker", {c.LABEL_ROLE: role, c.LABEL_GROUP: group}),
+        "spec": {"schedulingPolicy": {"gang": {"minCount": group_shape(spec, role).nodes}}},
+    }
 
 
 def compute_domain(owner: Owner, spec: ModelDeploymentSpec, role: RoleName, slot: int) -> Manifest | None:
@@ -385,7 +580,9 @@ def compute_domain(owner: Owner, spec: ModelDeploymentSpec, role: RoleName, slot
 
 
 def workers_service(owner: Owner) -> Manifest:
-    """Headless Service: stable DNS names for every worker pod (rank 0 of a group is its leader)."""
+    """Headless Service: stable DNS names for the pods of multi-node groups, which reach each other by
+    them (rank 0 is a group's leader). One-pod groups need no peer and are left out, so their pods'
+    churn costs the endpoint controllers nothing."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -393,7 +590,7 @@ def workers_service(owner: Owner) -> Manifest:
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": {**selector_labels(owner), c.COMPONENT: "worker"},
+            "selector": {**selector_labels(owner), c.COMPONENT: "worker", c.LABEL_PEERS: "true"},
             "ports": [{"name": "metrics", "port": c.WORKER_METRICS_PORT, "targetPort": "metrics"}],
         },
     }
@@ -412,6 +609,9 @@ def frontend_deployment(owner: Owner, spec: ModelDeploymentSpec) -> Manifest:
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
+                    "automountServiceAccountToken": False,
+                    "securityContext": POD_SECURITY,
+                    "volumes": [{"name": "tmp", "emptyDir": {}}, {"name": "cache", "emptyDir": {}}],
                     "containers": [
                         {
                             "name": "frontend",
@@ -422,9 +622,13 @@ def frontend_deployment(owner: Owner, spec: ModelDeploymentSpec) -> Manifest:
                                 str(c.FRONTEND_PORT),
                                 "--router-mode",
                                 spec.serving.router_mode,
+                                # every generation's namespace: during a rollout, each request goes to
+                                # one generation (weighted by its routable workers), never across two
+                                "--namespace-prefix",
+                                dynamo_namespace_prefix(owner),
                             ],
                             "env": [
-                                {"name": c.ENV_DYNAMO_NAMESPACE, "value": dynamo_namespace(owner)},
+                                {"name": c.ENV_DYNAMO_NAMESPACE, "value": dynamo_namespace_prefix(owner)},
                                 *[e.model_dump(by_alias=True, exclude_none=True) for e in spec.runtime.env],
                             ],
                             "ports": [{"name": "http", "containerPort": c.FRONTEND_PORT}],
@@ -432,9 +636,17 @@ def frontend_deployment(owner: Owner, spec: ModelDeploymentSpec) -> Manifest:
                                 "httpGet": {"path": c.HEALTH_PATH, "port": "http"},
                                 "periodSeconds": 10,
                             },
-                            "resources": {"requests": {"cpu": "2", "memory": "4Gi"}},
+                            "resources": {
+                                "requests": {"cpu": "2", "memory": "4Gi"},
+                                "limits": {"cpu": "4", "memory": "4Gi"},
+                            },
+                            "securityContext": container_security(),
+                            "volumeMounts": [
+                                {"name": "tmp", "mountPath": "/tmp"},
+                                {"name": "cache", "mountPath": c.CACHE_DIR},
+                            ],
                         }
-                    ]
+                    ],
                 },
             },
         },
@@ -449,5 +661,38 @@ def frontend_service(owner: Owner) -> Manifest:
         "spec": {
             "selector": {**selector_labels(owner), c.COMPONENT: "frontend"},
             "ports": [{"name": "http", "port": c.FRONTEND_PORT, "targetPort": "http"}],
+        },
+    }
+
+
+def applied_hash(manifest: Manifest) -> str:
+    """Hash of a shared child's manifest (without its own hash annotation)."""
+    meta = dict(manifest["metadata"])
+    ann = {k: v for k, v in (meta.get("annotations") or {}).items() if k != c.ANN_APPLIED_HASH}
+    meta["annotations"] = ann
+    return content_hash({**manifest, "metadata": meta})
+
+
+def with_applied_hash(manifest: Manifest) -> Manifest:
+    """The manifest with its hash in an annotation, so an unchanged child is never applied again."""
+    h = applied_hash(manifest)
+    meta = dict(manifest["metadata"])
+    meta["annotations"] = {**(meta.get("annotations") or {}), c.ANN_APPLIED_HASH: h}
+    return {**manifest, "metadata": meta}
+
+
+def pod_disruption_budget(owner: Owner, role: RoleName, pods: int) -> Manifest:
+    """At most one pod of a role evicted at a time (`pods` = the role's desired pods): an eviction breaks
+    the pod's group, so a node drain takes one group of the role down at a time, never two."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(owner, f"{owner.name}-{role}", "worker", {c.LABEL_ROLE: role}),
+        "spec": {
+            "minAvailable": max(0, pods - 1),
+            "selector": {
+                "matchLabels": {**selector_labels(owner), c.COMPONENT: "worker", c.LABEL_ROLE: role}
+            },
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },
     }

@@ -18,11 +18,28 @@ LABEL_SLOT = f"{DOMAIN}/slot"
 LABEL_RANK = f"{DOMAIN}/rank"
 LABEL_REVISION = f"{DOMAIN}/revision"
 LABEL_DOMAIN = f"{DOMAIN}/nvlink-domain"
+LABEL_PEERS = (
+    f"{DOMAIN}/peers"  # "true" on pods of multi-node groups (the headless workers Service selects them)
+)
 
 # Annotations.
 ANN_ENGINE_HASH = f"{DOMAIN}/engine-config-hash"
 ANN_GROUP_SIZE = f"{DOMAIN}/group-pods"
 ANN_GROUP_GPUS = f"{DOMAIN}/group-gpus"
+ANN_NODE = f"{DOMAIN}/node"  # the node placement assigned this pod (it is pinned there)
+ANN_GROUP_NODES = f"{DOMAIN}/group-nodes"  # every rank's node, comma-separated in rank order
+ANN_RELEASED = f"{DOMAIN}/released-at"  # unix time the group's scheduling gates were lifted
+ANN_APPLIED_HASH = f"{DOMAIN}/applied-hash"  # hash of the manifest last applied (shared children)
+ANN_DRAINING = f"{DOMAIN}/draining-since"  # unix time the group's drain started
+ANN_DRAIN_INFLIGHT = f"{DOMAIN}/drain-inflight"  # requests in flight when it started (empty: unknown)
+
+# A group's leader pod is routable (a router following endpoint readiness sends it requests) only while
+# this pod condition, a readiness gate, is True; the operator turns it False to drain the group.
+ROUTABLE_CONDITION = f"{DOMAIN}/routable"
+
+# All-or-nothing binding of a multi-node group: tokenfab's scheduling gate, or the cluster's gang API.
+GANG_GATE = f"{DOMAIN}/gang"
+POD_GROUP_API = "scheduling.k8s.io/v1alpha2"
 
 # Environment the launcher reads (set on every worker pod).
 ENV_ROLE = "TOKENFAB_ROLE"
@@ -45,6 +62,7 @@ ENV_DYNAMO_NAMESPACE = "DYN_NAMESPACE"
 ENV_DYN_SYSTEM_PORT = "DYN_SYSTEM_PORT"  # Dynamo's system server (/health, /metrics) on rank 0
 ENV_DYN_SYSTEM_HOST = "DYN_SYSTEM_HOST"  # its bind address (not set on pods: all interfaces)
 ENV_DYN_HEALTH_ENDPOINTS = "DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS"
+ENV_DYN_SHUTDOWN_TIMEOUT = "DYN_RUNTIME_GRACEFUL_SHUTDOWN_TIMEOUT_SECS"  # Dynamo's bound on its SIGTERM drain
 
 # What TOKENFAB_DISAGGREGATION_MODE says for a worker that is not disaggregated (else: prefill, decode).
 MODE_AGGREGATED = "aggregated"
@@ -62,6 +80,7 @@ ENGINE_CONFIG_DIR = "/etc/tokenfab/engine"
 ENGINE_CONFIG_FILE = "engine.yaml"
 ENGINE_CONFIG_PATH = f"{ENGINE_CONFIG_DIR}/{ENGINE_CONFIG_FILE}"
 MODEL_MOUNT = "/models"
+CACHE_DIR = "/home/tokenfab/.cache"  # writable (an emptyDir): the images' HF_HOME and other caches live here
 HEALTH_PATH = "/health"  # readiness probe path, on the worker metrics port and the frontend port
 METRICS_PATH = "/metrics"
 

@@ -1,102 +1,51 @@
-"""The group planner: observed worker groups + desired counts + free capacity -> what to create and delete
-(pure; time is a parameter).
+"""The group planner: observed worker groups + desired counts + free capacity -> what to create, release and
+delete (pure; time is a parameter).
 
-A group is classified from its pods: ready, starting, incomplete (the operator stopped while creating it:
-finish it), broken (a pod failed, was deleted, or lost its node: recreate the whole group, elsewhere if
-need be) or terminating. Then, per role:
+Each group's state comes from `tokenfab.planning.lifecycle`. Then, per role:
   - broken groups are deleted and replaced;
-  - missing groups are created at the current revision, each placed whole in one NVLink domain;
-  - surplus groups are deleted (older revision, not ready, highest slot first);
-  - a rollout (groups at an older revision) replaces one group at a time: surge one new group where
-    capacity allows, else delete one old group when the others are ready; with one group and no room,
-    the old group stays and the plan says why.
+  - a reserved group whose creation was interrupted is completed on the nodes assigned to it (if they
+    still have room and its revision is current), else started over; a reserved group whose pods all
+    exist is released to the scheduler (its scheduling gates lifted together);
+  - missing groups are created at the current revision, each placed whole in one NVLink domain on the
+    nodes best fit chooses there (the pods are pinned to those nodes, so what the ledger promised is what
+    the scheduler binds);
+  - surplus groups leave (not serving first, then the highest slot): drained first when they serve and
+    drains are observed (see DrainPolicy), else deleted at once; a draining group needed again is taken
+    back before any group is created;
+  - a rollout (groups at another revision) brings up the new generation wherever capacity allows, and
+    removes old groups once it can serve: all of them once the new groups all serve, else as many as new
+    groups found no room (less the old groups already leaving); with no room for even one new group, one
+    old group makes room while another serves; a lone old group stays, and the plan says why.
 A group that fits nowhere is not created at all (no partial group); the plan reports the GPUs it needs
 and the largest free block.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from tokenfab.api.models import RoleName
+from tokenfab.planning.lifecycle import (
+    ALIVE,
+    GroupState,
+    GroupView,
+    NodeHealth,
+    PodView,
+    classify,
+    missing_ranks,
+)
 from tokenfab.planning.topology import (
     Domain,
     GroupShape,
     PlacementPolicy,
+    best_fit_nodes,
     choose_domain,
-    fits,
     largest_block,
-    reserve,
+    take,
 )
 
-GroupState = Literal["ready", "starting", "incomplete", "broken", "terminating"]
-
-
-@dataclass(frozen=True)
-class PodView:
-    """What the planner needs to know about one worker pod."""
-
-    name: str
-    rank: int
-    phase: str
-    ready: bool
-    node: str | None
-    deleting: bool
-    ready_since: float | None = None  # unix time the pod last became Ready
-    waiting: str = ""  # why it is not running yet (the scheduler's or the kubelet's words), if known
-
-
-@dataclass(frozen=True)
-class NodeHealth:
-    ready: bool
-    not_ready_since: float | None = None  # unix time the node stopped being Ready
-
-
-@dataclass(frozen=True)
-class GroupView:
-    """One observed group of a role."""
-
-    name: str
-    role: RoleName
-    slot: int
-    revision: str
-    domain: str
-    size: int  # pods the group should have
-    gpus: int
-    pods: tuple[PodView, ...]
-    recorded: bool  # listed in status.placement: its creation had completed
-
-
-def classify(
-    group: GroupView, nodes: Mapping[str, NodeHealth], now: float, toleration: float
-) -> tuple[GroupState, str]:
-    """The group's state and, when broken, why."""
-    if group.pods and all(p.deleting for p in group.pods):
-        return "terminating", "being deleted"
-    for p in sorted(group.pods, key=lambda p: p.rank):
-        if p.deleting:
-            return "broken", f"pod {p.name} is being deleted"
-        if p.phase in ("Failed", "Succeeded"):
-            return "broken", f"pod {p.name} {p.phase.lower()}"
-        if p.node is not None:
-            health = nodes.get(p.node)
-            if health is None:
-                return "broken", f"node {p.node} of pod {p.name} is gone"
-            if not health.ready and (
-                health.not_ready_since is None or now - health.not_ready_since >= toleration
-            ):
-                return "broken", f"node {p.node} of pod {p.name} is not ready"
-    ranks = {p.rank for p in group.pods}
-    if len(ranks) < group.size:
-        missing = sorted(set(range(group.size)) - ranks)
-        if group.recorded:
-            return "broken", f"pod rank {missing[0]} is missing"
-        return "incomplete", f"ranks {missing} not created yet"
-    if all(p.ready and p.phase == "Running" for p in group.pods):
-        return "ready", ""
-    return "starting", ""
+__all__ = ["Create", "Delete", "GroupState", "GroupView", "NodeHealth", "PodView", "RolePlan", "plan_role"]
 
 
 @dataclass(frozen=True)
@@ -106,13 +55,41 @@ class Create:
     domain: str
     revision: str
     reason: str  # Missing | Replace | Surge | Complete
+    nodes: tuple[str, ...] = ()  # the node of each created rank, in rank order
+    ranks: tuple[int, ...] = ()  # the ranks to create (empty: all of them)
 
 
 @dataclass(frozen=True)
 class Delete:
     role: RoleName
     name: str
-    reason: str  # Broken | Surplus | Rollout
+    reason: str  # Broken | Surplus | Rollout | Drained | DrainTimedOut
+    inflight: float | None = None  # requests still in flight when it goes (drains only)
+    drained_for: float | None = None  # seconds its drain took
+
+
+@dataclass(frozen=True)
+class Drain:
+    role: RoleName
+    name: str
+    reason: str  # Surplus | Rollout
+    inflight: float | None = None  # requests in flight when its drain starts, if known
+
+
+@dataclass(frozen=True)
+class DrainPolicy:
+    """How groups leave. seconds 0: deleted at once. inflight None: no metrics (the deployment names no
+    Prometheus), so a group is deleted at once too and its engine drains on SIGTERM within the pods' grace
+    period. Otherwise a serving group is first taken out of routing and deleted once `inflight` says it
+    is idle (after `settle` seconds, so the samples postdate its leaving routing) or after `seconds`."""
+
+    seconds: float = 0.0
+    inflight: Mapping[str, float] | None = None  # group -> requests in flight (missing: unknown)
+    settle: float = 6.0
+
+    @property
+    def observed(self) -> bool:
+        return self.seconds > 0 and self.inflight is not None
 
 
 @dataclass
@@ -124,6 +101,7 @@ class RolePlan:
     states: dict[str, GroupState] = field(default_factory=dict)
     create: list[Create] = field(default_factory=list)
     delete: list[Delete] = field(default_factory=list)
+    release: list[str] = field(default_factory=list)  # reserved groups whose pods all exist: ungate them
     unplaced: int = 0
     largest_block: tuple[int, str | None] = (0, None)
     rollout_blocked: bool = False
@@ -131,15 +109,43 @@ class RolePlan:
     blocked: str = ""  # why new groups of this role cannot be created at all (set by the caller)
     broken_reasons: dict[str, str] = field(default_factory=dict)
     waiting: dict[str, str] = field(default_factory=dict)  # starting group -> why its first stuck pod waits
+    unbound: dict[str, str] = field(default_factory=dict)  # alive group not fully bound yet -> why
+    backoff: float = 0.0  # seconds until a new group may be created (the role's groups keep failing)
+    drain: list[Drain] = field(default_factory=list)  # serving groups to take out of routing now
+    undrain: list[str] = field(default_factory=list)  # draining groups needed again: back into routing
+    draining: dict[str, float] = field(default_factory=dict)  # group -> seconds it has been draining
 
     @property
     def ready(self) -> int:
-        return sum(1 for s in self.states.values() if s == "ready")
+        """Groups serving (every pod Running and Ready)."""
+        return sum(1 for s in self.states.values() if s == "serving")
 
 
 def _order_for_removal(groups: Sequence[GroupView], states: Mapping[str, GroupState]) -> list[GroupView]:
-    """Not-ready groups first, then the highest slot."""
-    return sorted(groups, key=lambda g: (states[g.name] == "ready", -g.slot))
+    """Groups not serving first, then the highest slot."""
+    return sorted(groups, key=lambda g: (states[g.name] == "serving", -g.slot))
+
+
+def _completion_nodes(
+    g: GroupView, missing: list[int], domain: Domain | None, shape: GroupShape
+) -> list[str] | None:
+    """The nodes for a reserved group's missing ranks: those assigned to it when it was placed (recorded on
+    its pods), if they still have room; else None (the group starts over)."""
+    if domain is None:
+        return None
+    if len(g.nodes) == g.size:
+        targets = [g.nodes[r] for r in missing]
+        free = dict(domain.free)
+        for node in targets:
+            if free.get(node, 0) < shape.pod_gpus:
+                return None
+            free[node] -= shape.pod_gpus
+        return targets
+    # Placed before nodes were assigned: any fitting nodes of its domain not used by its other ranks.
+    own = {p.pinned or p.node for p in g.pods}
+    return best_fit_nodes(
+        {n: f for n, f in domain.free.items() if n not in own}, len(missing), shape.pod_gpus
+    )
 
 
 def plan_role(
@@ -153,35 +159,64 @@ def plan_role(
     nodes: Mapping[str, NodeHealth],
     now: float,
     toleration: float,
+    bind_timeout: float = float("inf"),
+    hold_seconds: float | Callable[[list[str]], float] = 0.0,
+    drain: DrainPolicy | None = None,
+    other_roles_ready: bool = True,
 ) -> tuple[RolePlan, dict[str, Domain]]:
-    """Plan one role. Returns the plan and the domains with this plan's new groups reserved."""
+    """Plan one role. Returns the plan and the domains with this plan's new pods taken out.
+
+    `hold_seconds` > 0 (the role's groups keep failing: see tokenfab.planning.recovery) creates no new
+    group in this pass; broken groups are still deleted, and interrupted ones still completed. It may be
+    a function of the reasons of the groups this pass finds broken (so this pass's failures count).
+
+    Groups leave through `drain` (see DrainPolicy). A rollout brings up groups of the new revision (a
+    generation) wherever capacity allows; once the generation is ready (every role of the deployment has
+    a serving group of it) the old groups are drained: all of them when the new ones all serve, or as
+    many as new groups could not be placed (making room, batch by batch). `other_roles_ready` says whether
+    the deployment's other roles have a serving group of the new generation."""
+    policy_drain = drain or DrainPolicy()
     plan = RolePlan(role=role, desired=desired, revision=revision, shape=shape)
     alive: list[GroupView] = []
-    for g in groups:
-        state, why = classify(g, nodes, now, toleration)
+    for g in sorted(groups, key=lambda g: g.slot):  # (completions compete for room: a fixed order)
+        state, why = classify(g, nodes, now, toleration, bind_timeout)
         plan.states[g.name] = state
         if state == "broken":
             plan.broken_reasons[g.name] = why
             plan.delete.append(Delete(role, g.name, "Broken"))
-        elif state == "incomplete":
-            # Finish a group the operator started before it stopped, if its ranks still fit where it is
-            # and its revision is current; otherwise start it over.
-            missing = g.size - len({p.rank for p in g.pods})
-            rest = GroupShape(gpus=missing * shape.pod_gpus, gpus_per_node=shape.gpus_per_node)
-            where = domains.get(g.domain)
-            if g.revision == revision and where is not None and fits(where, rest):
-                domains = {**domains, g.domain: reserve(where, rest)}
-                plan.create.append(Create(role, g.slot, g.domain, g.revision, "Complete"))
-                alive.append(g)
-            else:
+            continue
+        if state not in ALIVE:
+            continue
+        missing = missing_ranks(g)
+        if state == "reserved" and missing:
+            # Finish a group the operator started before it stopped, on the nodes it was given, if they
+            # still have room and its revision is current; otherwise start it over.
+            targets = (
+                _completion_nodes(g, missing, domains.get(g.domain), shape)
+                if g.revision == revision
+                else None
+            )
+            if targets is None:
                 plan.states[g.name] = "broken"
                 plan.broken_reasons[g.name] = "could not be completed where it was started"
                 plan.delete.append(Delete(role, g.name, "Broken"))
-        elif state != "terminating":
-            alive.append(g)
-            stuck = [p for p in sorted(g.pods, key=lambda p: p.rank) if p.waiting and not p.ready]
-            if state == "starting" and stuck:
-                plan.waiting[g.name] = f"pod {stuck[0].name}: {stuck[0].waiting}"
+                continue
+            domains = {**domains, g.domain: take(domains[g.domain], targets, shape.pod_gpus)}
+            plan.create.append(
+                Create(role, g.slot, g.domain, g.revision, "Complete", tuple(targets), tuple(missing))
+            )
+            plan.unbound[g.name] = f"creating ranks {missing}"
+        elif state == "reserved":
+            plan.release.append(g.name)
+            plan.unbound[g.name] = "released to the scheduler"
+        elif any(p.node is None for p in g.pods):
+            plan.unbound[g.name] = why or "waiting for the scheduler to bind its pods"
+        alive.append(g)
+        stuck = [p for p in sorted(g.pods, key=lambda p: p.rank) if p.waiting and not p.ready]
+        if state == "starting" and stuck:
+            plan.waiting[g.name] = f"pod {stuck[0].name}: {stuck[0].waiting}"
+    hold = hold_seconds(list(plan.broken_reasons.values())) if callable(hold_seconds) else hold_seconds
+    plan.backoff = max(0.0, hold)
     used_slots = {g.slot for g in groups}
     per_domain: dict[str, int] = {}
     for g in alive:
@@ -189,47 +224,121 @@ def plan_role(
 
     def place(reason: str) -> bool:
         nonlocal domains
+        if plan.backoff > 0:
+            return False
         chosen = choose_domain(domains, shape, policy, per_domain)
-        if chosen is None:
+        targets = (
+            None if chosen is None else best_fit_nodes(domains[chosen].free, shape.nodes, shape.pod_gpus)
+        )
+        if chosen is None or targets is None:
             plan.unplaced = 1  # the caller counts the rest
             plan.largest_block = largest_block(domains, shape)
             return False
         slot = next(i for i in range(len(used_slots) + 1) if i not in used_slots)
         used_slots.add(slot)
-        domains = {**domains, chosen: reserve(domains[chosen], shape)}
+        domains = {**domains, chosen: take(domains[chosen], targets, shape.pod_gpus)}
         per_domain[chosen] = per_domain.get(chosen, 0) + 1
-        plan.create.append(Create(role, slot, chosen, revision, reason))
+        plan.create.append(Create(role, slot, chosen, revision, reason, tuple(targets)))
         return True
 
-    new = [g for g in alive if g.revision == revision]
-    old = [g for g in alive if g.revision != revision]
-    plan.old_groups = len(old)
     states = plan.states
-    total = len(new) + len(old)
-    new_all_ready = all(states[g.name] == "ready" for g in new)
+    counted = [g for g in alive if states[g.name] != "draining"]
+    current = [g for g in counted if g.revision == revision]
 
-    if total < desired:
-        reason = "Replace" if plan.delete else "Missing"
-        for placed in range(desired - total):
-            if not place(reason):
-                plan.unplaced = desired - total - placed
-                break
-    elif total > desired and not (old and not new_all_ready):
-        # (During a rollout a surge group may be starting: old groups go only once it is ready.)
-        removable = _order_for_removal(old, states) + _order_for_removal(new, states)
-        for g in removable[: total - desired]:
-            plan.delete.append(Delete(role, g.name, "Rollout" if g.revision != revision else "Surplus"))
-    elif old and new_all_ready and not plan.create:
-        # Rollout, one group at a time: surge where capacity allows, else replace in place.
-        if choose_domain(domains, shape, policy, per_domain) is not None:
-            place("Surge")
-        elif len(alive) > 1 and all(states[g.name] == "ready" for g in alive):
-            victim = _order_for_removal(old, states)[0]
-            plan.delete.append(Delete(role, victim.name, "Rollout"))
+    # Groups already draining: back into routing if needed again, else gone once idle or out of time.
+    for g in sorted((g for g in alive if states[g.name] == "draining"), key=lambda g: g.slot):
+        since = now - (g.draining_since or now)
+        if g.revision == revision and len(current) < desired:
+            plan.undrain.append(g.name)
+            # (serving, or starting if a pod stopped being ready while it drained)
+            back = replace(g, draining_since=None)
+            states[g.name] = classify(back, nodes, now, toleration, bind_timeout)[0]
+            counted.append(g)
+            current.append(g)
+            continue
+        plan.draining[g.name] = since
+        inflight = None if policy_drain.inflight is None else policy_drain.inflight.get(g.name)
+        if not policy_drain.observed:
+            plan.delete.append(Delete(role, g.name, "Drained", inflight, since))
+        elif inflight == 0 and since >= policy_drain.settle:
+            plan.delete.append(Delete(role, g.name, "Drained", 0, since))
+        elif since >= policy_drain.seconds:
+            plan.delete.append(Delete(role, g.name, "DrainTimedOut", inflight, since))
+
+    def remove(g: GroupView, reason: str) -> None:
+        """A serving group drains first (when drains are observed); any other goes at once."""
+        if states[g.name] == "serving" and policy_drain.observed:
+            known = policy_drain.inflight.get(g.name) if policy_drain.inflight is not None else None
+            plan.drain.append(Drain(role, g.name, reason, known))
+            states[g.name] = "draining"
         else:
-            plan.rollout_blocked = True
-            plan.largest_block = largest_block(domains, shape)
-    # A group deleted by this plan is not also completed.
-    doomed = {g.slot for g in groups if g.name in {d.name for d in plan.delete}}
-    plan.create = [cr for cr in plan.create if not (cr.reason == "Complete" and cr.slot in doomed)]
+            plan.delete.append(Delete(role, g.name, reason))
+
+    new = [g for g in counted if g.revision == revision]
+    old = [g for g in counted if g.revision != revision]
+    plan.old_groups = len(old)
+    new_all_ready = all(states[g.name] == "serving" for g in new)
+    # Old groups already on their way out (draining, or their pods terminating): the room they hold comes
+    # back (unless a pod of theirs sits on a node that is gone or not ready).
+    leaving = sum(
+        1
+        for g in groups
+        if g.revision != revision
+        and (g.name in plan.draining or states[g.name] in ("deleting", "broken"))
+        and all(nodes.get(p.node, NodeHealth(False)).ready for p in g.pods if p.node is not None)
+    )
+
+    if plan.backoff > 0 and len(new) + len(old) < desired:
+        pass  # replacements wait for the backoff to run out
+    elif not old:
+        if len(new) < desired:
+            reason = "Replace" if any(d.reason == "Broken" for d in plan.delete) else "Missing"
+            for placed in range(desired - len(new)):
+                if not place(reason):
+                    plan.unplaced = desired - len(new) - placed
+                    break
+        elif len(new) > desired:
+            for g in _order_for_removal(new, states)[: len(new) - desired]:
+                remove(g, "Surplus")
+    else:
+        # A rollout: the new generation comes up where capacity allows, the old one drains once the new
+        # one can serve (every role has a serving group of it).
+        short = desired - len(new)
+        if short > 0 and plan.backoff <= 0:
+            for placed in range(short):
+                if not place("Surge"):
+                    plan.unplaced = short - placed
+                    break
+        elif short < 0:
+            for g in _order_for_removal(new, states)[:-short]:
+                remove(g, "Surplus")
+        serving_new = [g for g in new if states[g.name] == "serving"]
+        generation_ready = bool(serving_new) and other_roles_ready
+        if desired == 0 or (generation_ready and len(new) >= desired and new_all_ready):
+            for g in _order_for_removal(old, states):
+                remove(g, "Rollout")
+        elif generation_ready and plan.unplaced > leaving:
+            for g in _order_for_removal(old, states)[: plan.unplaced - leaving]:
+                remove(g, "Rollout")  # room for the next new groups, batch by batch
+        elif plan.unplaced and not new and not any(cr.reason == "Surge" for cr in plan.create):
+            # No room for even one group of the new generation: make room with one old group, as long
+            # as the old generation keeps one serving; a lone old group stays, and the rollout waits.
+            serving_old = [g for g in old if states[g.name] == "serving"]
+            if len(serving_old) > 1 and not leaving:
+                remove(_order_for_removal(old, states)[0], "Rollout")
+            elif not leaving:
+                plan.rollout_blocked = True
+                plan.largest_block = largest_block(domains, shape)
+    # A group deleted by this plan is neither completed nor released.
+    doomed = {d.name for d in plan.delete}
+    doomed_slots = {g.slot for g in groups if g.name in doomed}
+    for cr in plan.create:
+        if cr.reason == "Complete" and cr.slot in doomed_slots:  # give its room back
+            d = domains[cr.domain]
+            free = {n: f + shape.pod_gpus * cr.nodes.count(n) for n, f in d.free.items()}
+            domains = {**domains, cr.domain: replace(d, free=free)}
+    plan.create = [cr for cr in plan.create if not (cr.reason == "Complete" and cr.slot in doomed_slots)]
+    plan.release = [name for name in plan.release if name not in doomed]
+    for name in doomed:
+        plan.unbound.pop(name, None)
     return plan, domains

@@ -35,6 +35,8 @@ class Observed:
     frontend_available: int
     frontend_desired: int
     endpoint: str
+    errors: tuple[str, ...] = ()  # what the API server refused this pass, in its own words
+    crashloop: str = ""  # roles whose failing groups are replaced only after a backoff, and why
 
 
 def _cond(type_: str, ok: bool, reason: str, message: str) -> Condition:
@@ -57,7 +59,9 @@ def conditions(plans: Sequence[RolePlan], obs: Observed) -> list[Condition]:
     rolling = [
         p
         for p in plans
-        if any(c.reason == "Surge" for c in p.create) or any(d.reason == "Rollout" for d in p.delete)
+        if any(c.reason == "Surge" for c in p.create)
+        or any(d.reason == "Rollout" for d in p.delete)
+        or any(d.reason == "Rollout" for d in p.drain)
     ]
 
     held = [p for p in plans if p.blocked]
@@ -77,11 +81,28 @@ def conditions(plans: Sequence[RolePlan], obs: Observed) -> list[Condition]:
             "RolloutBlocked",
             "; ".join(f"new revision not started, old groups kept: {_placement_message(p)}" for p in blocked),
         )
+    elif any(p.unbound for p in plans):
+        waiting = [f"{g} ({why})" for p in plans for g, why in sorted(p.unbound.items())]
+        placed = Condition(
+            type="Placed",
+            status="Unknown",
+            reason="Binding",
+            message=f"{len(waiting)} group(s) placed but not bound yet: " + "; ".join(waiting)[:600],
+        )
     else:
-        placed = _cond("Placed", True, "AllGroupsPlaced", "every group sits whole inside one NVLink domain")
+        placed = _cond(
+            "Placed", True, "AllGroupsPlaced", "every group is bound whole inside one NVLink domain"
+        )
 
     counts = ", ".join(f"{p.role} {p.ready}/{p.desired}" for p in plans)
-    if short:
+    errors = "; ".join(obs.errors)[:900]
+    if obs.crashloop and short:
+        ready = _cond("Ready", False, "CrashLooping", f"ready groups: {counts}; {obs.crashloop}"[:900])
+    elif obs.errors and (short or obs.frontend_available < 1):
+        ready = _cond(
+            "Ready", False, "ReconcileError", f"ready groups: {counts}; the API server refused: {errors}"
+        )
+    elif short:
         waiting = [why for p in short for _, why in sorted(p.waiting.items())]
         detail = f"; waiting: {waiting[0][:300]}" if waiting else ""
         ready = _cond("Ready", False, "GroupsNotReady", f"ready groups: {counts}{detail}")
@@ -94,8 +115,19 @@ def conditions(plans: Sequence[RolePlan], obs: Observed) -> list[Condition]:
 
     creating = sum(len(p.create) for p in plans)
     deleting = sum(len(p.delete) for p in plans)
-    starting = sum(1 for p in plans for s in p.states.values() if s in ("starting", "incomplete"))
-    if rolling or any(p.old_groups for p in plans):
+    starting = sum(1 for p in plans for s in p.states.values() if s in ("starting", "reserved"))
+    drains = {g: t for p in plans for g, t in p.draining.items()} | {
+        d.name: 0.0 for p in plans for d in p.drain
+    }
+    if drains and not (rolling or any(p.old_groups for p in plans)):
+        progressing = _cond(
+            "Progressing",
+            True,
+            "Draining",
+            f"{len(drains)} group(s) out of routing, finishing their requests: "
+            + ", ".join(f"{g} ({t:.0f} s)" for g, t in sorted(drains.items())),
+        )
+    elif rolling or any(p.old_groups for p in plans):
         progressing = _cond(
             "Progressing",
             True,
@@ -114,12 +146,16 @@ def conditions(plans: Sequence[RolePlan], obs: Observed) -> list[Condition]:
     else:
         progressing = _cond("Progressing", False, "Stable", "nothing to do")
 
-    if broken:
+    if obs.errors:
+        degraded = _cond("Degraded", True, "ReconcileError", f"the API server refused: {errors}")
+    elif obs.crashloop:
+        degraded = _cond("Degraded", True, "CrashLooping", obs.crashloop[:900])
+    elif broken:
         degraded = _cond(
             "Degraded",
             True,
             "GroupFailed",
-            "; ".join(f"{name}: {why}" for name, why in sorted(broken.items())),
+            "; ".join(f"{name}: {why}" for name, why in sorted(broken.items()))[:900],
         )
     elif unplaced:
         degraded = _cond("Degraded", True, "InsufficientCapacity", placed.message)
@@ -164,6 +200,7 @@ def role_statuses(plans: Sequence[RolePlan]) -> dict[str, RoleStatus]:
             desired_gpus=p.desired * g,
             ready_gpus=p.ready * g,
             groups=f"{p.ready}/{p.desired}",
+            draining_groups=len(set(p.draining) | {d.name for d in p.drain}),
         )
     return out
 
@@ -199,8 +236,39 @@ def build_status(
         conditions=conds,
         roles=roles,
         gpus=f"{ready}/{desired}",
+        draining_groups=sum(r.draining_groups for r in roles.values()),
         placement=sorted(placement, key=lambda p: (p.role, p.group)),
         endpoint=obs.endpoint,
         autoscaling=autoscaling,
     )
     return status, changed
+
+
+# Conditions whose change is news to a user (Events), and the type of the Event. Transient progress (a
+# new group binding, a pass scaling) is left to the conditions themselves.
+_WARN_WHEN_TRUE = frozenset({"Degraded", "MetricsUnavailable", "CapacityLimited"})
+
+
+def event_for(cond: Condition, before: Condition | None) -> str | None:
+    """The Event type ("Normal" or "Warning") to post for a condition that changed, or None for none."""
+    if cond.reason == "ReconcileError":
+        return None  # the refusal itself gets one Event of its own, with the API server's words
+    if cond.type == "Ready":
+        if cond.status == "True":
+            return "Normal"
+        if before is not None and before.status == "True":
+            return "Warning"  # it was serving and is not any more
+        return "Warning" if cond.reason not in ("GroupsNotReady", "FrontendNotReady", "Planning") else None
+    if cond.type == "Placed":
+        if cond.status == "False":
+            return "Warning"
+        return "Normal" if cond.status == "True" and before is not None and before.status == "False" else None
+    if cond.type in _WARN_WHEN_TRUE:
+        if cond.status == "True":
+            return "Warning"
+        return "Normal" if before is not None and before.status == "True" else None
+    if cond.type == "Progressing":
+        return "Normal" if cond.status == "True" and cond.reason in ("RollingOut", "Recovering") else None
+    if cond.type == "Planned":
+        return "Normal" if cond.status != "False" else "Warning"
+    return "Normal"

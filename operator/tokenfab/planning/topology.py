@@ -83,13 +83,22 @@ class Domain:
 Chooser = Callable[[Mapping[str, Domain], GroupShape], str | None]
 
 
-def _best_fit_nodes(free: Mapping[str, int], pods: int, pod_gpus: int) -> dict[str, int] | None:
-    """`free` with `pods` pods of `pod_gpus` taken from the fullest nodes that fit (ties by name)."""
+def best_fit_nodes(free: Mapping[str, int], pods: int, pod_gpus: int) -> list[str] | None:
+    """The nodes for `pods` pods of `pod_gpus` GPUs: the fullest nodes that fit, one pod per node (ties by
+    name), in rank order; None when fewer nodes fit."""
     fitting = sorted((gpus, name) for name, gpus in free.items() if gpus >= pod_gpus)
     if len(fitting) < pods:
         return None
+    return [name for _, name in fitting[:pods]]
+
+
+def _best_fit_nodes(free: Mapping[str, int], pods: int, pod_gpus: int) -> dict[str, int] | None:
+    """`free` with `pods` pods of `pod_gpus` taken from the fullest nodes that fit (ties by name)."""
+    chosen = best_fit_nodes(free, pods, pod_gpus)
+    if chosen is None:
+        return None
     out = dict(free)
-    for _, name in fitting[:pods]:
+    for name in chosen:
         out[name] -= pod_gpus
     return out
 
@@ -143,6 +152,16 @@ def reserve(domain: Domain, shape: GroupShape) -> Domain:
     free = _best_fit_nodes(domain.free, shape.nodes, shape.pod_gpus)
     if free is None:
         raise ValueError(f"a group of {shape.gpus} GPUs does not fit in NVLink domain {domain.name}")
+    return Domain(domain.name, domain.total_gpus, free, domain.nodes, domain.ready_nodes)
+
+
+def take(domain: Domain, nodes: Sequence[str], pod_gpus: int) -> Domain:
+    """A new Domain with one pod of `pod_gpus` taken from each of `nodes` (which must have room)."""
+    free = dict(domain.free)
+    for name in nodes:
+        if free.get(name, 0) < pod_gpus:
+            raise ValueError(f"node {name} of NVLink domain {domain.name} has no room for {pod_gpus} GPUs")
+        free[name] -= pod_gpus
     return Domain(domain.name, domain.total_gpus, free, domain.nodes, domain.ready_nodes)
 
 

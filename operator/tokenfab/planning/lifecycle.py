@@ -1,0 +1,153 @@
+"""The life of a worker group, as a pure state machine: observed pods in, one state out.
+
+    reserved --> starting --> serving --> draining --> deleting
+        |            |           |            |
+        +------------+-----------+------------+--> broken --> deleting
+
+- reserved: the group's capacity is held (its nodes are assigned) but the scheduler may not bind it yet:
+  some ranks are still being created, or its pods are still behind their scheduling gate.
+- starting: released to the scheduler; pods are binding (all or nothing) or booting, not all Ready.
+- serving: every pod Running and Ready.
+- draining: chosen for removal and out of routing, waiting for in-flight requests.
+- deleting: every pod is terminating.
+- broken: a pod failed or vanished, a node was lost, or the group could not bind in time; the whole
+  group is deleted and placed again.
+
+Placement, status, the autoscaler and the drain logic all read these states. Time is a parameter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from tokenfab.api.models import RoleName
+
+GroupState = Literal["reserved", "starting", "serving", "draining", "deleting", "broken"]
+STATES: tuple[GroupState, ...] = ("reserved", "starting", "serving", "draining", "deleting", "broken")
+
+# The moves between two observations of one group that the controller can cause or the cluster can
+# produce. Anything else is a bug in classify or in the controller (the tests check every trace).
+TRANSITIONS: dict[GroupState, frozenset[GroupState]] = {
+    "reserved": frozenset({"reserved", "starting", "serving", "broken", "deleting"}),
+    # (starting -> reserved: a released group not recorded yet that lost an unbound pod looks exactly like
+    # an interrupted creation, and is completed like one.)
+    "starting": frozenset({"starting", "reserved", "serving", "draining", "broken", "deleting"}),
+    "serving": frozenset({"serving", "starting", "draining", "broken", "deleting"}),
+    "draining": frozenset({"draining", "serving", "starting", "broken", "deleting"}),
+    "broken": frozenset({"broken", "deleting"}),
+    "deleting": frozenset({"deleting"}),
+}
+# States that hold capacity and count as one of the role's groups.
+ALIVE: frozenset[GroupState] = frozenset({"reserved", "starting", "serving", "draining"})
+
+
+@dataclass(frozen=True)
+class PodView:
+    """What the lifecycle needs to know about one worker pod."""
+
+    name: str
+    rank: int
+    phase: str
+    ready: bool
+    node: str | None  # the node it is bound to
+    deleting: bool
+    ready_since: float | None = None  # unix time the pod last became Ready
+    waiting: str = ""  # why it is not running yet (the scheduler's or the kubelet's words), if known
+    gated: bool = False  # still behind tokenfab's scheduling gate
+    pinned: str | None = None  # the node placement assigned it (it may bind nowhere else)
+    exit_message: str = ""  # why its container ended, when it did
+
+
+@dataclass(frozen=True)
+class NodeHealth:
+    ready: bool
+    not_ready_since: float | None = None  # unix time the node stopped being Ready
+    schedulable: bool = True  # False when cordoned, or tainted against the group's pods
+
+
+@dataclass(frozen=True)
+class GroupView:
+    """One observed group of a role."""
+
+    name: str
+    role: RoleName
+    slot: int
+    revision: str
+    domain: str
+    size: int  # pods the group should have
+    gpus: int
+    pods: tuple[PodView, ...]
+    recorded: bool  # listed in status.placement: its creation had completed
+    nodes: tuple[str, ...] = ()  # the node assigned to each rank (empty: assigned by the scheduler)
+    released_at: float | None = None  # when the scheduler was allowed to bind it (None: not yet)
+    draining_since: float | None = None  # when its drain started (None: not draining)
+    created_at: float | None = None  # when its first pod was created (None: unknown)
+
+
+def missing_ranks(group: GroupView) -> list[int]:
+    ranks = {p.rank for p in group.pods}
+    return sorted(set(range(group.size)) - ranks)
+
+
+def classify(
+    group: GroupView,
+    nodes: Mapping[str, NodeHealth],
+    now: float,
+    toleration: float,
+    bind_timeout: float = float("inf"),
+) -> tuple[GroupState, str]:
+    """The group's state and, when broken, why (when starting, why it waits, if a pod says)."""
+    if group.pods and all(p.deleting for p in group.pods):
+        return "deleting", "being deleted"
+    pods = sorted(group.pods, key=lambda p: p.rank)
+    for p in pods:
+        if p.deleting:
+            return "broken", f"pod {p.name} is being deleted"
+        if p.phase in ("Failed", "Succeeded"):
+            why = f": {p.exit_message}" if p.exit_message else ""
+            return "broken", f"pod {p.name} {p.phase.lower()}{why}"
+        if p.node is not None:
+            health = nodes.get(p.node)
+            if health is None:
+                return "broken", f"node {p.node} of pod {p.name} is gone"
+            if not health.ready and (
+                health.not_ready_since is None or now - health.not_ready_since >= toleration
+            ):
+                return "broken", f"node {p.node} of pod {p.name} is not ready"
+        elif p.pinned is not None:
+            health = nodes.get(p.pinned)
+            if health is None:
+                return "broken", f"node {p.pinned} assigned to pod {p.name} is gone"
+            if not health.ready or not health.schedulable:
+                return "broken", f"node {p.pinned} assigned to pod {p.name} can no longer take it"
+    missing = missing_ranks(group)
+    if missing:
+        # A pinned pod binds only once every rank of its group exists (gates are lifted, or the PodGroup
+        # admits it, when the group is whole): a group with a bound pinned pod lost the missing rank.
+        if group.recorded or any(p.node is not None and p.pinned is not None for p in pods):
+            return "broken", f"pod rank {missing[0]} is missing"
+        return "reserved", f"ranks {missing} not created yet"
+    if any(p.gated for p in pods):
+        return "reserved", "waiting for the whole group to exist before the scheduler may bind it"
+    unbound = [p for p in pods if p.node is None]
+    if unbound:
+        words = next((p.waiting for p in unbound if p.waiting), "")
+        waited = now - group.released_at if group.released_at is not None else 0.0
+        if waited >= bind_timeout:
+            return "broken", (
+                f"not bound within {bind_timeout:.0f} s ({len(unbound)} of {len(pods)} pods unbound"
+                + (f": {words}" if words else "")
+                + ")"
+            )
+        return ("draining" if group.draining_since is not None else "starting"), words
+    if group.draining_since is not None:
+        return "draining", ""
+    if all(p.ready and p.phase == "Running" for p in pods):
+        return "serving", ""
+    return "starting", next((p.waiting for p in pods if p.waiting and not p.ready), "")
+
+
+def allowed(before: GroupState, after: GroupState) -> bool:
+    return after in TRANSITIONS[before]
