@@ -1,15 +1,23 @@
-"""The autoscaling step of a reconcile pass: read the signal from Prometheus, ask the pure policy, check
-that the groups it wants fit in the free NVLink capacity, and hand back the new autoscaler state.
+"""The autoscaling step of a reconcile pass: read the signals from Prometheus, ask the pure policy, check
+that the groups it wants fit in the free NVLink capacity, size the frontend, and hand back the new
+autoscaler state.
 
-The result goes to status only (`status.autoscaling.desired`), which the reconciler then realises; the
-user's spec is never written, so a GitOps tool re-applying the manifest sees no drift. The policy's memory
-(recent recommendations, last scale time, last evaluation) lives in status too, so a restart keeps it.
+The result goes to status only (`status.autoscaling.desired`, `.frontendReplicas`), which the reconciler
+then realises; the user's spec is never written, so a GitOps tool re-applying the manifest sees no drift.
+The policy's memory (recent recommendations, last scale time, last evaluation, the arrival history, the
+learned capacity per group and startup time) lives in status too, so a restart keeps it.
+
+Signals (all read before the placement ledger is taken, one bounded attempt per query):
+- per group: KV-cache utilization (decode, aggregated workers) or waiting requests (prefill, independent);
+- with the leading policy: the waiting requests per decode/worker group, and the requests/s arriving at
+  the frontend (and input tokens/s, for independent prefill and for the frontend's own size).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from tokenfab.adapters import metrics
@@ -22,12 +30,17 @@ from tokenfab.api.models import (
     ScalingDecision,
 )
 from tokenfab.planning import builders as b
-from tokenfab.planning.autoscaling import Decision, Memory, config_for, decide, initial_groups
-from tokenfab.planning.groups import GroupView, NodeHealth, classify
+from tokenfab.planning import forecast
+from tokenfab.planning.autoscaling import Decision, Demand, Memory, config_for, decide, initial_groups
+from tokenfab.planning.lifecycle import GroupView, NodeHealth, classify
 from tokenfab.planning.status import rfc3339
-from tokenfab.planning.topology import Domain, place_sequence
+from tokenfab.planning.topology import Domain, GroupShape, place_sequence
 
 Reader = Callable[[str, str], metrics.Reading]
+
+# A group that has not served this long after its creation (no room to bind, an engine that never loads)
+# stops holding back scale-down: it may never serve, and the autoscaler must not wait on it for ever.
+WARMING_BOUND_SECONDS = 600.0
 
 
 @dataclass
@@ -36,6 +49,7 @@ class Outcome:
     status: AutoscalingStatus
     conditions: list[Condition]
     decisions: list[tuple[RoleName, str, Decision]] = field(default_factory=list)  # role, metric, decision
+    frontend_replicas: int | None = None  # None: the spec's serving.frontendReplicas
 
 
 def _parse(ts: str | None) -> float | None:
@@ -55,16 +69,150 @@ def scaled_roles(md: ModelDeployment) -> list[tuple[RoleName, RoleBounds, str]]:
     return out
 
 
+def _signal_query(md: ModelDeployment, role: RoleName, metric: str) -> str:
+    a = md.spec.autoscaling
+    name, namespace = md.metadata.name or "", md.metadata.namespace or ""
+    if metric == "kv_cache_utilization":
+        return metrics.kv_query(namespace, name, role, a.query)
+    return metrics.queue_query(namespace, name, role)
+
+
+def _shared_queries(md: ModelDeployment) -> dict[str, str]:
+    """The deployment-wide queries of an evaluation: arrivals at the frontend, and the waiting requests
+    of the KV-scaled roles (the leading policy's queue signal)."""
+    spec, a = md.spec, md.spec.autoscaling
+    name, namespace = md.metadata.name or "", md.metadata.namespace or ""
+    out: dict[str, str] = {}
+    leading = a.policy == "leading"
+    if leading or a.frontend is not None:
+        out["requests"] = metrics.arrival_query(namespace, name, a.rate_window_seconds)
+    independent_prefill = any(r == "prefill" for r, _, _ in scaled_roles(md))
+    if a.frontend is not None or (leading and independent_prefill):
+        out["tokens"] = metrics.input_tokens_query(namespace, name, a.rate_window_seconds)
+    if leading:
+        for role, _, metric in scaled_roles(md):
+            if metric == "kv_cache_utilization" and spec.role(role) is not None:
+                out[f"waiting:{role}"] = metrics.queue_query(namespace, name, role)
+    return out
+
+
+def due_queries(md: ModelDeployment, now: float) -> list[str]:
+    """The Prometheus queries the next `autoscale` call will ask (read them before taking the ledger)."""
+    a = md.spec.autoscaling
+    old = (md.status.autoscaling if md.status else None) or AutoscalingStatus()
+    out = []
+    for role, _, metric in scaled_roles(md):
+        last = old.last_evaluation.get(role)
+        if last is not None and now - last < a.interval_seconds:
+            continue
+        out.append(_signal_query(md, role, metric))
+    if out:
+        out += list(_shared_queries(md).values())
+    return out
+
+
+def next_due(md: ModelDeployment, now: float) -> float | None:
+    """Seconds until the next role is due for an evaluation (None: autoscaling off)."""
+    a = md.spec.autoscaling
+    if not a.enabled:
+        return None
+    old = (md.status.autoscaling if md.status else None) or AutoscalingStatus()
+    waits = [
+        max(0.0, a.interval_seconds - (now - old.last_evaluation[r]))
+        for r, _, _ in scaled_roles(md)
+        if r in old.last_evaluation
+    ]
+    return min(waits, default=float(a.interval_seconds))
+
+
+def _one(reading: metrics.Reading | None) -> tuple[float | None, str]:
+    """The single value of a deployment-wide reading: (value or None, why not). No series at all is no
+    value and no error (the frontend is not scraped, or nothing arrived yet); a failed read or a value
+    that is negative or not finite is an error."""
+    if reading is None:
+        return None, ""
+    if reading.samples is None:
+        return None, reading.error or "the query failed"
+    if not reading.samples:
+        return None, ""
+    value = sum(s.value for s in reading.samples.values())
+    if not forecast.valid_count(value):
+        return None, f"bad sample {value!r}"
+    return value, ""
+
+
+def profile_capacity(md: ModelDeployment, role: RoleName) -> float | None:
+    """What one group of `role` serves at the SLO by the profile's plan: requests/s for decode and
+    aggregated workers, input tokens/s for prefill (None: no plan with a predicted rate)."""
+    prof = md.status.profile if md.status else None
+    if prof is None or not prof.ok or prof.predicted is None or not prof.predicted.request_rate:
+        return None
+    planned = prof.roles.get(role)
+    if planned is None or planned.replicas <= 0:
+        return None
+    per_group = prof.predicted.request_rate / planned.replicas
+    if role == "prefill":
+        isl = md.spec.profile.isl if md.spec.profile is not None else None
+        return per_group * isl if isl else None
+    return per_group
+
+
+def learned_startup(
+    groups: Mapping[RoleName, list[GroupView]], before: float | None, since: float | None
+) -> float | None:
+    """The startup time (creation to Ready) updated with the groups that became Ready after `since`."""
+    out = before
+    for gs in groups.values():
+        for g in gs:
+            readies = [p.ready_since for p in g.pods]
+            if g.created_at is None or not readies or any(r is None for r in readies):
+                continue
+            ready = max(r for r in readies if r is not None)
+            if since is not None and ready <= since:
+                continue
+            out = forecast.learn_startup(out, ready - g.created_at)
+    return out
+
+
+def _fit(
+    md: ModelDeployment,
+    role: RoleName,
+    current: int,
+    want: int,
+    domains_for: Callable[[RoleName], Mapping[str, Domain]],
+) -> tuple[int, str]:
+    """How many of `want` groups fit whole, counting the prefill groups the fixed ratio adds alongside
+    new decode groups: (groups that fit, what ran short)."""
+    spec = md.spec
+    shape = b.group_shape(spec, role)
+    extra_prefill: list[GroupShape] = []
+    follows = role == "decode" and spec.prefill is not None and spec.serving.ratio_policy == "fixed"
+    prefill_now = b.follow_ratio(spec, current, 0) if follows else 0
+    pshape = b.group_shape(spec, "prefill") if follows else None
+    what = f"each needs {shape.gpus} GPUs on {shape.nodes} node(s) in one NVLink domain"
+    if pshape is not None:
+        what += f", with {pshape.gpus} GPU(s) per prefill group the ratio adds"
+    for n in range(want, current, -1):
+        shapes = [shape] * (n - current)
+        if pshape is not None:
+            extra_prefill = [pshape] * max(0, b.follow_ratio(spec, n, 0) - prefill_now)
+        placed, _ = place_sequence(domains_for(role), [*shapes, *extra_prefill], spec.topology.placement)
+        if all(d is not None for d in placed):
+            return n, what
+    return current, what
+
+
 def autoscale(
     md: ModelDeployment,
     groups: dict[RoleName, list[GroupView]],
     health: dict[str, NodeHealth],
-    domains: dict[str, Domain],
+    domains_for: Callable[[RoleName], Mapping[str, Domain]],
     now: float,
     reader: Reader,
 ) -> Outcome:
+    """One autoscaling step. `domains_for(role)` is the free capacity for that role's groups (read under
+    the placement ledger's lock); `reader` answers a Prometheus query."""
     spec, a = md.spec, md.spec.autoscaling
-    name, namespace = md.metadata.name or "", md.metadata.namespace or ""
     old = (md.status.autoscaling if md.status else None) or AutoscalingStatus()
     status = old.model_copy(deep=True)
     desired: dict[RoleName, int] = {}
@@ -73,12 +221,22 @@ def autoscale(
     limited: list[str] = []
     evaluated = False
     tol = float(spec.topology.node_failure_toleration_seconds)
+    url = a.prometheus_url or ""
+    shared: dict[str, metrics.Reading] | None = None
+    blind: set[str] = set()  # leading signals whose read failed or came back bad
+    rate: float | None = None
+    tokens: float | None = None
+    since = max(old.last_evaluation.values(), default=None)
+    startup = learned_startup(groups, old.startup_seconds, since)
+    status.startup_seconds = None if startup is None else round(startup, 1)
+    bound = max(WARMING_BOUND_SECONDS, 2.0 * (startup or 0.0))
 
     for role, bounds, metric in scaled_roles(md):
         r = spec.role(role)
         assert r is not None
-        target = a.target_kv_cache_utilization if metric == "kv_cache_utilization" else a.target_queue_depth
-        cfg = config_for(a, bounds.min_replicas, bounds.max_replicas, target)
+        kv = metric == "kv_cache_utilization"
+        target = a.target_kv_cache_utilization if kv else a.target_queue_depth
+        cfg = config_for(a, bounds.min_replicas, bounds.max_replicas, target, startup, utilization=kv)
         current = old.desired.get(role)
         if current is None:
             current = initial_groups(r.replicas, cfg)
@@ -88,32 +246,63 @@ def autoscale(
         if last is not None and now - last < a.interval_seconds:
             continue  # not due: keep the last decision
 
-        counted, warming = set(), 0
+        if shared is None:
+            shared = {k: reader(url, q) for k, q in _shared_queries(md).items()}
+            rate, why = _one(shared.get("requests"))
+            if why:
+                unavailable.append(f"arrivals at the frontend: {why}")
+                blind.add("requests")
+            tokens, why = _one(shared.get("tokens"))
+            if why:
+                unavailable.append(f"input tokens at the frontend: {why}")
+                blind.add("tokens")
+        counted, warming, starting = set(), 0, 0
         for g in groups.get(role, []):
             state, _ = classify(g, health, now, tol)
-            since = [p.ready_since for p in g.pods]
-            warm = state == "ready" and all(s is not None and now - s >= a.warmup_seconds for s in since)
+            since_ready = [p.ready_since for p in g.pods]
+            warm = state == "serving" and all(
+                s is not None and now - s >= a.warmup_seconds for s in since_ready
+            )
+            young = g.created_at is None or now - g.created_at < bound
             if warm:
                 counted.add(g.name)
-            elif state in ("ready", "starting", "incomplete"):
+            elif state in ("serving", "starting", "reserved") and young:
                 warming += 1
-        query = (
-            metrics.kv_query(namespace, name, role, a.query)
-            if metric == "kv_cache_utilization"
-            else metrics.queue_query(namespace, name, role)
-        )
-        reading = reader(a.prometheus_url or "", query)
+                starting += state != "serving"
+        reading = reader(url, _signal_query(md, role, metric))
         evaluated = True
         remembered = old.recommendations.get(role)
         if remembered is None:
             # The first evaluation starts the windows at the current count (as the HPA does), so turning
             # the autoscaler on does not shed groups before a whole scale-down window has been observed.
             remembered = [[now, float(current)]]
+        history = [(x[0], x[1] if kv else x[2]) for x in old.arrivals if len(x) >= 3]
         memory = Memory(
             recommendations=tuple((float(t), int(n)) for t, n in remembered),
             last_scale_time=_parse(old.last_scale_time.get(role)),
+            rates=tuple((float(t), float(v)) for t, v in history),
+            capacity=old.capacity.get(role),
         )
-        decision = decide(reading.samples, counted, warming, current, cfg, memory, now)
+        waiting: dict[str, float] | None = None
+        if kv and shared.get(f"waiting:{role}") is not None:
+            samples = shared[f"waiting:{role}"].samples or {}
+            waiting = {g: s.value for g, s in samples.items() if g in counted}
+        demand = Demand(
+            rate=rate if kv else tokens,
+            waiting=waiting,
+            capacity=profile_capacity(md, role),
+            starting=starting,
+        )
+        decision = decide(reading.samples, counted, warming, current, cfg, memory, now, demand)
+        if cfg.leading and ("requests" if kv else "tokens") in blind and decision.desired < current:
+            # The demand ahead is unknown: never a scale-down on missing data.
+            decision = replace(
+                decision,
+                desired=current,
+                reason="MetricsIncomplete",
+                message=f"{decision.message}; the arrival rate could not be read: no scale-down",
+                memory=replace(decision.memory, last_scale_time=memory.last_scale_time),
+            )
         if not decision.metrics_ok:
             unavailable.append(
                 f"{role}: {decision.message}" + (f" ({reading.error})" if reading.error else "")
@@ -121,29 +310,21 @@ def autoscale(
 
         target_n = decision.desired
         if target_n > current:  # capacity-aware: only as many new groups as fit whole somewhere
-            shape = b.group_shape(spec, role)
-            placed, domains = place_sequence(domains, [shape] * (target_n - current), spec.topology.placement)
-            fit = sum(1 for d in placed if d is not None)
-            if fit < target_n - current:
-                limited.append(
-                    f"{role}: the autoscaler wants {target_n} groups but only {current + fit} fit: "
-                    f"each needs {shape.gpus} GPUs on {shape.nodes} node(s) in one NVLink domain"
+            fit, short = _fit(md, role, current, target_n, domains_for)
+            if fit < target_n:
+                limited.append(f"{role}: the autoscaler wants {target_n} groups but only {fit} fit: {short}")
+                decision = replace(
+                    decision,
+                    desired=fit,
+                    reason="CapacityLimited" if fit == current else decision.reason,
                 )
-                target_n = current + fit
-                decision = Decision(
-                    target_n,
-                    current,
-                    "CapacityLimited" if fit == 0 else decision.reason,
-                    decision.message,
-                    decision.signal,
-                    decision.recommendation,
-                    decision.memory,
-                    decision.metrics_ok,
-                )
+                target_n = fit
 
         desired[role] = target_n
         status.desired[role] = target_n
         status.recommendations[role] = [[t, float(n)] for t, n in decision.memory.recommendations]
+        if decision.memory.capacity is not None:
+            status.capacity[role] = round(decision.memory.capacity, 6)
         if decision.memory.last_scale_time is not None:
             status.last_scale_time[role] = rfc3339(decision.memory.last_scale_time)
         status.last_evaluation[role] = now
@@ -164,8 +345,18 @@ def autoscale(
     scaled = {r for r, _, _ in scaled_roles(md)}
     for stale in [r for r in status.desired if r not in scaled]:
         status.desired.pop(stale)
+    for stale in [r for r in status.capacity if r not in scaled]:
+        status.capacity.pop(stale)
+    frontend = old.frontend_replicas if a.frontend is not None else None
     if not evaluated:  # nothing was due: the last conditions still stand
-        return Outcome(desired, status, [], decisions)
+        return Outcome(desired, status, [], decisions, frontend)
+
+    keep = max(30.0, 3.0 * a.interval_seconds)
+    if rate is not None or tokens is not None:
+        kept = [x for x in old.arrivals if len(x) >= 3 and now - x[0] <= keep and x[0] < now]
+        status.arrivals = [*kept, [now, round(rate or 0.0, 6), round(tokens or 0.0, 3)]]
+    if a.frontend is not None:
+        frontend = _size_frontend(md, status, rate, tokens, now)
     conditions = [
         Condition(
             type="MetricsUnavailable",
@@ -180,4 +371,38 @@ def autoscale(
             message="; ".join(limited) or "every group the autoscaler wants fits",
         ),
     ]
-    return Outcome(desired, status, conditions, decisions)
+    return Outcome(desired, status, conditions, decisions, frontend)
+
+
+def _size_frontend(
+    md: ModelDeployment, status: AutoscalingStatus, rate: float | None, tokens: float | None, now: float
+) -> int:
+    """Frontend replicas for the forecast ingress: requests/s and input tokens/s over what one replica
+    should take, within the bounds; up at once, down only to the highest recommendation of the
+    scale-down window. Without a reading the count holds."""
+    a = md.spec.autoscaling
+    fs = a.frontend
+    assert fs is not None
+    current = status.frontend_replicas or md.spec.serving.frontend_replicas
+    current = max(fs.min_replicas, min(fs.max_replicas, current))
+    if rate is None and tokens is None:
+        status.frontend_replicas = current
+        return current
+    horizon = float(a.forecast_seconds if a.forecast_seconds is not None else status.startup_seconds or 30.0)
+    window = max(30.0, 3.0 * a.interval_seconds)
+    reqs = [(x[0], x[1]) for x in status.arrivals if len(x) >= 3]
+    toks = [(x[0], x[2]) for x in status.arrivals if len(x) >= 3]
+    ahead_r = forecast.forecast(reqs, now, window, horizon).ahead
+    ahead_t = forecast.forecast(toks, now, window, horizon).ahead
+    need = max(
+        math.ceil(ahead_r / fs.requests_per_second_per_replica - 1e-9),
+        math.ceil(ahead_t / fs.input_tokens_per_second_per_replica - 1e-9),
+    )
+    rec = max(fs.min_replicas, min(fs.max_replicas, need))
+    down = float(a.scale_down_stabilization_seconds)
+    recs = [(x[0], x[1]) for x in status.frontend_recommendations if len(x) >= 2 and now - x[0] <= down]
+    recs.append((now, float(rec)))
+    status.frontend_recommendations = [[t, n] for t, n in recs]
+    out = rec if rec >= current else min(current, int(max(n for _, n in recs)))
+    status.frontend_replicas = out
+    return out

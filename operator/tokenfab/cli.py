@@ -10,6 +10,7 @@ import yaml
 
 from tokenfab.api.crd import all_crds
 from tokenfab.api.errors import SpecError, load_manifests
+from tokenfab.planning import contract as c
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 
@@ -77,12 +78,21 @@ def operator(
     metrics_port: Annotated[int, typer.Option(help="Port of the operator's /metrics (0: off).")] = 0,
     metrics_addr: Annotated[str, typer.Option(help="Address /metrics listens on.")] = "127.0.0.1",
     verbose: Annotated[bool, typer.Option(help="Debug logging.")] = False,
+    leader_elect: Annotated[
+        bool,
+        typer.Option(help="Run as one of several replicas: only the holder of the leader Lease writes."),
+    ] = False,
 ) -> None:
     """Run the tokenfab operator (kopf) against the cluster of the current kubeconfig or service account."""
     import logging
+    import os
 
     import kopf
 
+    if namespace:
+        os.environ["TOKENFAB_NAMESPACES"] = ",".join(namespace)
+    if leader_elect:
+        os.environ["TOKENFAB_LEADER_ELECT"] = "true"
     import tokenfab.handlers  # noqa: F401  (registers the handlers)
     from tokenfab.adapters import telemetry
 
@@ -105,12 +115,21 @@ def _cluster_domains(kubeconfig: Path, domain_label: str, gpu_resource: str) -> 
     from kubernetes import config
 
     from tokenfab.adapters.kube import Kube
-    from tokenfab.planning.topology import build_domains
-    from tokenfab.reconcile import gpu_uses, node_views
+    from tokenfab.fleet.ledger import Ledger
+    from tokenfab.fleet.view import ClusterView
+    from tokenfab.inventory import domains
 
     kube = Kube(config.new_client_from_config(config_file=str(kubeconfig)))
-    nodes, _ = node_views(kube.nodes(), domain_label, gpu_resource)
-    return dict(build_domains(nodes, gpu_uses(kube.gpu_pods(), gpu_resource)))
+    view = ClusterView()
+    view.replace("Node", kube.nodes())
+    pods = kube.gpu_pods()
+    view.replace("ForeignPod", [p for p in pods if (p["spec"] or {}).get("nodeName")])
+    view.replace(
+        "Pod",
+        [p for p in pods if (p["metadata"].get("labels") or {}).get(c.MANAGED_BY) == c.MANAGED_BY_VALUE],
+    )
+    kube.pool.shutdown(wait=False)
+    return dict(domains(view, Ledger(view), domain_label, gpu_resource)[0])
 
 
 PlanSystemOpt = Annotated[str, typer.Option(help="GPU system: gb200, gb300, b200, h200, h100.")]

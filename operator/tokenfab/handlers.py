@@ -1,171 +1,107 @@
-"""Thin kopf glue: every trigger (create, update, resume, a resync timer, child pod and node events)
-asks for a reconcile of one ModelDeployment; a small coalescing queue runs at most one pass per
-deployment at a time and folds bursts of events into one extra pass."""
+"""Thin kopf glue: kopf watches the ModelDeployments and hands every event to the fleet controller, which
+does the rest (its own watches, the work queue, the workers). No change handlers, timers or daemons: kopf
+keeps no finalizer and no copy of the spec on the objects, so deleting a ModelDeployment never waits for
+the operator and its children go by their owner references."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
-import time
-from collections.abc import Callable, Mapping
 from typing import Any
 
 import kopf
 
-from tokenfab.adapters import aic, telemetry
+from tokenfab.adapters import aic
 from tokenfab.adapters.kube import Kube
 from tokenfab.api.models import GROUP, PLURAL, VERSION
-from tokenfab.inventory import sync_domains
-from tokenfab.planning import contract as c
-from tokenfab.reconcile import Result, reconcile
+from tokenfab.controller import Controller, Options
+from tokenfab.leader import Elector
+from tokenfab.runtime import Settings
 
 log = logging.getLogger("tokenfab")
-RESYNC_SECONDS = float(os.environ.get("TOKENFAB_RESYNC_SECONDS", "15"))
-INVENTORY_SECONDS = float(os.environ.get("TOKENFAB_INVENTORY_SECONDS", "10"))
-Key = tuple[str, str]
 
 
-class Coalescer:
-    """At most one reconcile per key at a time; triggers during a pass cause exactly one more pass."""
-
-    def __init__(self, run: Callable[[Key], Any]) -> None:
-        self._run = run
-        self._running: set[Key] = set()
-        self._again: set[Key] = set()
-        self.known: set[Key] = set()
-
-    def trigger(self, key: Key) -> None:
-        self.known.add(key)
-        if key in self._running:
-            self._again.add(key)
-            return
-        self._running.add(key)
-        asyncio.get_running_loop().create_task(self._loop(key))
-
-    async def _loop(self, key: Key) -> None:
-        try:
-            while True:
-                self._again.discard(key)
-                try:
-                    await asyncio.to_thread(self._run, key)
-                except Exception:  # logged; the resync timer retries
-                    log.exception("reconcile of %s/%s failed", *key)
-                if key not in self._again:
-                    return
-        finally:
-            self._running.discard(key)
+def options_from_env() -> Options:
+    env = os.environ
+    return Options(
+        namespaces=[n for n in env.get("TOKENFAB_NAMESPACES", "").split(",") if n],
+        workers=int(env.get("TOKENFAB_WORKERS", "4")),
+        resync_seconds=float(env.get("TOKENFAB_RESYNC_SECONDS", "60")),
+        inventory_seconds=float(env.get("TOKENFAB_INVENTORY_SECONDS", "10")),
+        settings=Settings(
+            gang=env.get("TOKENFAB_GANG", "auto"),
+            bind_timeout=float(env.get("TOKENFAB_BIND_TIMEOUT_SECONDS", "90")),
+        ),
+    )
 
 
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    settings.persistence.finalizer = c.FINALIZER
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=c.DOMAIN)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=c.DOMAIN, key="last-handled"
-    )
     settings.posting.enabled = False  # tokenfab posts its own Events, on condition changes only
     settings.watching.server_timeout = 300
+    settings.networking.request_timeout = 60  # kopf's own requests never hang a replica
+    settings.networking.connect_timeout = 10
     from kubernetes import client, config
 
     try:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
-    kube = Kube(client.ApiClient())
-    memo["kube"] = kube
+    cfg = client.Configuration.get_default_copy()
+    cfg.connection_pool_maxsize = 64  # watches hold connections; writes go out in parallel
+    api = client.ApiClient(cfg)
+    kube = Kube(api)
     planner = aic.BackgroundPlanner()  # spec.profile plans, in a process of their own
+    controller = Controller(kube, options_from_env(), planner=planner.poll)
     memo["planner"] = planner
-
-    def run(key: Key) -> None:
-        t0 = time.monotonic()
-        try:
-            result = reconcile(kube, key[0], key[1], time.time(), planner=planner.poll)
-        except Exception:
-            telemetry.RECONCILES.labels(key[0], key[1], "error").inc()
-            raise
-        finally:
-            telemetry.RECONCILE_SECONDS.labels(*key).observe(time.monotonic() - t0)
-        telemetry.RECONCILES.labels(key[0], key[1], "ok" if result else "gone").inc()
-        if result is not None:
-            record(key, result)
-        if result is None:
-            memo["queue"].known.discard(key)
-        elif result.created or result.deleted or result.conditions_changed:
-            log.info(
-                "%s/%s: created %s deleted %s conditions %s",
-                *key,
-                result.created,
-                result.deleted,
-                result.conditions_changed,
-            )
-
-    memo["queue"] = Coalescer(run)
-    memo["inventory"] = asyncio.get_running_loop().create_task(_inventory_loop(kube))
+    memo["controller"] = controller
+    elect = os.environ.get("TOKENFAB_LEADER_ELECT", "false").lower() in ("1", "true", "yes")
+    controller.start(leading=not elect)
+    if elect:
+        memo["elector"] = Elector(
+            api, on_started=controller.lead, on_stopped=_stop_writing(controller)
+        ).start()
 
 
-def record(key: Key, result: Result) -> None:
-    """Export one pass's outcome as the operator's own metrics."""
-    for plan in result.plans:
-        labels = (key[0], key[1], plan.role)
-        telemetry.GROUPS_DESIRED.labels(*labels).set(plan.desired)
-        telemetry.GROUPS_READY.labels(*labels).set(plan.ready)
-        telemetry.GROUP_GPUS.labels(*labels).set(plan.shape.gpus)
-        if plan.unplaced:
-            telemetry.PLACEMENT_FAILURES.labels(*labels).inc(plan.unplaced)
-        broken = sum(1 for d in plan.delete if d.reason == "Broken")
-        if broken:
-            telemetry.GROUPS_RECREATED.labels(*labels).inc(broken)
+def _stop_writing(controller: Controller) -> Any:
+    def stopped() -> None:
+        # Another replica may lead by now: stop at once (no pass may start, none in flight may go on),
+        # and let the pod restart as a follower with a fresh view.
+        controller.leading.clear()
+        log.error("lost the leader Lease: exiting so that only the leader writes")
+        logging.shutdown()
+        os._exit(75)
 
-
-async def _inventory_loop(kube: Kube) -> None:
-    while True:
-        try:
-            await asyncio.to_thread(sync_domains, kube)
-        except Exception:
-            log.exception("NVLinkDomain inventory failed")
-        await asyncio.sleep(INVENTORY_SECONDS)
+    return stopped
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    task = memo.get("inventory")
-    if task is not None:
-        task.cancel()
+    controller = memo.get("controller")
+    if controller is not None:
+        controller.leading.clear()
+    elector = memo.get("elector")
+    if elector is not None:
+        elector.release()
+    if controller is not None:
+        controller.stop()
     planner = memo.get("planner")
     if planner is not None:
         planner.shutdown()
 
 
-@kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile-resume")
-@kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile-create")
-@kopf.on.update(GROUP, VERSION, PLURAL, field="spec", id="reconcile-update")
-@kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_SECONDS, id="resync")
-async def on_model_deployment(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
-    memo["queue"].trigger((namespace or "default", name))
+@kopf.on.event(GROUP, VERSION, PLURAL, id="model-deployments")
+async def on_model_deployment(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+    controller: Controller | None = memo.get("controller")
+    if controller is not None:
+        controller.on_model_deployment(str(event.get("type") or "MODIFIED"), dict(event["object"]))
 
 
-@kopf.on.event("v1", "pods", labels={c.MANAGED_BY: c.MANAGED_BY_VALUE}, id="child-pods")
-async def on_child_pod(namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any) -> None:
-    owner = labels.get(c.LABEL_DEPLOYMENT)
-    if owner and namespace and "queue" in memo:
-        memo["queue"].trigger((namespace, owner))
-
-
-@kopf.on.event("v1", "nodes", id="nodes")
-async def on_node(type: str, name: str, status: kopf.Status, memo: Any, **_: Any) -> None:
-    """A node that goes away or changes readiness may break groups: look at every deployment."""
-    if "queue" not in memo:
-        return
-    seen: dict[str, bool] = memo.setdefault("node_ready", {})
-    ready = any(
-        cd.get("type") == "Ready" and cd.get("status") == "True" for cd in status.get("conditions") or []
-    )
-    before = seen.get(name)
-    if type == "DELETED":
-        seen.pop(name, None)
-    else:
-        seen[name] = ready
-    if type == "DELETED" or (before is not None and before != ready):
-        for key in list(memo["queue"].known):
-            memo["queue"].trigger(key)
+@kopf.on.probe(id="controller", backoff=1.0)  # a failed probe is asked again after 1 s, not 60
+def health(memo: Any, **_: Any) -> dict[str, Any]:
+    """kopf's liveness endpoint answers 500 while this raises: the watches have not listed yet, or a
+    reconcile worker is stuck."""
+    controller: Controller | None = memo.get("controller")
+    if controller is None:
+        raise RuntimeError("the controller has not started")
+    return controller.health()

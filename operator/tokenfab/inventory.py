@@ -1,19 +1,22 @@
 """The NVLinkDomain inventory: one cluster-scoped, status-only object per NVLink domain with its total and
-free GPUs and the groups on it, so capacity is visible from kubectl. Refreshed periodically."""
+free GPUs and the groups on it, so capacity is visible from kubectl. Computed from the cluster view and
+the placement ledger (no list of the cluster), and written only when a domain's figures changed."""
 
 from __future__ import annotations
 
 import os
 import re
-import time
+from typing import Any
 
 from tokenfab.adapters import telemetry
 from tokenfab.adapters.kube import Kube
 from tokenfab.api.models import API_VERSION, DOMAIN_KIND, DomainGroup, NVLinkDomainStatus
+from tokenfab.fleet.ledger import Ledger
+from tokenfab.fleet.view import ClusterView
 from tokenfab.planning import contract as c
+from tokenfab.planning.capacity import Constraints, Toleration
 from tokenfab.planning.status import rfc3339
-from tokenfab.planning.topology import Domain, build_domains
-from tokenfab.reconcile import gpu_uses, node_views
+from tokenfab.planning.topology import Domain
 
 DOMAIN_LABEL = os.environ.get("TOKENFAB_DOMAIN_LABEL", "nvidia.com/gpu.clique")
 GPU_RESOURCE = os.environ.get("TOKENFAB_GPU_RESOURCE", "nvidia.com/gpu")
@@ -42,41 +45,56 @@ def domain_status(
     )
 
 
-def sync_domains(kube: Kube, label: str = DOMAIN_LABEL, gpu_resource: str = GPU_RESOURCE) -> int:
-    """Write every domain's NVLinkDomain status; delete the objects of domains that are gone."""
-    nodes, _ = node_views(kube.nodes(), label, gpu_resource)
-    pods = kube.gpu_pods()
-    domains = build_domains(nodes, gpu_uses(pods, gpu_resource))
-    alloc = {n.name: n.allocatable_gpus for n in nodes}
+def domains(
+    view: ClusterView, ledger: Ledger, label: str = DOMAIN_LABEL, gpu_resource: str = GPU_RESOURCE
+) -> tuple[dict[str, Domain], dict[str, list[DomainGroup]], dict[str, int]]:
+    """Free GPUs per domain on ready, uncordoned nodes (whatever their taints: tolerations differ per
+    deployment), the groups placed in each, and every node's allocatable GPUs."""
+    everything = Constraints(
+        domain_label=label, gpu_resource=gpu_resource, tolerations=(Toleration("", "Exists"),)
+    )
+    with ledger.session() as session:
+        found = session.domains({gpu_resource: 1}, everything)
+        nodes = session.nodes()
     groups: dict[str, dict[tuple[str, str], int]] = {}
-    for p in pods:
-        labels = p["metadata"].get("labels") or {}
-        if (
-            labels.get(c.MANAGED_BY) == c.MANAGED_BY_VALUE
-            and c.LABEL_GROUP in labels
-            and c.LABEL_DOMAIN in labels
-        ):
-            key = (p["metadata"]["namespace"], labels[c.LABEL_GROUP])
-            per = groups.setdefault(labels[c.LABEL_DOMAIN], {})
-            per[key] = int((p["metadata"].get("annotations") or {}).get(c.ANN_GROUP_GPUS, 0))
-    now = time.time()
-    wanted = {}
-    for name, d in domains.items():
-        members = [
-            DomainGroup(namespace=ns, group=g, gpus=gpus) for (ns, g), gpus in groups.get(name, {}).items()
-        ]
-        status = domain_status(d, members, now, label, alloc)
+    for p in view.all_pods():
+        if c.LABEL_GROUP in p.labels and c.LABEL_DOMAIN in p.labels and not p.terminal:
+            per = groups.setdefault(p.labels[c.LABEL_DOMAIN], {})
+            per[(p.namespace, p.labels[c.LABEL_GROUP])] = int(p.annotations.get(c.ANN_GROUP_GPUS, 0))
+    members = {
+        d: [DomainGroup(namespace=ns, group=g, gpus=gpus) for (ns, g), gpus in per.items()]
+        for d, per in groups.items()
+    }
+    alloc = {n.name: n.allocatable.get(gpu_resource, 0) for n in nodes}
+    return found, members, alloc
+
+
+def sync_domains(kube: Kube, view: ClusterView, ledger: Ledger, written: dict[str, Any], now: float) -> int:
+    """Write the NVLinkDomain status of every domain whose figures changed since the last write (`written`
+    remembers them); delete the objects of domains that are gone. Returns the writes made."""
+    found, members, alloc = domains(view, ledger)
+    writes = 0
+    if "__listed__" not in written:  # first run: what the objects already say needs no write
+        managed = f"{c.MANAGED_BY}={c.MANAGED_BY_VALUE}"
+        for item in kube.list_objects(API_VERSION, DOMAIN_KIND, selector=managed):
+            stored = {k: v for k, v in (item.get("status") or {}).items() if k != "updated"}
+            written[item["metadata"]["name"]] = stored
+        written["__listed__"] = True
+    for name, d in found.items():
+        status = domain_status(d, members.get(name, []), now, DOMAIN_LABEL, alloc)
         telemetry.DOMAIN_GPUS.labels(name).set(d.total_gpus)
         telemetry.DOMAIN_FREE_GPUS.labels(name).set(d.free_gpus)
-        wanted[object_name(name)] = status
-        kube.apply_cluster_status(
-            API_VERSION,
-            DOMAIN_KIND,
-            object_name(name),
-            status.model_dump(by_alias=True, mode="json"),
-            {c.MANAGED_BY: c.MANAGED_BY_VALUE},
-        )
-    for obj in kube.list_objects(API_VERSION, DOMAIN_KIND, selector=f"{c.MANAGED_BY}={c.MANAGED_BY_VALUE}"):
-        if obj["metadata"]["name"] not in wanted:
-            kube.delete(API_VERSION, DOMAIN_KIND, obj["metadata"]["name"])
-    return len(wanted)
+        body = status.model_dump(by_alias=True, mode="json")
+        same = {k: v for k, v in body.items() if k != "updated"}
+        obj = object_name(name)
+        if written.get(obj) == same:
+            continue
+        kube.apply_cluster_status(API_VERSION, DOMAIN_KIND, obj, body, {c.MANAGED_BY: c.MANAGED_BY_VALUE})
+        written[obj] = same
+        writes += 1
+    wanted = {object_name(n) for n in found}
+    for obj in sorted(set(written) - {"__listed__"} - wanted):  # domains that are gone
+        kube.delete(API_VERSION, DOMAIN_KIND, obj)
+        written.pop(obj, None)
+        writes += 1
+    return writes

@@ -1,23 +1,28 @@
-"""One idempotent reconcile pass of a ModelDeployment: observe -> plan -> apply -> status.
+"""One reconcile pass of a ModelDeployment: observe (from the cluster view) -> plan (pure, capacity from the
+placement ledger) -> act (the writer) -> status.
 
-Creation, updates, operator restarts, a resync timer and child events all call `reconcile`; it compares
-desired with observed state every time, so a restart at any point converges. Everything it remembers
-lives in the cluster (children's labels, the resource's status).
+Every trigger (the deployment changed, one of its pods or children changed, a node it uses changed,
+capacity freed up, a timer) runs the same `reconcile`, which compares desired with observed state, so a
+restart at any point converges. Everything that matters is in the cluster: the pods carry their group,
+revision, domain and assigned node; the resource's status carries placement and the autoscaler's memory.
+`Memory` only remembers what this process wrote and the watch has not shown yet, so nothing is written
+twice; losing it costs at most one repeated write.
+
+A pass that finds everything in place makes no request at all: it reads the view, and a shared child is
+applied only when its manifest's hash differs from the one recorded on the object.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 
+from tokenfab import execute as ex
 from tokenfab.adapters import metrics, telemetry
-from tokenfab.adapters.kube import Kube, Obj
 from tokenfab.api.errors import SpecError, parse_model_deployment
 from tokenfab.api.models import (
-    ROLES,
     Autoscaling,
     Condition,
     GroupPlacement,
@@ -25,16 +30,22 @@ from tokenfab.api.models import (
     ModelDeploymentSpec,
     ModelDeploymentStatus,
     ProfileStatus,
+    RoleFailures,
     RoleName,
 )
-from tokenfab.autoscale import Reader, autoscale
+from tokenfab.autoscale import Outcome, autoscale, due_queries, next_due
+from tokenfab.fleet.ledger import Session
+from tokenfab.fleet.view import Key, parse_time
+from tokenfab.observe import group_views, node_health
 from tokenfab.planning import builders as b
-from tokenfab.planning import contract as c
-from tokenfab.planning import sla
+from tokenfab.planning import recovery, sla
 from tokenfab.planning.autoscaling import Decision
-from tokenfab.planning.groups import GroupView, NodeHealth, PodView, RolePlan, plan_role
-from tokenfab.planning.status import Observed, build_status, merge_conditions, rfc3339
-from tokenfab.planning.topology import Domain, GpuUse, NodeInfo, build_domains
+from tokenfab.planning.capacity import Constraints
+from tokenfab.planning.groups import DrainPolicy, RolePlan, plan_role
+from tokenfab.planning.lifecycle import GroupView, NodeHealth, classify
+from tokenfab.planning.status import Observed, build_status, event_for, merge_conditions, rfc3339
+from tokenfab.planning.topology import Domain, GroupShape
+from tokenfab.runtime import Context, Result, Settings
 
 log = logging.getLogger(__name__)
 
@@ -42,131 +53,8 @@ log = logging.getLogger(__name__)
 PLAN_ORDER: tuple[RoleName, ...] = ("decode", "worker", "prefill")
 
 
-@dataclass
-class Result:
-    """What one pass did (for logs, tests and the operator's metrics)."""
-
-    created: list[str] = field(default_factory=list)
-    deleted: list[str] = field(default_factory=list)
-    conditions_changed: list[str] = field(default_factory=list)
-    decisions: list[str] = field(default_factory=list)
-    plans: list[RolePlan] = field(default_factory=list)
-
-
-# ------------------------------------------------------------------------------------ observation
-
-
 def _time(ts: str | None) -> float | None:
-    if not ts:
-        return None
-    return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
-
-
-def _ready_condition(node: Obj) -> dict[str, Any] | None:
-    for cond in (node.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == "Ready":
-            return dict(cond)
-    return None
-
-
-def node_views(
-    nodes: Iterable[Obj], domain_label: str, gpu_resource: str
-) -> tuple[list[NodeInfo], dict[str, NodeHealth]]:
-    infos, health = [], {}
-    for n in nodes:
-        meta, spec, status = n["metadata"], n.get("spec") or {}, n.get("status") or {}
-        cond = _ready_condition(n)
-        ready = bool(cond and cond.get("status") == "True")
-        tainted = any(t.get("effect") in ("NoSchedule", "NoExecute") for t in spec.get("taints") or [])
-        gpus = int(str((status.get("allocatable") or {}).get(gpu_resource, "0")))
-        infos.append(
-            NodeInfo(
-                name=meta["name"],
-                domain=(meta.get("labels") or {}).get(domain_label),
-                allocatable_gpus=gpus,
-                ready=ready,
-                schedulable=not spec.get("unschedulable") and not tainted,
-            )
-        )
-        since = None if ready or cond is None else _time(cond.get("lastTransitionTime"))
-        health[meta["name"]] = NodeHealth(ready=ready, not_ready_since=since)
-    return infos, health
-
-
-def pod_gpus(pod: Obj, gpu_resource: str) -> int:
-    total = 0
-    for ctr in pod.get("spec", {}).get("containers") or []:
-        res = ctr.get("resources") or {}
-        value = (res.get("limits") or {}).get(gpu_resource) or (res.get("requests") or {}).get(gpu_resource)
-        total += int(str(value or 0))
-    return total
-
-
-def gpu_uses(pods: Iterable[Obj], gpu_resource: str) -> list[GpuUse]:
-    uses = []
-    for p in pods:
-        gpus = pod_gpus(p, gpu_resource)
-        if gpus:
-            labels = p["metadata"].get("labels") or {}
-            uses.append(GpuUse(gpus=gpus, node=p["spec"].get("nodeName"), domain=labels.get(c.LABEL_DOMAIN)))
-    return uses
-
-
-def _waiting(status: Obj) -> str:
-    """Why a pod is not running yet: the scheduler's message, or a container's waiting reason."""
-    for cond in status.get("conditions") or []:
-        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
-            return str(cond.get("message") or cond.get("reason") or "not scheduled")
-    for ctr in status.get("containerStatuses") or []:
-        waiting = (ctr.get("state") or {}).get("waiting")
-        if waiting:
-            return f"{waiting.get('reason', 'Waiting')}: {waiting.get('message', '')}".rstrip(": ")
-    return ""
-
-
-def _pod_view(p: Obj) -> PodView:
-    meta, status = p["metadata"], p.get("status") or {}
-    ready_cond: dict[str, Any] = next(
-        (cd for cd in status.get("conditions") or [] if cd.get("type") == "Ready"), {}
-    )
-    ready = ready_cond.get("status") == "True"
-    return PodView(
-        waiting=_waiting(status),
-        ready_since=_time(ready_cond.get("lastTransitionTime")) if ready else None,
-        name=meta["name"],
-        rank=int(meta["labels"][c.LABEL_RANK]),
-        phase=status.get("phase") or "Pending",
-        ready=ready,
-        node=p["spec"].get("nodeName"),
-        deleting=bool(meta.get("deletionTimestamp")),
-    )
-
-
-def group_views(pods: Iterable[Obj], recorded: set[str]) -> dict[RoleName, list[GroupView]]:
-    by_group: dict[str, list[Obj]] = {}
-    for p in pods:
-        labels = p["metadata"].get("labels") or {}
-        if labels.get(c.COMPONENT) == "worker" and c.LABEL_GROUP in labels:
-            by_group.setdefault(labels[c.LABEL_GROUP], []).append(p)
-    out: dict[RoleName, list[GroupView]] = {}
-    for name, members in sorted(by_group.items()):
-        first = members[0]["metadata"]
-        labels, ann = first["labels"], first.get("annotations") or {}
-        role: RoleName = labels[c.LABEL_ROLE]
-        out.setdefault(role, []).append(
-            GroupView(
-                name=name,
-                role=role,
-                slot=int(labels[c.LABEL_SLOT]),
-                revision=labels[c.LABEL_REVISION],
-                domain=labels[c.LABEL_DOMAIN],
-                size=int(ann.get(c.ANN_GROUP_SIZE, len(members))),
-                gpus=int(ann.get(c.ANN_GROUP_GPUS, 0)),
-                pods=tuple(_pod_view(p) for p in members),
-                recorded=name in recorded,
-            )
-        )
-    return out
+    return parse_time(ts)
 
 
 def desired_groups(md: ModelDeployment) -> dict[RoleName, int]:
@@ -271,195 +159,403 @@ def telemetry_hook(namespace: str, name: str, role: str, metric: str, d: Decisio
     telemetry.SCALING_DECISIONS.labels(namespace, name, role, d.direction).inc()
 
 
+def _observed_shape(groups: list[GroupView], spec: ModelDeploymentSpec) -> GroupShape:
+    return GroupShape(gpus=max(g.gpus for g in groups) or 1, gpus_per_node=spec.topology.gpus_per_node)
+
+
+class LazyDomains(Mapping[str, Domain]):
+    """Free capacity computed on first use (most passes never need it)."""
+
+    def __init__(self, make: Callable[[], dict[str, Domain]]) -> None:
+        self._make = make
+        self._value: dict[str, Domain] | None = None
+
+    def _get(self) -> dict[str, Domain]:
+        if self._value is None:
+            self._value = self._make()
+        return self._value
+
+    def __getitem__(self, key: str) -> Domain:
+        return self._get()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+    @property
+    def computed(self) -> bool:
+        return self._value is not None
+
+
+class RoleCapacity:
+    """Per-role free capacity inside one ledger session, recomputed after each reservation."""
+
+    def __init__(self, session: Session, spec: ModelDeploymentSpec, constraints: Constraints) -> None:
+        self.session = session
+        self.spec = spec
+        self.constraints = constraints
+        self._cache: dict[RoleName, dict[str, Domain]] = {}
+
+    def __call__(self, role: RoleName) -> dict[str, Domain]:
+        if role not in self._cache:
+            self._cache[role] = self.session.domains(b.pod_requests(self.spec, role), self.constraints)
+        return self._cache[role]
+
+    def reserve(self, key: Key, owner: b.Owner, plan: RolePlan, now: float) -> None:
+        if not plan.create:
+            return
+        requests = b.pod_requests(self.spec, plan.role)
+        for cr in plan.create:
+            group = b.group_name(owner, cr.role, cr.slot)
+            ranks = cr.ranks or tuple(range(len(cr.nodes)))
+            pods = {b.pod_name(group, r): (n, requests) for r, n in zip(ranks, cr.nodes, strict=True)}
+            self.session.reserve(key, group, pods, now)
+        self._cache.clear()
+
+
+class Stopwatch:
+    """Seconds spent in each phase of a pass (logged when a pass is slow)."""
+
+    def __init__(self) -> None:
+        self.laps: dict[str, float] = {}
+        self._t = time.monotonic()
+
+    def lap(self, name: str) -> None:
+        now = time.monotonic()
+        self.laps[name] = round(now - self._t, 4)
+        self._t = now
+
+
+def _failures(f: RoleFailures) -> recovery.Failures:
+    return recovery.Failures(f.failures, _time(f.last_failure) or 0.0, f.message)
+
+
+def drain_policy(
+    spec: ModelDeploymentSpec,
+    groups: dict[RoleName, list[GroupView]],
+    desired: Mapping[RoleName, int],
+    read: Callable[[str, str], metrics.Reading],
+    namespace: str,
+    name: str,
+) -> DrainPolicy:
+    """How this pass's groups leave. With a Prometheus (spec.autoscaling.prometheusUrl) and drainSeconds,
+    drains are observed: the engines' in-flight requests are read when a group drains or may start to
+    (more groups than wanted, or a rollout); a failed read leaves every group's count unknown (a drain
+    then waits for its deadline). Without one, groups go at once and drain on SIGTERM."""
+    seconds = float(spec.serving.drain_seconds)
+    url = spec.autoscaling.prometheus_url
+    if seconds <= 0 or not url:
+        return DrainPolicy(seconds, None)
+    removing = any(g.draining_since is not None for gs in groups.values() for g in gs) or any(
+        len(gs) > desired.get(role, 0)
+        or (spec.role(role) is not None and any(g.revision != b.role_revision(spec, role) for g in gs))
+        for role, gs in groups.items()
+    )
+    if not removing:
+        return DrainPolicy(seconds, {})
+    reading = read(url, metrics.inflight_query(namespace, name))
+    inflight = {g: s.value for g, s in (reading.samples or {}).items() if s.age_seconds <= 30}
+    return DrainPolicy(seconds, inflight)
+
+
+def _hold(before: recovery.Failures | None, now: float) -> Callable[[list[str]], float]:
+    """How long a role waits before replacing groups, counting the failures this pass finds."""
+
+    def hold(broken: list[str]) -> float:
+        return recovery.hold(recovery.update(before, broken, 0, 1, None, now), now)
+
+    return hold
+
+
+def failures_of(status: ModelDeploymentStatus | None) -> dict[str, recovery.Failures]:
+    return {role: _failures(f) for role, f in (status.failures if status else {}).items()}
+
+
+def next_failures(
+    old: ModelDeploymentStatus | None, plans: list[RolePlan], now: float
+) -> dict[str, RoleFailures]:
+    """The roles' failure counts after this pass (kept in status, so a restart keeps the backoff)."""
+    before = old.failures if old else {}
+    out: dict[str, RoleFailures] = {}
+    for plan in plans:
+        prev = before.get(plan.role)
+        broken = [plan.broken_reasons[d.name] for d in plan.delete if d.name in plan.broken_reasons]
+        healthy = plan.desired > 0 and plan.ready >= plan.desired
+        since = (_time(prev.healthy_since) if prev and prev.healthy_since else None) if healthy else None
+        nxt = recovery.update(_failures(prev) if prev else None, broken, plan.ready, plan.desired, since, now)
+        if nxt is None:
+            continue
+        out[plan.role] = RoleFailures(
+            failures=nxt.count,
+            last_failure=rfc3339(nxt.last),
+            message=nxt.message[:500],
+            retry_after=rfc3339(nxt.retry_at()),
+            healthy_since=(prev.healthy_since if prev and prev.healthy_since else rfc3339(now))
+            if healthy
+            else None,
+        )
+    return out
+
+
+def _capacity_of(
+    capacity: Callable[[RoleName], Mapping[str, Domain]], role: RoleName
+) -> Callable[[], dict[str, Domain]]:
+    return lambda: dict(capacity(role))
+
+
 def plan_all(
     spec: ModelDeploymentSpec,
     desired: dict[RoleName, int],
     groups: dict[RoleName, list[GroupView]],
-    domains: dict[str, Domain],
+    capacity: Callable[[RoleName], Mapping[str, Domain]],
     health: dict[str, NodeHealth],
     now: float,
-) -> tuple[list[RolePlan], dict[str, Domain]]:
-    """Plan every role present in the spec or in the cluster (a removed role plans 0 groups)."""
+    bind_timeout: float = float("inf"),
+    commit: Callable[[RolePlan], None] | None = None,
+    blocked: Callable[[RoleName], str] | None = None,
+    holds: Mapping[str, Callable[[list[str]], float]] | None = None,
+    drain: DrainPolicy | None = None,
+) -> list[RolePlan]:
+    """Plan every role present in the spec or in the cluster (a removed role plans 0 groups). `capacity`
+    gives a role's free domains; `commit` reserves a role's new pods before the next role is planned;
+    `drain` says how groups leave."""
     plans = []
+    ready_roles = {
+        role
+        for role, gs in groups.items()
+        if spec.role(role) is not None
+        and any(
+            g.revision == b.role_revision(spec, role)
+            and classify(g, health, now, float(spec.topology.node_failure_toleration_seconds))[0] == "serving"
+            for g in gs
+        )
+    }
     for role in PLAN_ORDER:
         if role not in desired and role not in groups:
             continue
         in_spec = spec.role(role) is not None
         shape = b.group_shape(spec, role) if in_spec else _observed_shape(groups[role], spec)
         revision = b.role_revision(spec, role) if in_spec else ""
-        plan, domains = plan_role(
+        domains: Mapping[str, Domain] = LazyDomains(_capacity_of(capacity, role) if in_spec else dict)
+        plan, _ = plan_role(
             role,
             desired.get(role, 0),
             revision,
             shape,
             groups.get(role, []),
-            domains,
+            domains,  # type: ignore[arg-type]
             spec.topology.placement,
             health,
             now,
             float(spec.topology.node_failure_toleration_seconds),
+            bind_timeout,
+            (holds or {}).get(role, 0.0),
+            drain,
+            all(r in ready_roles for r, _ in spec.roles() if r != role),
         )
+        why = blocked(role) if blocked is not None and in_spec and plan.create else ""
+        if why:
+            plan.create = [cr for cr in plan.create if cr.reason == "Complete"]
+            plan.blocked = why
+        if commit is not None:
+            commit(plan)
         plans.append(plan)
-    return plans, domains
+    return plans
 
 
-def _observed_shape(groups: list[GroupView], spec: ModelDeploymentSpec) -> Any:
-    from tokenfab.planning.topology import GroupShape
-
-    return GroupShape(gpus=max(g.gpus for g in groups) or 1, gpus_per_node=spec.topology.gpus_per_node)
-
-
-def reconcile(
-    kube: Kube,
-    namespace: str,
-    name: str,
-    now: float,
-    reader: Reader = _default_reader,
-    planner: Planner | None = None,
-) -> Result | None:
+def reconcile(ctx: Context, key: Key, now: float) -> Result | None:
     """One pass. Returns None when the ModelDeployment is gone."""
-    body = kube.model_deployment(namespace, name)
+    namespace, name = key
+    body = ctx.view.model_deployment(key)
     if body is None or body["metadata"].get("deletionTimestamp"):
+        ctx.ledger.release(key)
+        ctx.expectations.forget(key)
+        ctx.memory.pop(key, None)
+        if body is not None:
+            ex.remove_legacy(ctx, body)
         return None
+    mem = ctx.mem(key)
+    ex.remove_legacy(ctx, body)
     try:
         md = parse_model_deployment(body)
-    except SpecError as exc:  # admission should have refused it; say so instead of crashing
-        kube.event(body, "Warning", "InvalidSpec", str(exc))
-        return None
-    planning = plan_profile(md.spec, md.status.profile if md.status else None, planner, now)
+    except SpecError as exc:
+        try:  # a status written by another operator version must not stop the spec from being served
+            md = parse_model_deployment({**body, "status": None})
+        except SpecError:
+            return ex.invalid(ctx, body, exc, now)
+    # Decide from the freshest status: this process's last write if the watch has not shown it yet
+    # (the autoscaler's windows, the failure counts, the plan and the placement record live there).
+    md = md.model_copy(update={"status": ex.last_status(ctx, key, body, md)})
+    planning = plan_profile(md.spec, md.status.profile if md.status else None, ctx.planner, now)
     if planning.wait:  # no plan yet (or none possible): say so, and leave every child as it is
         waiting, changed_conds = _waiting_status(md.status, planning, md.metadata.generation or 0, now)
-        new_body = waiting.model_dump(by_alias=True, exclude_none=True, mode="json")
-        if new_body != body.get("status"):
-            kube.apply_status(namespace, name, new_body)
+        result = Result(requeue_after=5.0)
+        ex.write_status(ctx, key, body, waiting, result)
         for cond in changed_conds:
             kind = "Warning" if cond.status == "False" and cond.reason != "Planning" else "Normal"
-            kube.event(body, kind, cond.reason, f"{cond.type}={cond.status}: {cond.message}")
-        return Result(conditions_changed=[f"{cd.type}={cd.status}/{cd.reason}" for cd in changed_conds])
+            ctx.kube.post_event(body, kind, cond.reason, f"{cond.type}={cond.status}: {cond.message}")
+        result.conditions_changed = [f"{cd.type}={cd.status}/{cd.reason}" for cd in changed_conds]
+        return result
     md = md.model_copy(update={"spec": planning.spec})
     spec = md.spec
+    if not ctx.expectations.satisfied(key, ctx.view, now):
+        return Result(requeue_after=1.0, waited=True)
     owner = b.Owner(name=name, namespace=namespace, uid=body["metadata"]["uid"])
-    topo = spec.topology
-
-    # observe
-    pods = kube.children(namespace, name, "Pod")
-    nodes, health = node_views(kube.nodes(), topo.domain_label, topo.gpu_resource)
-    domains = build_domains(nodes, gpu_uses(kube.gpu_pods(), topo.gpu_resource))
+    constraints = b.placement_constraints(spec)
+    pods = ctx.view.pods(key)
     recorded = {p.group for p in (md.status.placement if md.status else [])}
     groups = group_views(pods, recorded)
-    frontend = kube.get("apps/v1", "Deployment", b.frontend_name(owner), namespace)
+    health = node_health(ctx.view, pods, constraints)
 
-    # autoscale (its decision lives in status and drives the plan), then plan
-    desired = desired_groups(md)
-    outcome = None
+    clock = Stopwatch()
+    # What needs the API (discovery, Prometheus) is read before the ledger is taken.
+    blocked = ex.compute_domain_block(ctx, spec)
+    readings: dict[str, metrics.Reading] = {}
+    read = ctx.reader or _default_reader
     if spec.autoscaling.enabled:
-        outcome = autoscale(md, groups, health, domains, now, reader)
-        desired.update(outcome.desired)
-        if "prefill" in desired and "decode" in desired and spec.serving.ratio_policy == "fixed":
-            desired["prefill"] = b.follow_ratio(spec, desired["decode"], desired["prefill"])
-    plans, _ = plan_all(spec, desired, groups, domains, health, now)
+        for q in due_queries(md, now):
+            readings[q] = read(spec.autoscaling.prometheus_url or "", q)
+    drain = drain_policy(spec, groups, desired_groups(md), read, namespace, name)
 
-    if any(b.uses_compute_domain(spec, p.role) and p.create for p in plans if spec.role(p.role)) and not (
-        kube.has_kind(c.COMPUTE_DOMAIN_API, "ComputeDomain")
-    ):
-        for p in plans:
-            if spec.role(p.role) is not None and b.uses_compute_domain(spec, p.role) and p.create:
-                p.create = []
-                p.blocked = (
-                    f"{p.role} groups need an NVIDIA ComputeDomain ({c.COMPUTE_DOMAIN_API}) but its CRD is "
-                    "not installed: install NVIDIA's DRA driver, or set spec.topology.computeDomain to false"
-                )
+    clock.lap("observe")
+    # Plan: every decision that takes capacity is made and reserved inside one ledger session.
+    with ctx.ledger.session() as session:
+        clock.lap("ledger-wait")
+        capacity = RoleCapacity(session, spec, constraints)
+        desired = desired_groups(md)
+        outcome: Outcome | None = None
+        if spec.autoscaling.enabled:
+            outcome = autoscale(md, groups, health, capacity, now, lambda _url, q: readings[q])
+            desired.update(outcome.desired)
+            if "prefill" in desired and "decode" in desired and spec.serving.ratio_policy == "fixed":
+                desired["prefill"] = b.follow_ratio(spec, desired["decode"], desired["prefill"])
+            if outcome.frontend_replicas is not None:  # the frontend sized from its ingress
+                serving = spec.serving.model_copy(update={"frontend_replicas": outcome.frontend_replicas})
+                spec = spec.model_copy(update={"serving": serving})
+        old_failures = failures_of(md.status)
+        plans = plan_all(
+            spec,
+            desired,
+            groups,
+            capacity,
+            health,
+            now,
+            ctx.settings.bind_timeout,
+            commit=lambda plan: capacity.reserve(key, owner, plan, now),
+            blocked=blocked,
+            holds={role: _hold(old_failures.get(role), now) for role in PLAN_ORDER},
+            drain=drain,
+        )
 
-    # apply: shared children first, then deletions (free capacity), then new groups whole
+    clock.lap("plan")
+    # Act.
     result = Result(plans=plans)
-    kube.apply(b.workers_service(owner))
-    kube.apply(b.frontend_deployment(owner, spec))
-    kube.apply(b.frontend_service(owner))
-    for role in ROLES:
-        if spec.role(role) is not None:
-            kube.apply(b.engine_configmap(owner, spec, role))
-        else:
-            kube.delete("v1", "ConfigMap", b.engine_configmap_name(owner, role), namespace)
-    for plan in plans:
-        for d in plan.delete:
-            kube.delete_group(namespace, d.name)
-            result.deleted.append(d.name)
-            kube.event(
-                body,
-                "Normal" if d.reason != "Broken" else "Warning",
-                f"GroupDeleted{d.reason}",
-                f"deleted group {d.name} ({d.reason.lower()}"
-                + (f": {plan.broken_reasons[d.name]})" if d.name in plan.broken_reasons else ")"),
-            )
-        for cr in plan.create:
-            cd = b.compute_domain(owner, spec, cr.role, cr.slot)
-            if cd is not None:
-                kube.apply(cd)
-            for pod in b.group_pods(owner, spec, cr.role, cr.slot, cr.domain, cr.revision):
-                kube.apply(pod)
-            group = b.group_name(owner, cr.role, cr.slot)
-            result.created.append(group)
-            if cr.reason != "Complete":
-                kube.event(
-                    body,
-                    "Normal",
-                    f"GroupCreated{cr.reason}",
-                    f"created group {group}: {plan.shape.gpus} GPUs on {plan.shape.nodes} node(s) "
-                    f"in NVLink domain {cr.domain}",
-                )
+    ex.act(ctx, key, body, owner, spec, plans, result, now)
+    clock.lap("act")
 
-    # status
-    placement = _placement(plans, groups, owner)
-    available = int(((frontend or {}).get("status") or {}).get("availableReplicas") or 0)
-    obs = Observed(md.metadata.generation or 0, available, spec.serving.frontend_replicas, b.endpoint(owner))
+    # Status.
+    frontend = ctx.view.child("Deployment", namespace, b.frontend_name(owner))
+    placement = _placement(plans, groups, owner, result)
+    failures = next_failures(md.status, plans, now)
+    held = {p.role: f for p in plans if p.backoff > 0 and (f := failures.get(p.role)) is not None}
+    obs = Observed(
+        md.metadata.generation or 0,
+        frontend.available_replicas if frontend else 0,
+        spec.serving.frontend_replicas,
+        b.endpoint(owner),
+        tuple(str(e) for e in result.errors),
+        recovery.summary({r: _failures(f) for r, f in held.items()}, now) if held else "",
+    )
+    old_status = ex.last_status(ctx, key, body, md)
     status, changed = build_status(
         plans,
         placement,
         obs,
-        md.status,
+        old_status,
         now,
         autoscaling=outcome.status if outcome else None,
         extra=[*(outcome.conditions if outcome else ()), *filter(None, [planning.condition])],
     )
     status.profile = planning.status
+    status.failures = failures
     if planning.condition is None:
         status.conditions = [cd for cd in status.conditions if cd.type != "Planned"]
     for role, metric, dec in outcome.decisions if outcome else []:
         telemetry_hook(namespace, name, role, metric, dec, spec.autoscaling)
         if dec.direction != "hold":
-            kube.event(
+            ctx.kube.post_event(
                 body,
                 "Normal",
                 "ScaledUp" if dec.direction == "up" else "ScaledDown",
                 f"{role} {dec.current} -> {dec.desired} groups: {metric} {dec.message} ({dec.reason})",
             )
         result.decisions.append(f"{role}:{dec.direction}:{dec.reason}")
-    new_status = status.model_dump(by_alias=True, exclude_none=True, mode="json")
-    if new_status != body.get("status"):
-        kube.apply_status(namespace, name, new_status)
-    for cond in changed:
-        kind = (
-            "Warning"
-            if (cond.type in ("Degraded",) and cond.status == "True")
-            or (cond.type in ("Ready", "Placed") and cond.status == "False")
-            else "Normal"
-        )
-        kube.event(body, kind, cond.reason, f"{cond.type}={cond.status}: {cond.message}")
-        result.conditions_changed.append(f"{cond.type}={cond.status}/{cond.reason}")
+    previous = {cd.type: cd for cd in (old_status.conditions if old_status else [])}
+    defer = ex.status_defer(ctx, key, previous, status, result, now)
+    if defer <= 0:  # (a deferred status is written, with its Events, by the pass `defer` seconds later)
+        ex.write_status(ctx, key, body, status, result)
+        for cond in changed:
+            event_type = event_for(cond, previous.get(cond.type))
+            if event_type is not None:
+                ctx.kube.post_event(
+                    body, event_type, cond.reason, f"{cond.type}={cond.status}: {cond.message}"
+                )
+            result.conditions_changed.append(f"{cond.type}={cond.status}/{cond.reason}")
+    ex.post_errors(ctx, body, mem, result, now)
+    clock.lap("status")
+    result.timings = clock.laps
+    result.waiting_for_capacity = any(p.unplaced or p.rollout_blocked for p in plans)
+    result.requeue_after = _requeue_after(md, plans, groups, health, ctx.settings, now)
+    if defer > 0:
+        result.requeue_after = min(result.requeue_after or defer, defer)
+    if any(p.backoff > 0 for p in plans):
+        wait = min(p.backoff for p in plans if p.backoff > 0) + 0.1
+        result.requeue_after = min(result.requeue_after or wait, wait)
     return result
 
 
+def _requeue_after(
+    md: ModelDeployment,
+    plans: list[RolePlan],
+    groups: dict[RoleName, list[GroupView]],
+    health: Mapping[str, NodeHealth],
+    settings: Settings,
+    now: float,
+) -> float | None:
+    """When time alone (no event) may change this deployment's plan: the autoscaler's next evaluation,
+    a binding deadline, a node's toleration running out."""
+    waits: list[float] = []
+    due = next_due(md, now)
+    if due is not None:
+        waits.append(due)
+    tol = float(md.spec.topology.node_failure_toleration_seconds)
+    for role_groups in groups.values():
+        for g in role_groups:
+            if g.released_at is not None and any(p.node is None for p in g.pods):
+                waits.append(g.released_at + settings.bind_timeout - now)
+            for p in g.pods:
+                h = health.get(p.node or "")
+                if h is not None and not h.ready and h.not_ready_since is not None:
+                    waits.append(h.not_ready_since + tol - now)
+    if any(p.waiting or p.unbound for p in plans):
+        waits.append(10.0)
+    return None if not waits else max(0.2, min(waits) + 0.1)
+
+
 def _placement(
-    plans: list[RolePlan], groups: dict[RoleName, list[GroupView]], owner: b.Owner
+    plans: list[RolePlan], groups: dict[RoleName, list[GroupView]], owner: b.Owner, result: Result
 ) -> list[GroupPlacement]:
     out = []
+    created = set(result.created)
     for plan in plans:
         gone = {d.name for d in plan.delete}
         for g in groups.get(plan.role, []):
-            if g.name not in gone and plan.states.get(g.name) != "terminating":
+            if g.name not in gone and plan.states.get(g.name) != "deleting":
                 out.append(GroupPlacement(group=g.name, role=g.role, domain=g.domain, gpus=g.gpus))
         for cr in plan.create:
             name = b.group_name(owner, cr.role, cr.slot)
-            if not any(p.group == name for p in out):
+            if name in created and not any(p.group == name for p in out):
                 out.append(GroupPlacement(group=name, role=cr.role, domain=cr.domain, gpus=plan.shape.gpus))
     return out

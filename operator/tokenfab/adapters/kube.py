@@ -1,46 +1,161 @@
-"""The only writer to the Kubernetes API: server-side apply with field manager "tokenfab", deletes by
-label, the ModelDeployment status subresource, and Events. Reads return plain dicts."""
+"""The only writer to the Kubernetes API: server-side apply with field manager "tokenfab", deletes by label,
+the ModelDeployment status subresource, Events, and the raw lists and watches the informers use.
+
+Every request has a timeout (a hung API server never pins a worker), is counted per verb and resource
+(`tokenfab_api_requests_total`, and per pass for the benchmarks), and fails with an `ApiError` carrying
+the API server's own reason and message, so the reconciler can show the user what the server said.
+"""
 
 from __future__ import annotations
 
-import contextlib
+import json
 import logging
-import tempfile
 import threading
 import time
-from pathlib import Path
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
-from kubernetes import client as k8s
-from kubernetes.client.rest import ApiException
-from kubernetes.dynamic import DynamicClient
-from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
 
-from tokenfab.api.models import API_VERSION, KIND
+from tokenfab.adapters import telemetry
+from tokenfab.api.models import API_VERSION, DOMAIN_KIND, KIND
 from tokenfab.planning import contract as c
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 KIND_RECHECK_SECONDS = 15.0
+TIMEOUT = (5.0, 20.0)  # connect, read: every request but watches
+WATCH_SECONDS = 240  # server-side timeout of one watch request (then it is resumed)
+
+# (apiVersion, kind) -> (plural, namespaced)
+RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
+    ("v1", "Pod"): ("pods", True),
+    ("v1", "Service"): ("services", True),
+    ("v1", "ConfigMap"): ("configmaps", True),
+    ("v1", "Event"): ("events", True),
+    ("v1", "Node"): ("nodes", False),
+    ("v1", "Namespace"): ("namespaces", False),
+    ("apps/v1", "Deployment"): ("deployments", True),
+    ("policy/v1", "PodDisruptionBudget"): ("poddisruptionbudgets", True),
+    ("coordination.k8s.io/v1", "Lease"): ("leases", True),
+    (API_VERSION, KIND): ("modeldeployments", True),
+    (API_VERSION, DOMAIN_KIND): ("nvlinkdomains", False),
+    (c.COMPUTE_DOMAIN_API, "ComputeDomain"): ("computedomains", True),
+    (c.POD_GROUP_API, "PodGroup"): ("podgroups", True),
+}
+
+
+@dataclass
+class ApiError(Exception):
+    """A request the API server refused (or that never got an answer)."""
+
+    status: int  # HTTP status; 0 when there was no answer (timeout, connection refused)
+    reason: str  # the API server's reason (Forbidden, Invalid, Conflict, ...) or the client's error
+    message: str  # the API server's own words
+    verb: str = ""
+    what: str = ""  # "Pod ds/x-decode-0-1"
+
+    def __str__(self) -> str:
+        return f"{self.verb} {self.what}: {self.message}".strip(": ") if self.what else self.message
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+
+def resource_path(
+    api_version: str, kind: str, namespace: str | None = None, name: str | None = None, sub: str = ""
+) -> str:
+    plural, namespaced = RESOURCES[(api_version, kind)]
+    prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    path = prefix
+    if namespaced and namespace:
+        path += f"/namespaces/{quote(namespace)}"
+    path += f"/{plural}"
+    if name:
+        path += f"/{quote(name)}"
+    if sub:
+        path += f"/{sub}"
+    return path
+
+
+@dataclass
+class Counter:
+    """Requests made by one thread during a pass (reads and writes)."""
+
+    reads: int = 0
+    writes: int = 0
+    by_verb: dict[str, int] = field(default_factory=dict)
+
+
+_local = threading.local()
 
 
 class Kube:
-    """API access for one operator process (one ApiClient, built by the caller)."""
+    """API access for one operator process (one ApiClient, built by the caller); thread-safe."""
 
-    def __init__(self, api_client: Any) -> None:
+    def __init__(self, api_client: Any, timeout: tuple[float, float] = TIMEOUT, workers: int = 16) -> None:
         self.api_client = api_client
-        self.core = k8s.CoreV1Api(api_client)
-        self.apps = k8s.AppsV1Api(api_client)
-        # A discovery cache of this process's own: the client's default file in $TMPDIR is shared by every
-        # process talking to the same server and goes stale when a CRD comes or goes.
-        cache = Path(tempfile.mkdtemp(prefix="tokenfab-discovery-")) / "discovery.json"
-        self.dyn = DynamicClient(api_client, cache_file=str(cache))
-        self._lock = threading.RLock()  # reconciles run in threads; discovery is not thread-safe
+        self.timeout = timeout
+        self._lock = threading.Lock()
         self._kinds: dict[tuple[str, str], tuple[bool, float]] = {}
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tokenfab-write")
 
-    def _resource(self, api_version: str, kind: str) -> Any:
-        with self._lock:
-            return self.dyn.resources.get(api_version=api_version, kind=kind)
+    # ------------------------------------------------------------------------------ the transport
+    def request(
+        self,
+        method: str,
+        path: str,
+        query: list[tuple[str, str]] | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+        timeout: tuple[float, float] | None = None,
+        what: str = "",
+        stream: bool = False,
+    ) -> Any:
+        headers = {"Accept": "application/json"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        verb = method if not stream else "WATCH"
+        resource = _resource_of(path)
+        counter: Counter | None = getattr(_local, "counter", None)
+        if counter is not None:
+            if method in ("GET",):
+                counter.reads += 1
+            else:
+                counter.writes += 1
+            counter.by_verb[verb] = counter.by_verb.get(verb, 0) + 1
+        code = "0"
+        try:
+            m, url, hdrs, payload, _ = self.api_client.param_serialize(
+                method, path, query_params=query or [], header_params=headers, body=body,
+                auth_settings=["BearerToken"],
+            )  # fmt: skip
+            resp = self.api_client.call_api(m, url, hdrs, payload, _request_timeout=timeout or self.timeout)
+            code = str(resp.status)
+            if stream and 200 <= resp.status < 300:
+                return resp.response
+            data = resp.read()
+            if not 200 <= resp.status < 300:
+                raise _error(resp.status, data, method, what or path)
+            return json.loads(data) if data else None
+        except ApiException as exc:  # raised by the transport itself (e.g. SSL, or status 0)
+            raise ApiError(
+                exc.status or 0, exc.reason or "ApiException", str(exc.reason), method, what
+            ) from exc
+        except ApiError:
+            raise
+        except Exception as exc:  # timeouts, refused connections: no answer from the API server
+            code = "error"
+            raise ApiError(
+                0, type(exc).__name__, f"no answer from the API server: {exc}", method, what
+            ) from exc
+        finally:
+            telemetry.API_REQUESTS.labels(verb, resource, code).inc()
 
     # ------------------------------------------------------------------------------------ reads
     def has_kind(self, api_version: str, kind: str) -> bool:
@@ -51,108 +166,225 @@ class Kube:
             known = self._kinds.get(key)
             if known is not None and now - known[1] < KIND_RECHECK_SECONDS:
                 return known[0]
-            if known is not None:
-                self.dyn.resources.invalidate_cache()
-            try:
-                self.dyn.resources.get(api_version=api_version, kind=kind)
-                served = True
-            except ResourceNotFoundError:
-                served = False
+        prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+        try:
+            found = self.request("GET", prefix, what=f"discovery {api_version}")
+            served = any(r.get("kind") == kind for r in (found or {}).get("resources") or [])
+        except ApiError as exc:
+            if exc.status not in (403, 404, 503):
+                raise
+            served = False
+        with self._lock:
             self._kinds[key] = (served, now)
-            return served
+        return served
 
     def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> Obj | None:
         try:
-            obj = self._resource(api_version, kind).get(name=name, namespace=namespace)
-        except NotFoundError:
-            return None
-        result: Obj = obj.to_dict()
-        return result
+            result: Obj = self.request(
+                "GET", resource_path(api_version, kind, namespace, name), what=f"{kind} {name}"
+            )
+            return result
+        except ApiError as exc:
+            if exc.not_found:
+                return None
+            raise
+
+    def list_page(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None = None,
+        label_selector: str = "",
+        field_selector: str = "",
+        limit: int = 500,
+    ) -> tuple[list[Obj], str]:
+        """Every object (paged), and the list's resourceVersion to watch from."""
+        items: list[Obj] = []
+        cont = ""
+        while True:
+            query = [("limit", str(limit))]
+            if label_selector:
+                query.append(("labelSelector", label_selector))
+            if field_selector:
+                query.append(("fieldSelector", field_selector))
+            if cont:
+                query.append(("continue", cont))
+            page = self.request(
+                "GET", resource_path(api_version, kind, namespace), query, what=f"list {kind}"
+            )
+            for obj in page.get("items") or []:
+                obj.setdefault("apiVersion", api_version)
+                obj.setdefault("kind", kind)
+                items.append(obj)
+            cont = (page.get("metadata") or {}).get("continue") or ""
+            if not cont:
+                return items, str((page.get("metadata") or {}).get("resourceVersion") or "")
 
     def list_objects(
         self, api_version: str, kind: str, namespace: str | None = None, selector: str = ""
     ) -> list[Obj]:
-        res = self._resource(api_version, kind)
-        items = (
-            res.get(namespace=namespace, label_selector=selector)
-            if namespace
-            else res.get(label_selector=selector)
+        return self.list_page(api_version, kind, namespace, selector)[0]
+
+    def watch(
+        self,
+        api_version: str,
+        kind: str,
+        resource_version: str,
+        namespace: str | None = None,
+        label_selector: str = "",
+        field_selector: str = "",
+        on_open: Any = None,
+    ) -> Iterator[Obj]:
+        """Watch events ({type, object}) from `resource_version`, until the server ends the request."""
+        query = [
+            ("watch", "true"),
+            ("allowWatchBookmarks", "true"),
+            ("resourceVersion", resource_version),
+            ("timeoutSeconds", str(WATCH_SECONDS)),
+        ]
+        if label_selector:
+            query.append(("labelSelector", label_selector))
+        if field_selector:
+            query.append(("fieldSelector", field_selector))
+        resp = self.request(
+            "GET",
+            resource_path(api_version, kind, namespace),
+            query,
+            timeout=(self.timeout[0], WATCH_SECONDS + 30),
+            what=f"watch {kind}",
+            stream=True,
         )
-        return [i.to_dict() for i in items.items]
-
-    def model_deployment(self, namespace: str, name: str) -> Obj | None:
-        return self.get(API_VERSION, KIND, name, namespace)
-
-    def children(self, namespace: str, owner: str, kind: str, api_version: str = "v1") -> list[Obj]:
-        selector = f"{c.MANAGED_BY}={c.MANAGED_BY_VALUE},{c.LABEL_DEPLOYMENT}={owner}"
-        return self.list_objects(api_version, kind, namespace, selector)
+        if on_open is not None:
+            on_open(resp)
+        try:
+            for line in iter_resp_lines(resp):
+                if line:
+                    yield json.loads(line)
+        finally:
+            resp.release_conn()
 
     def nodes(self) -> list[Obj]:
         return self.list_objects("v1", "Node")
 
     def gpu_pods(self) -> list[Obj]:
-        """Every non-terminal pod in the cluster (for free-GPU accounting)."""
-        pods = self.core.list_pod_for_all_namespaces(
-            field_selector="status.phase!=Succeeded,status.phase!=Failed", _preload_content=False
-        )
-        import json
-
-        items: list[Obj] = json.loads(pods.data)["items"]
-        return items
+        """Every non-terminal pod in the cluster (for free-GPU accounting by one-shot tools)."""
+        return self.list_page("v1", "Pod", field_selector="status.phase!=Succeeded,status.phase!=Failed")[0]
 
     # ----------------------------------------------------------------------------------- writes
-    def apply(self, manifest: Obj) -> None:
+    def apply(self, manifest: Obj) -> Obj:
         """Server-side apply; tokenfab owns every field it sets."""
-        res = self._resource(manifest["apiVersion"], manifest["kind"])
         meta = manifest["metadata"]
-        res.server_side_apply(
+        path = resource_path(manifest["apiVersion"], manifest["kind"], meta.get("namespace"), meta["name"])
+        result: Obj = self.request(
+            "PATCH",
+            path,
+            [("fieldManager", c.FIELD_MANAGER), ("force", "true")],
             body=manifest,
-            name=meta["name"],
-            namespace=meta.get("namespace"),
-            field_manager=c.FIELD_MANAGER,
-            force_conflicts=True,
+            content_type="application/apply-patch+yaml",
+            what=f"{manifest['kind']} {meta.get('namespace', '')}/{meta['name']}".replace(" /", " "),
         )
+        return result
 
-    def apply_status(self, namespace: str, name: str, status: Obj) -> None:
+    def apply_status(self, namespace: str, name: str, status: Obj) -> Obj:
         body = {
             "apiVersion": API_VERSION,
             "kind": KIND,
             "metadata": {"name": name, "namespace": namespace},
             "status": status,
         }
-        res = self._resource(API_VERSION, KIND)
-        res.status.server_side_apply(
-            body=body, name=name, namespace=namespace, field_manager=c.FIELD_MANAGER, force_conflicts=True
+        result: Obj = self.request(
+            "PATCH",
+            resource_path(API_VERSION, KIND, namespace, name, "status"),
+            [("fieldManager", c.FIELD_MANAGER), ("force", "true")],
+            body=body,
+            content_type="application/apply-patch+yaml",
+            what=f"{KIND} {namespace}/{name} status",
         )
+        return result
 
     def apply_cluster_status(
         self, api_version: str, kind: str, name: str, status: Obj, labels: dict[str, str]
     ) -> None:
         """Create-or-update a cluster-scoped status-only object (e.g. an NVLinkDomain)."""
         body = {"apiVersion": api_version, "kind": kind, "metadata": {"name": name, "labels": labels}}
-        res = self._resource(api_version, kind)
-        res.server_side_apply(body=body, name=name, field_manager=c.FIELD_MANAGER, force_conflicts=True)
-        res.status.server_side_apply(
-            body={**body, "status": status}, name=name, field_manager=c.FIELD_MANAGER, force_conflicts=True
+        self.apply(body)
+        self.request(
+            "PATCH",
+            resource_path(api_version, kind, None, name, "status"),
+            [("fieldManager", c.FIELD_MANAGER), ("force", "true")],
+            body={**body, "status": status},
+            content_type="application/apply-patch+yaml",
+            what=f"{kind} {name} status",
+        )
+
+    def merge_patch(self, api_version: str, kind: str, namespace: str | None, name: str, patch: Obj) -> Obj:
+        result: Obj = self.request(
+            "PATCH",
+            resource_path(api_version, kind, namespace, name),
+            [("fieldManager", c.FIELD_MANAGER)],
+            body=patch,
+            content_type="application/merge-patch+json",
+            what=f"{kind} {namespace or ''}/{name}".replace(" /", " "),
+        )
+        return result
+
+    def release_pod(self, namespace: str, name: str, now: float) -> None:
+        """Lift tokenfab's scheduling gate (the scheduler may bind the pod from now on)."""
+        self.merge_patch(
+            "v1",
+            "Pod",
+            namespace,
+            name,
+            {"metadata": {"annotations": {c.ANN_RELEASED: f"{now:.3f}"}}, "spec": {"schedulingGates": None}},
+        )
+
+    def set_pod_condition(
+        self, namespace: str, name: str, type_: str, status: bool, reason: str, message: str
+    ) -> None:
+        """Set one condition on a pod's status (a readiness gate's), by strategic merge on its type."""
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        cond = {
+            "type": type_,
+            "status": "True" if status else "False",
+            "reason": reason,
+            "message": message[:500],
+            "lastTransitionTime": now,
+        }
+        self.request(
+            "PATCH",
+            resource_path("v1", "Pod", namespace, name, "status"),
+            [("fieldManager", c.FIELD_MANAGER)],
+            body={"status": {"conditions": [cond]}},
+            content_type="application/strategic-merge-patch+json",
+            what=f"Pod {namespace}/{name} status",
         )
 
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> None:
-        with contextlib.suppress(NotFoundError):
-            self._resource(api_version, kind).delete(name=name, namespace=namespace)
-
-    def delete_group(self, namespace: str, group: str) -> None:
-        """Delete every pod of a group (and its ComputeDomain, if any) at once."""
-        self.core.delete_collection_namespaced_pod(namespace, label_selector=f"{c.LABEL_GROUP}={group}")
-        if not self.has_kind(c.COMPUTE_DOMAIN_API, "ComputeDomain"):
-            return  # NVIDIA's DRA driver is not installed: there is nothing to delete
         try:
-            found = self._resource(c.COMPUTE_DOMAIN_API, "ComputeDomain").get(
-                namespace=namespace, label_selector=f"{c.LABEL_GROUP}={group}"
-            )
-        except (NotFoundError, ResourceNotFoundError):  # the CRD went away since discovery
-            return
-        for cd in found.items:
-            self.delete(c.COMPUTE_DOMAIN_API, "ComputeDomain", cd.metadata.name, namespace)
+            self.request("DELETE", resource_path(api_version, kind, namespace, name), what=f"{kind} {name}")
+        except ApiError as exc:
+            if not exc.not_found:
+                raise
+
+    def delete_group(self, namespace: str, group: str, compute_domain: bool = False) -> None:
+        """Delete every pod of a group at once, and its PodGroup and ComputeDomain if it has them."""
+        self.request(
+            "DELETE",
+            resource_path("v1", "Pod", namespace),
+            [("labelSelector", f"{c.LABEL_GROUP}={group}")],
+            what=f"pods of group {namespace}/{group}",
+        )
+        if self.has_kind(c.POD_GROUP_API, "PodGroup"):
+            self.delete(c.POD_GROUP_API, "PodGroup", group, namespace)
+        if compute_domain and self.has_kind(c.COMPUTE_DOMAIN_API, "ComputeDomain"):
+            for cd in self.list_objects(
+                c.COMPUTE_DOMAIN_API, "ComputeDomain", namespace, f"{c.LABEL_GROUP}={group}"
+            ):
+                self.delete(c.COMPUTE_DOMAIN_API, "ComputeDomain", cd["metadata"]["name"], namespace)
+
+    def post_event(self, owner: Obj, type_: str, reason: str, message: str) -> None:
+        """`event`, posted in the background (a pass does not wait for its Events)."""
+        self.pool.submit(self.event, owner, type_, reason, message)
 
     def event(self, owner: Obj, type_: str, reason: str, message: str) -> None:
         """A core/v1 Event on the ModelDeployment; failures are logged, never raised."""
@@ -180,6 +412,39 @@ class Kube:
             "reportingInstance": "tokenfab-operator",
         }
         try:
-            self.core.create_namespaced_event(meta["namespace"], body)
-        except ApiException as exc:
-            log.warning("could not post event %s: %s", reason, exc.reason)
+            self.request("POST", resource_path("v1", "Event", meta["namespace"]), body=body, what="Event")
+        except ApiError as exc:
+            log.warning("could not post event %s: %s", reason, exc)
+
+
+def count_requests() -> Counter:
+    """Start counting this thread's requests (for one pass); returns the counter."""
+    counter = Counter()
+    _local.counter = counter
+    return counter
+
+
+def stop_counting() -> None:
+    _local.counter = None
+
+
+def _resource_of(path: str) -> str:
+    """The resource of a request path, with its subresource: /api/v1/namespaces/x/pods/y -> pods,
+    /apis/g/v/namespaces/x/modeldeployments/y/status -> modeldeployments/status."""
+    parts = [p for p in path.split("/") if p]
+    rest = parts[2:] if parts and parts[0] == "api" else parts[3:]
+    if len(rest) >= 2 and rest[0] == "namespaces":
+        rest = rest[2:] or ["namespaces"]
+    if not rest:
+        return "discovery"
+    return rest[0] + (f"/{rest[2]}" if len(rest) > 2 else "")
+
+
+def _error(status: int, data: bytes, verb: str, what: str) -> ApiError:
+    try:
+        body = json.loads(data)
+        return ApiError(
+            status, str(body.get("reason") or status), str(body.get("message") or data[:300]), verb, what
+        )
+    except ValueError:
+        return ApiError(status, str(status), data[:300].decode(errors="replace"), verb, what)

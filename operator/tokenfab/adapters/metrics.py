@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 from prometheus_api_client import PrometheusConnect
+from urllib3.util.retry import Retry
 
 from tokenfab.planning import contract as c
 from tokenfab.planning.autoscaling import Sample
@@ -36,6 +37,36 @@ def kv_query(namespace: str, deployment: str, role: str, override: str | None = 
     return f"max by ({c.PROM_LABEL_GROUP}) ({_selector(KV_METRICS, namespace, deployment, role)})"
 
 
+INFLIGHT_METRIC = "dynamo_component_inflight_requests"
+
+
+def inflight_query(namespace: str, deployment: str) -> str:
+    """PromQL returning the requests in flight per group of a deployment (every role), as each group's
+    engine counts them at its request plane (prefill engines count too)."""
+    return (
+        f'sum by ({c.PROM_LABEL_GROUP}) ({INFLIGHT_METRIC}{{namespace="{namespace}", '
+        f'{c.PROM_LABEL_DEPLOYMENT}="{deployment}", dynamo_endpoint="generate"}})'
+    )
+
+
+FRONTEND_REQUESTS = "dynamo_frontend_requests_started_total"
+FRONTEND_INPUT_TOKENS = "dynamo_frontend_input_sequence_tokens_sum"
+
+
+def _frontend(namespace: str, deployment: str) -> str:
+    return f'{{namespace="{namespace}", {c.PROM_LABEL_DEPLOYMENT}="{deployment}"}}'
+
+
+def arrival_query(namespace: str, deployment: str, window_seconds: int) -> str:
+    """PromQL returning the requests/s arriving at a deployment's frontend (every replica), one sample."""
+    return f"sum(rate({FRONTEND_REQUESTS}{_frontend(namespace, deployment)}[{window_seconds}s]))"
+
+
+def input_tokens_query(namespace: str, deployment: str, window_seconds: int) -> str:
+    """PromQL returning the input tokens/s arriving at a deployment's frontend, one sample."""
+    return f"sum(rate({FRONTEND_INPUT_TOKENS}{_frontend(namespace, deployment)}[{window_seconds}s]))"
+
+
 def queue_query(namespace: str, deployment: str, role: str) -> str:
     """PromQL returning the waiting requests per group."""
     return f"sum by ({c.PROM_LABEL_GROUP}) ({_selector(QUEUE_METRICS, namespace, deployment, role)})"
@@ -54,7 +85,14 @@ def read(url: str, query: str, timeout: float = 5.0, now: float | None = None) -
     """Run `query` and its `timestamp()` twin; a sample's age is now minus its scrape time."""
     now = time.time() if now is None else now
     try:
-        prom = PrometheusConnect(url=url, disable_ssl=True, timeout=int(max(1, timeout)))
+        # One bounded attempt per query (the client retries 3 times by default): a slow Prometheus costs a
+        # pass at most `timeout` seconds per query, and the next pass asks again.
+        prom = PrometheusConnect(
+            url=url,
+            disable_ssl=True,
+            timeout=int(max(1, timeout)),
+            retry=Retry(total=0, raise_on_status=False),
+        )
         values = prom.custom_query(query)
         stamps = prom.custom_query(f"timestamp({query})")
     except Exception as exc:  # connection refused, timeout, bad query: all mean "no data"

@@ -19,7 +19,7 @@ RECONCILE_SECONDS = Histogram(
     "tokenfab_reconcile_duration_seconds",
     "Duration of one reconcile pass.",
     ["namespace", "deployment"],
-    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
     registry=REGISTRY,
 )
 GROUPS_DESIRED = Gauge(
@@ -81,3 +81,28 @@ DOMAIN_FREE_GPUS = Gauge(
 def serve(port: int, addr: str = "0.0.0.0") -> None:
     """Expose the metrics on http://addr:port/metrics (a daemon thread)."""
     start_http_server(port, addr=addr, registry=REGISTRY)
+
+
+API_REQUESTS = Counter(
+    "tokenfab_api_requests_total",
+    "Requests to the Kubernetes API server by verb, resource and HTTP status (0: no answer).",
+    ["verb", "resource", "code"],
+    registry=REGISTRY,
+)
+RECONCILE_ERRORS = Counter(
+    "tokenfab_reconcile_errors_total",
+    "Reconcile passes that failed, by reason (the API server's, or the operator's).",
+    ["namespace", "deployment", "reason"],
+    registry=REGISTRY,
+)
+QUEUE_DEPTH = Gauge(
+    "tokenfab_workqueue_depth", "Deployments waiting for a reconcile pass.", registry=REGISTRY
+)
+LEDGER_RESERVED_PODS = Gauge(
+    "tokenfab_ledger_reserved_pods",
+    "Pods the placement ledger has promised capacity to that the watch has not seen yet.",
+    registry=REGISTRY,
+)
+IS_LEADER = Gauge(
+    "tokenfab_leader", "1 while this operator replica holds the leader Lease (and writes).", registry=REGISTRY
+)

@@ -1,0 +1,337 @@
+"""The fleet controller of one operator process: informers feed the cluster view, events wake the
+deployments they concern, and a few worker threads reconcile one deployment at a time each.
+
+    informers (nodes, tokenfab's pods, others' bound pods, children) --> ClusterView --> WorkQueue
+    kopf (ModelDeployment events) -----------------------------------------^               |
+                                                         workers: reconcile(key) <-----------+
+                                                                  asks the Ledger for capacity
+
+Workers wait until every informer has listed once (a pass never plans from an empty view) and run only
+while this replica leads (see tokenfab.leader). A failed pass is retried with per-deployment exponential
+backoff; a pass that asks for a later look (a timer) is queued for then; every deployment is looked at
+again every `resync` seconds in any case.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenfab import inventory
+from tokenfab.adapters import telemetry
+from tokenfab.adapters.informer import Informer, Source
+from tokenfab.adapters.kube import ApiError, Kube, Obj
+from tokenfab.fleet.expectations import Expectations
+from tokenfab.fleet.ledger import Ledger
+from tokenfab.fleet.view import Change, ClusterView, Key
+from tokenfab.fleet.workqueue import WorkQueue
+from tokenfab.planning import contract as c
+from tokenfab.reconcile import reconcile
+from tokenfab.runtime import Context, Result, Settings
+
+log = logging.getLogger("tokenfab")
+MANAGED = f"{c.MANAGED_BY}={c.MANAGED_BY_VALUE}"
+SLOW_PASS_SECONDS = 1.0
+STUCK_SECONDS = 600.0  # a pass this long means a hang (every request has a timeout): fail liveness
+
+
+@dataclass
+class Options:
+    namespaces: list[str] = field(default_factory=list)  # empty: every namespace
+    workers: int = 4
+    resync_seconds: float = 60.0
+    inventory_seconds: float = 10.0
+    settings: Settings = field(default_factory=Settings)
+
+
+class Controller:
+    def __init__(
+        self,
+        kube: Kube,
+        options: Options | None = None,
+        planner: Any = None,
+        reader: Any = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.kube = kube
+        self.options = options or Options()
+        self.view = ClusterView(self.options.namespaces or None)
+        self.ledger = Ledger(self.view)
+        self.ctx = Context(
+            kube=kube,
+            view=self.view,
+            ledger=self.ledger,
+            expectations=Expectations(),
+            settings=self.options.settings,
+            reader=reader,
+            planner=planner,
+        )
+        self.queue: WorkQueue[Key] = WorkQueue()
+        self.clock = clock
+        self.leading = threading.Event()
+        self.waiting_for_capacity: set[Key] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.informers = self._informers()
+        self.passes = 0
+        self.busy: dict[str, float] = {}  # worker -> when its current pass started
+
+    # --------------------------------------------------------------------------------- sources
+    def _informers(self) -> list[Informer]:
+        namespaces: list[str | None] = list(self.options.namespaces) or [None]
+        sources: list[tuple[Source, Callable[[str, Obj], Change]]] = [
+            (Source("Node", "v1", "Node"), self.view.on_node),
+            (
+                Source(
+                    "ForeignPod",
+                    "v1",
+                    "Pod",
+                    field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed",
+                ),
+                self.view.on_foreign_pod,
+            ),
+        ]
+        for ns in namespaces:
+            suffix = f"@{ns}" if ns else ""
+            sources.append((Source(f"Pod{suffix}", "v1", "Pod", ns, MANAGED), self.view.on_pod))
+            for api_version, kind in (
+                ("v1", "ConfigMap"),
+                ("v1", "Service"),
+                ("apps/v1", "Deployment"),
+                ("policy/v1", "PodDisruptionBudget"),
+            ):
+                sources.append(
+                    (
+                        Source(f"{kind}{suffix}", api_version, kind, ns, MANAGED),
+                        _child_handler(self.view, kind),
+                    )
+                )
+        out = []
+        for source, handler in sources:
+            out.append(
+                Informer(
+                    self.kube,
+                    source,
+                    on_event=self._event_handler(handler),
+                    on_list=self._list_handler(source),
+                )
+            )
+        return out
+
+    def _event_handler(self, handler: Callable[[str, Obj], Change]) -> Callable[[str, Obj], None]:
+        def on_event(type_: str, obj: Obj) -> None:
+            self.wake(handler(type_, obj))
+
+        return on_event
+
+    def _list_handler(self, source: Source) -> Callable[[list[Obj]], None]:
+        kind = source.name.split("@")[0]
+
+        def on_list(items: list[Obj]) -> None:
+            self.wake(self.view.replace(kind, items, source.namespace))
+
+        return on_list
+
+    # ----------------------------------------------------------------------------------- events
+    def on_model_deployment(self, type_: str, body: Obj) -> None:
+        """A ModelDeployment event (from kopf's watch)."""
+        change = self.view.on_model_deployment(type_, body)
+        if type_ == "DELETED":
+            for key in change.keys:
+                self.ctx.ledger.release(key)
+                with self._lock:
+                    self.waiting_for_capacity.discard(key)
+            change = Change(change.keys, True)  # its groups' room will be freed
+        self.wake(change)
+
+    def wake(self, change: Change) -> None:
+        for key in change.keys:
+            self.queue.add(key)
+        if change.freed:
+            with self._lock:
+                waiting = list(self.waiting_for_capacity)
+            for key in waiting:
+                self.queue.add(key)
+
+    # ------------------------------------------------------------------------------------ run
+    def start(self, leading: bool = True) -> None:
+        for inf in self.informers:
+            inf.start()
+        if leading:
+            self.leading.set()
+        for i in range(self.options.workers):
+            self._spawn(f"reconcile-{i}", self._worker)
+        self._spawn("resync", self._resync)
+        self._spawn("inventory", self._inventory)
+
+    def lead(self) -> None:
+        """This replica now holds the leader Lease: look at every deployment."""
+        self.leading.set()
+        for key in self.view.deployments():
+            self.queue.add(key)
+
+    def _spawn(self, name: str, target: Callable[[], None]) -> None:
+        t = threading.Thread(target=target, name=name, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.queue.shutdown()
+        for inf in self.informers:
+            inf.stop()
+
+    def synced(self) -> bool:
+        return all(inf.synced.is_set() for inf in self.informers)
+
+    def wait_synced(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for inf in self.informers:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not inf.synced.wait(left):
+                return False
+        return True
+
+    def _ready_to_work(self) -> bool:
+        while not self._stop.is_set():
+            if self.leading.wait(1.0) and self.wait_synced(1.0):
+                return True
+        return False
+
+    def _worker(self) -> None:
+        me = threading.current_thread().name
+        while self._ready_to_work():
+            key = self.queue.get(timeout=1.0)
+            if key is None:
+                continue
+            self.busy[me] = time.monotonic()
+            try:
+                if self.leading.is_set():
+                    self.process(key)
+                else:
+                    self.queue.add_after(key, 1.0)
+            finally:
+                self.busy.pop(me, None)
+                self.queue.done(key)
+                telemetry.QUEUE_DEPTH.set(len(self.queue))
+
+    def health(self) -> dict[str, Any]:
+        """For the liveness probe: raises when the watches have not listed yet or a worker is stuck."""
+        if not self.synced():
+            waiting = [inf.source.name for inf in self.informers if not inf.synced.is_set()]
+            raise RuntimeError(f"watches not listed yet: {', '.join(waiting)}")
+        now = time.monotonic()
+        stuck = {name: round(now - t) for name, t in list(self.busy.items()) if now - t > STUCK_SECONDS}
+        if stuck:
+            raise RuntimeError(f"reconcile workers stuck for more than {STUCK_SECONDS:.0f} s: {stuck}")
+        return {"leading": self.leading.is_set(), "queue": len(self.queue), "passes": self.passes}
+
+    def process(self, key: Key) -> Result | None:
+        """One pass for one deployment, and what to do next with its key."""
+        t0 = time.monotonic()
+        now = self.clock()
+        try:
+            result = reconcile(self.ctx, key, now)
+        except Exception as exc:
+            telemetry.RECONCILES.labels(key[0], key[1], "error").inc()
+            telemetry.RECONCILE_ERRORS.labels(key[0], key[1], type(exc).__name__).inc()
+            delay = self.queue.add_rate_limited(key)
+            log.exception("reconcile of %s/%s failed; retrying in %.1f s", *key, delay)
+            self._surface(key, exc, now)
+            return None
+        finally:
+            telemetry.RECONCILE_SECONDS.labels(*key).observe(time.monotonic() - t0)
+            self.passes += 1
+        telemetry.RECONCILES.labels(key[0], key[1], "ok" if result else "gone").inc()
+        with self._lock:
+            if result is not None and result.waiting_for_capacity:
+                self.waiting_for_capacity.add(key)
+            else:
+                self.waiting_for_capacity.discard(key)
+        if result is None:
+            self.queue.forget(key)
+            return None
+        record(key, result)
+        took = time.monotonic() - t0
+        if took > SLOW_PASS_SECONDS:
+            log.info("%s/%s: slow pass (%.2f s): %s", *key, took, result.timings)
+        if result.errors:
+            delay = self.queue.add_rate_limited(key)
+            log.warning(
+                "%s/%s: the API server refused %d write(s), retrying in %.1f s: %s",
+                *key,
+                len(result.errors),
+                delay,
+                result.errors[0],
+            )
+        else:
+            self.queue.forget(key)
+            if result.requeue_after is not None:
+                self.queue.add_after(key, result.requeue_after)
+        if result.created or result.deleted or result.conditions_changed:
+            log.info(
+                "%s/%s: created %s deleted %s conditions %s",
+                *key,
+                result.created,
+                result.deleted,
+                result.conditions_changed,
+            )
+        return result
+
+    def _surface(self, key: Key, exc: Exception, now: float) -> None:
+        """An unexpected failure is shown on the object too (one Event per distinct message)."""
+        body = self.view.model_deployment(key)
+        if body is None:
+            return
+        mem = self.ctx.mem(key)
+        text = f"{type(exc).__name__}: {exc}"[:900]
+        if now - mem.errors_posted.get(text, 0.0) < 600:
+            return
+        mem.errors_posted[text] = now
+        self.kube.event(body, "Warning", "ReconcileError", f"the operator failed to reconcile: {text}")
+
+    def _resync(self) -> None:
+        while not self._stop.wait(self.options.resync_seconds):
+            if self.leading.is_set():
+                for key in self.view.deployments():
+                    self.queue.add(key)
+            self.ledger.expire(self.clock())
+            telemetry.LEDGER_RESERVED_PODS.set(len(self.ledger.reservations()))
+
+    def _inventory(self) -> None:
+        written: dict[str, Any] = {}
+        while not self._stop.wait(self.options.inventory_seconds):
+            if not self.leading.is_set() or not self.synced():
+                continue
+            try:
+                inventory.sync_domains(self.kube, self.view, self.ledger, written, self.clock())
+            except ApiError as exc:
+                log.warning("NVLinkDomain inventory: %s", exc)
+            except Exception:
+                log.exception("NVLinkDomain inventory failed")
+
+
+def _child_handler(view: ClusterView, kind: str) -> Callable[[str, Obj], Change]:
+    def handler(type_: str, obj: Obj) -> Change:
+        return view.on_child(kind, type_, obj)
+
+    return handler
+
+
+def record(key: Key, result: Result) -> None:
+    """Export one pass's outcome as the operator's own metrics."""
+    for plan in result.plans:
+        labels = (key[0], key[1], plan.role)
+        telemetry.GROUPS_DESIRED.labels(*labels).set(plan.desired)
+        telemetry.GROUPS_READY.labels(*labels).set(plan.ready)
+        telemetry.GROUP_GPUS.labels(*labels).set(plan.shape.gpus)
+        if plan.unplaced:
+            telemetry.PLACEMENT_FAILURES.labels(*labels).inc(plan.unplaced)
+        broken = sum(1 for d in plan.delete if d.reason == "Broken")
+        if broken:
+            telemetry.GROUPS_RECREATED.labels(*labels).inc(broken)

@@ -1,0 +1,526 @@
+"""Acting on a plan: the pass's writes through the one writer (server-side apply), in parallel where they
+are independent, with every refusal kept (in the API server's words) for status and Events."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from tokenfab.adapters import telemetry
+from tokenfab.adapters.kube import ApiError, Obj
+from tokenfab.api.errors import SpecError
+from tokenfab.api.models import (
+    API_VERSION,
+    KIND,
+    Condition,
+    ModelDeployment,
+    ModelDeploymentSpec,
+    ModelDeploymentStatus,
+    RoleName,
+)
+from tokenfab.fleet.view import Key
+from tokenfab.planning import builders as b
+from tokenfab.planning import contract as c
+from tokenfab.planning.groups import Create, Delete, RolePlan
+from tokenfab.planning.status import merge_conditions
+from tokenfab.runtime import Context, Memory, Result
+
+log = logging.getLogger(__name__)
+# Old kopf bookkeeping on objects made by earlier tokenfab versions (removed when seen).
+LEGACY_FINALIZER = c.FINALIZER
+LEGACY_ANNOTATIONS = (f"{c.DOMAIN}/last-handled-configuration", f"{c.DOMAIN}/last-handled")
+
+
+def gang_mode(ctx: Context, spec: ModelDeploymentSpec) -> b.GangMode:
+    mode = ctx.settings.gang
+    if mode in ("podgroup", "gates"):
+        return mode  # type: ignore[return-value]
+    if not any(b.group_shape(spec, r).nodes > 1 for r, _ in spec.roles()):
+        return "gates"  # one-pod groups need neither
+    try:
+        return "podgroup" if ctx.kube.has_kind(c.POD_GROUP_API, "PodGroup") else "gates"
+    except ApiError:
+        return "gates"
+
+
+def compute_domain_block(ctx: Context, spec: ModelDeploymentSpec) -> Callable[[RoleName], str]:
+    if not any(b.uses_compute_domain(spec, r) for r, _ in spec.roles()):
+        return lambda role: ""
+    try:
+        served = ctx.kube.has_kind(c.COMPUTE_DOMAIN_API, "ComputeDomain")
+    except ApiError:
+        served = False
+    if served:
+        return lambda role: ""
+
+    def why(role: RoleName) -> str:
+        if not b.uses_compute_domain(spec, role):
+            return ""
+        return (
+            f"{role} groups need an NVIDIA ComputeDomain ({c.COMPUTE_DOMAIN_API}) but its CRD is not "
+            "installed: install NVIDIA's DRA driver, or set spec.topology.computeDomain to false"
+        )
+
+    return why
+
+
+def wait_all(futures: list[tuple[Future[Any], Any]], result: Result) -> list[Any]:
+    """Wait for submitted writes; returns the tags of the ones that failed (errors go to the result)."""
+    failed = []
+    for fut, tag in futures:
+        try:
+            fut.result()
+        except ApiError as exc:
+            result.errors.append(exc)
+            failed.append(tag)
+    return failed
+
+
+def act(
+    ctx: Context,
+    key: Key,
+    body: Obj,
+    owner: b.Owner,
+    spec: ModelDeploymentSpec,
+    plans: list[RolePlan],
+    result: Result,
+    now: float,
+) -> None:
+    """The pass's writes in two round trips: every apply and delete at once (shared children that differ,
+    groups to delete, every pod of every new group with its PodGroup), then the scheduling gates of the
+    groups that now exist whole, lifted together. A group that could not be created whole is removed
+    again and its room given back."""
+    shared = _submit_shared(ctx, key, owner, spec, plans, now)
+    deletes = _submit_deletes(ctx, key, spec, plans)
+    gang = gang_mode(ctx, spec) if any(p.create for p in plans) else "gates"
+    creates, pending = _submit_creates(ctx, owner, spec, plans, gang)
+    failed_shared = set(wait_all(shared, result))
+    failed_deletes = {d.name for _, d in wait_all(deletes, result)}
+    failed_groups = set(wait_all(creates, result))
+    mem = ctx.mem(key)
+    for _, tag in shared:
+        if tag is not None and tag not in failed_shared:
+            mem.applied[tag[0]] = (tag[1], now)
+            result.applied.append(f"{tag[0][0]}/{tag[0][1]}")
+    for _, (plan, d) in deletes:
+        if d.name in failed_deletes:
+            continue
+        ctx.ledger.release(key, d.name)
+        result.deleted.append(d.name)
+        doomed = {p.name for p in ctx.view.pods(key) if p.labels.get(c.LABEL_GROUP) == d.name}
+        ctx.expectations.expect(key, now, deleted=doomed)
+        why = plan.broken_reasons.get(d.name)
+        if d.reason in ("Drained", "DrainTimedOut"):
+            _drain_event(ctx, key, body, d)
+            continue
+        ctx.kube.post_event(
+            body,
+            "Normal" if d.reason != "Broken" else "Warning",
+            f"GroupDeleted{d.reason}",
+            f"deleted group {d.name} ({d.reason.lower()}" + (f": {why})" if why else ")"),
+        )
+    for plan, cr, group, pods in pending:
+        if group in failed_groups:
+            # Not whole: take back what was made, and the room promised to it.
+            ctx.ledger.release(key, group)
+            try:
+                ctx.kube.delete_group(key[0], group)
+            except ApiError as exc:
+                result.errors.append(exc)
+            continue
+        ctx.expectations.expect(key, now, created={p["metadata"]["name"] for p in pods})
+        result.created.append(group)
+        plan.unbound.setdefault(group, "created; waiting for the scheduler to bind it")
+        if cr.reason != "Complete":
+            ctx.kube.post_event(
+                body,
+                "Normal",
+                f"GroupCreated{cr.reason}",
+                f"created group {group}: {plan.shape.gpus} GPUs on {plan.shape.nodes} node(s) "
+                f"in NVLink domain {cr.domain}" + (f" ({', '.join(cr.nodes)})" if cr.nodes else ""),
+            )
+        if b.gang_of(spec, cr.role, gang) == "gates":
+            plan.release.append(group)  # released right away: every pod of it exists now
+    release_groups(ctx, key, plans, result, now)
+    _routing(ctx, key, body, plans, result, now)
+
+
+def _drain_event(ctx: Context, key: Key, body: Obj, d: Delete) -> None:
+    pods = [p for p in ctx.view.pods(key) if p.labels.get(c.LABEL_GROUP) == d.name]
+    started = next(
+        (p.annotations.get(c.ANN_DRAIN_INFLIGHT) for p in pods if c.ANN_DRAIN_INFLIGHT in p.annotations), ""
+    )
+    took = f"{d.drained_for:.0f} s" if d.drained_for is not None else "no time"
+    waited = f", waited for {started} request(s) in flight" if started else ""
+    if d.reason == "Drained":
+        message = f"drained group {d.name} in {took}{waited}; deleting it"
+        ctx.kube.post_event(body, "Normal", "GroupDrained", message)
+    else:
+        cut = "an unknown number of" if d.inflight is None else f"{d.inflight:.0f}"
+        ctx.kube.post_event(
+            body,
+            "Warning",
+            "GroupDrainTimedOut",
+            f"group {d.name} still had {cut} request(s) in flight after {took} (drainSeconds{waited}); "
+            "deleting it cuts them",
+        )
+
+
+def _routing(ctx: Context, key: Key, body: Obj, plans: list[RolePlan], result: Result, now: float) -> None:
+    """Groups into and out of routing: a group starts draining (its pods marked with when, its leader's
+    routable condition False), a drain is cancelled (True again), and a new leader pod whose containers are
+    ready is made routable (the readiness gate a kubelet does not set by itself)."""
+    mem = ctx.mem(key)
+    pods = ctx.view.pods(key)
+    by_group: dict[str, list[Any]] = {}
+    for p in pods:
+        if c.LABEL_GROUP in p.labels:
+            by_group.setdefault(p.labels[c.LABEL_GROUP], []).append(p)
+    futures: list[tuple[Future[Any], Any]] = []
+
+    def once(pod: str, what: str) -> bool:
+        """Whether to write now: not when the same write went out moments ago (the watch lags)."""
+        last = mem.pod_writes.get((pod, what))
+        if last is not None and now - last < ctx.settings.applied_grace:
+            return False
+        mem.pod_writes[(pod, what)] = now
+        return True
+
+    def mark(group: str, draining: bool, inflight: float | None, reason: str) -> None:
+        for p in by_group.get(group, []):
+            ann: dict[str, Any] = (
+                {
+                    c.ANN_DRAINING: f"{now:.3f}",
+                    c.ANN_DRAIN_INFLIGHT: "" if inflight is None else f"{inflight:.0f}",
+                }
+                if draining
+                else {c.ANN_DRAINING: None, c.ANN_DRAIN_INFLIGHT: None}
+            )
+            if once(p.name, f"mark-{draining}"):
+                futures.append(
+                    (
+                        ctx.kube.pool.submit(
+                            ctx.kube.merge_patch,
+                            "v1",
+                            "Pod",
+                            key[0],
+                            p.name,
+                            {"metadata": {"annotations": ann}},
+                        ),
+                        group,
+                    )
+                )
+            if p.labels.get(c.LABEL_RANK) == "0" and once(p.name, f"routable-{not draining}"):
+                routable(
+                    p.name, not draining, reason, "taken out of routing to drain" if draining else "serving"
+                )
+
+    def routable(pod: str, value: bool, reason: str, message: str) -> None:
+        set_it = ctx.kube.set_pod_condition
+        futures.append(
+            (ctx.kube.pool.submit(set_it, key[0], pod, c.ROUTABLE_CONDITION, value, reason, message), pod)
+        )
+
+    for plan in plans:
+        for d in plan.drain:
+            mark(d.name, True, d.inflight, "Draining")
+            ctx.kube.post_event(
+                body,
+                "Normal",
+                "GroupDraining",
+                f"draining group {d.name} ({d.reason.lower()}): out of routing, "
+                + (
+                    f"{d.inflight:.0f} request(s) in flight"
+                    if d.inflight is not None
+                    else "in-flight requests unknown"
+                )
+                + f"; deleted once idle, or after {ctx_drain_seconds(body)} s",
+            )
+            result.draining.append(d.name)
+        for group in plan.undrain:
+            mark(group, False, None, "DrainCancelled")
+            ctx.kube.post_event(
+                body, "Normal", "GroupDrainCancelled", f"group {group} is needed again: back in routing"
+            )
+        draining = set(plan.draining) | {d.name for d in plan.drain}
+        for group, state in plan.states.items():
+            if group in draining or state in ("deleting", "broken"):
+                continue
+            for p in by_group.get(group, []):
+                if (
+                    p.labels.get(c.LABEL_RANK) == "0"
+                    and p.containers_ready
+                    and p.routable is not True
+                    and not p.deleting
+                    and c.ANN_DRAINING not in p.annotations
+                    and once(p.name, "routable-True")
+                ):
+                    routable(p.name, True, "Serving", "its containers are ready")
+    wait_all(futures, result)
+
+
+def ctx_drain_seconds(body: Obj) -> int:
+    return int(((body.get("spec") or {}).get("serving") or {}).get("drainSeconds", 600))
+
+
+def _submit_shared(
+    ctx: Context, key: Key, owner: b.Owner, spec: ModelDeploymentSpec, plans: list[RolePlan], now: float
+) -> list[tuple[Future[Any], Any]]:
+    """The workers' headless Service, the frontend Deployment and Service, the engine ConfigMaps of the
+    current revisions, a PodDisruptionBudget per role: applied only when their manifest differs from what
+    the cluster (or this process's last write) holds. Engine ConfigMaps of revisions no group uses any
+    more, and the budgets of roles that are gone, are deleted."""
+    mem = ctx.mem(key)
+    wanted = [b.workers_service(owner), b.frontend_deployment(owner, spec), b.frontend_service(owner)]
+    wanted += [b.engine_configmap(owner, spec, role) for role, _ in spec.roles()]
+    wanted += [
+        b.pod_disruption_budget(owner, p.role, p.desired * p.shape.nodes) for p in plans if spec.role(p.role)
+    ]
+    futures: list[tuple[Future[Any], Any]] = []
+    for manifest in wanted:
+        m = b.with_applied_hash(manifest)
+        h = m["metadata"]["annotations"][c.ANN_APPLIED_HASH]
+        ident = (m["kind"], m["metadata"]["name"])
+        seen = ctx.view.child(m["kind"], owner.namespace, m["metadata"]["name"])
+        if seen is not None and seen.applied_hash == h:
+            continue
+        last = mem.applied.get(ident)
+        if last is not None and last[0] == h and now - last[1] < ctx.settings.applied_grace:
+            continue  # written moments ago; the watch has not shown it yet
+        futures.append((ctx.kube.pool.submit(ctx.kube.apply, m), (ident, h)))
+    in_use = {(p.labels.get(c.LABEL_ROLE), p.labels.get(c.LABEL_REVISION)) for p in ctx.view.pods(key)}
+    current = {(role, b.role_revision(spec, role)) for role, _ in spec.roles()}
+    legacy_done = {role for role, rev in current if all(r == rev for ro, r in in_use if ro == role)}
+    for cm in ctx.view.children("ConfigMap", key):
+        stale = cm.revision and (cm.role, cm.revision) not in in_use | current
+        # (one ConfigMap per role, rewritten in place, before revisions had their own)
+        legacy = not cm.revision and cm.name == f"{owner.name}-{cm.role}-engine" and cm.role in legacy_done
+        if stale or legacy:
+            futures.append(
+                (ctx.kube.pool.submit(ctx.kube.delete, "v1", "ConfigMap", cm.name, owner.namespace), None)
+            )
+    roles = {r for r, _ in spec.roles()}
+    for pdb in ctx.view.children("PodDisruptionBudget", key):
+        if pdb.role and pdb.role not in roles:
+            futures.append(
+                (
+                    ctx.kube.pool.submit(
+                        ctx.kube.delete, "policy/v1", "PodDisruptionBudget", pdb.name, owner.namespace
+                    ),
+                    None,
+                )
+            )
+    return futures
+
+
+def _submit_deletes(
+    ctx: Context, key: Key, spec: ModelDeploymentSpec, plans: list[RolePlan]
+) -> list[tuple[Future[Any], Any]]:
+    futures: list[tuple[Future[Any], Any]] = []
+    for plan in plans:
+        for d in plan.delete:
+            cd = spec.role(plan.role) is not None and b.uses_compute_domain(spec, plan.role)
+            futures.append((ctx.kube.pool.submit(ctx.kube.delete_group, key[0], d.name, cd), (plan, d)))
+    return futures
+
+
+def _submit_creates(
+    ctx: Context, owner: b.Owner, spec: ModelDeploymentSpec, plans: list[RolePlan], gang: b.GangMode
+) -> tuple[list[tuple[Future[Any], Any]], list[tuple[RolePlan, Create, str, list[Obj]]]]:
+    """Every object of every new group at once. Order does not matter: a pod naming a PodGroup (or a
+    ComputeDomain's claim template) that does not exist yet simply waits for it."""
+    pending: list[tuple[RolePlan, Create, str, list[Obj]]] = []
+    futures: list[tuple[Future[Any], Any]] = []
+    for plan in plans:
+        for cr in plan.create:
+            group = b.group_name(owner, cr.role, cr.slot)
+            pods = b.group_pods(
+                owner, spec, cr.role, cr.slot, cr.domain, cr.revision, cr.nodes, cr.ranks, gang
+            )
+            objs: list[Obj] = []
+            if b.gang_of(spec, cr.role, gang) == "podgroup":
+                objs.append(b.pod_group(owner, spec, cr.role, cr.slot))
+            cd = b.compute_domain(owner, spec, cr.role, cr.slot)
+            if cd is not None:
+                objs.append(cd)
+            pending.append((plan, cr, group, pods))
+            for m in [*objs, *pods]:
+                futures.append((ctx.kube.pool.submit(ctx.kube.apply, m), group))
+    return futures, pending
+
+
+def release_groups(ctx: Context, key: Key, plans: list[RolePlan], result: Result, now: float) -> None:
+    """Lift the scheduling gate of every pod of each group to release, together."""
+    futures = []
+    for plan in plans:
+        for group in dict.fromkeys(plan.release):
+            gated = [p for p in ctx.view.pods(key) if p.labels.get(c.LABEL_GROUP) == group and p.gated]
+            names = {p.name for p in gated}
+            created_now = group in result.created
+            if created_now:  # its pods are not in the view yet: release every rank written
+                names = {f"{group}-{r}" for r in range(int(plan.shape.nodes))}
+            for n in sorted(names):
+                futures.append((ctx.kube.pool.submit(ctx.kube.release_pod, key[0], n, now), (group, n)))
+    failed = wait_all(futures, result)
+    done: dict[str, set[str]] = {}
+    for _, tag in futures:
+        if tag not in failed:
+            done.setdefault(tag[0], set()).add(tag[1])
+    for group, names in done.items():
+        result.released.append(group)
+        ctx.expectations.expect(key, now, released=names)
+
+
+def post_errors(ctx: Context, body: Obj, mem: Memory, result: Result, now: float) -> None:
+    """One Warning Event per distinct refusal (not one per retry); counted per reason."""
+    for err in result.errors:
+        text = str(err)
+        telemetry.RECONCILE_ERRORS.labels(
+            body["metadata"]["namespace"], body["metadata"]["name"], err.reason
+        ).inc()
+        last = mem.errors_posted.get(text)
+        if last is not None and now - last < 600:
+            continue
+        mem.errors_posted[text] = now
+        ctx.kube.post_event(body, "Warning", "ReconcileError", f"the API server refused: {text}")
+    if len(mem.errors_posted) > 64:
+        for text, _ in sorted(mem.errors_posted.items(), key=lambda kv: kv[1])[:-32]:
+            mem.errors_posted.pop(text, None)
+
+
+def last_status(ctx: Context, key: Key, body: Obj, md: ModelDeployment) -> ModelDeploymentStatus | None:
+    """The status this pass builds on: the watched object's, or the one this process wrote moments ago
+    if the watch has not shown it yet."""
+    mem = ctx.mem(key)
+    if mem.status is not None:
+        written, rv, when = mem.status
+        if body["metadata"].get("resourceVersion") != rv and now_minus(when) < ctx.settings.applied_grace:
+            try:
+                return ModelDeploymentStatus.model_validate(written)
+            except ValueError:
+                return md.status
+    return md.status
+
+
+def now_minus(t: float) -> float:
+    return time.time() - t
+
+
+def _comparable(status: Any) -> Any:
+    """A status as written and compared: empty maps and lists are left out at every level. (Applying an
+    empty map where this manager owned entries makes server-side apply send null, which the schema
+    refuses; and the API server may default empty objects.)"""
+    if isinstance(status, dict):
+        out = {k: _comparable(v) for k, v in status.items()}
+        return {k: v for k, v in out.items() if v not in ({}, [])}
+    if isinstance(status, list):
+        return [_comparable(v) for v in status]
+    return status
+
+
+# A deployment's status is written at most this often while nothing a user waits for changes (Ready
+# flipping, an error, a new generation): a burst of pod events then costs one status write, not one each.
+STATUS_MIN_INTERVAL = 1.0
+
+
+def status_defer(
+    ctx: Context,
+    key: Key,
+    previous: dict[str, Condition],
+    status: ModelDeploymentStatus,
+    result: Result,
+    now: float,
+) -> float:
+    """Seconds to hold this status back (0: write it now)."""
+    mem = ctx.mem(key)
+    if mem.status is None or result.errors:
+        return 0.0
+    since = now_minus(mem.status[2])
+    if since >= STATUS_MIN_INTERVAL:
+        return 0.0
+    ready = next((cd for cd in status.conditions if cd.type == "Ready"), None)
+    before = previous.get("Ready")
+    if ready is None or before is None or ready.status != before.status:
+        return 0.0
+    last = mem.status[0]
+    if (last.get("observedGeneration") or 0) != (status.observed_generation or 0):
+        return 0.0
+    new = _comparable(status.model_dump(by_alias=True, exclude_none=True, mode="json"))
+    for memory in ("failures", "autoscaling", "profile", "placement"):  # what later passes decide from
+        if new.get(memory) != last.get(memory):
+            return 0.0
+    return STATUS_MIN_INTERVAL - since
+
+
+def write_status(ctx: Context, key: Key, body: Obj, status: ModelDeploymentStatus, result: Result) -> None:
+    new = _comparable(status.model_dump(by_alias=True, exclude_none=True, mode="json"))
+    mem = ctx.mem(key)
+    current = body.get("status")
+    if (
+        mem.status is not None
+        and body["metadata"].get("resourceVersion") != mem.status[1]
+        and now_minus(mem.status[2]) < ctx.settings.applied_grace
+    ):
+        current = mem.status[0]
+    if _comparable(new) == _comparable(current):
+        return
+    try:
+        written = ctx.kube.apply_status(key[0], key[1], new)
+    except ApiError as exc:
+        if exc.not_found:
+            return
+        result.errors.append(exc)
+        return
+    mem.status = (new, str((written or {}).get("metadata", {}).get("resourceVersion", "")), time.time())
+
+
+def invalid(ctx: Context, body: Obj, exc: SpecError, now: float) -> Result:
+    """A spec the API server accepted but the models refuse (an older CRD, or a rule the server cannot
+    check): say so in a condition and an Event, and touch nothing that runs."""
+    key = (body["metadata"]["namespace"], body["metadata"]["name"])
+    message = "; ".join(exc.errors)[:1000]
+    ready = Condition(type="Ready", status="False", reason="InvalidSpec", message=message)
+    old = body.get("status") or {}
+    try:
+        base = ModelDeploymentStatus.model_validate(old)
+    except ValueError:
+        base = ModelDeploymentStatus()
+    conds, changed = merge_conditions(
+        base.conditions, [ready], int(body["metadata"].get("generation") or 0), now
+    )
+    status = base.model_copy(update={"conditions": conds})
+    result = Result()
+    write_status(ctx, key, body, status, result)
+    if changed:
+        ctx.kube.post_event(body, "Warning", "InvalidSpec", message)
+    return result
+
+
+def remove_legacy(ctx: Context, body: Obj) -> None:
+    """Objects made by tokenfab versions that ran kopf's change handlers carry its finalizer and a copy of
+    the spec in an annotation; neither is used any more (and the finalizer could block deletion)."""
+    meta = body["metadata"]
+    mem = ctx.mem((meta["namespace"], meta["name"]))
+    if mem.legacy_checked == meta.get("uid"):
+        return
+    ann = meta.get("annotations") or {}
+    legacy_ann = [k for k in ann if k in LEGACY_ANNOTATIONS or k.startswith(f"{c.DOMAIN}/reconcile-")]
+    finalizers = meta.get("finalizers") or []
+    if LEGACY_FINALIZER not in finalizers and not legacy_ann:
+        mem.legacy_checked = str(meta.get("uid"))
+        return
+    patch: Obj = {"metadata": {"resourceVersion": meta.get("resourceVersion")}}
+    if LEGACY_FINALIZER in finalizers:
+        patch["metadata"]["finalizers"] = [f for f in finalizers if f != LEGACY_FINALIZER]
+    if legacy_ann:
+        patch["metadata"]["annotations"] = dict.fromkeys(legacy_ann)
+    try:
+        ctx.kube.merge_patch(API_VERSION, KIND, meta["namespace"], meta["name"], patch)
+        mem.legacy_checked = str(meta.get("uid"))
+    except ApiError as exc:
+        log.warning(
+            "could not remove old kopf bookkeeping from %s/%s: %s", meta["namespace"], meta["name"], exc
+        )

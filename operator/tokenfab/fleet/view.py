@@ -1,0 +1,499 @@
+"""The cluster view: what the operator knows of nodes, pods and its children, kept current by watches.
+
+Informers (tokenfab.adapters.informer) call the `on_*` methods with each watch event; a reconcile pass
+reads the view instead of listing the cluster, so a pass that finds nothing to do costs no API request.
+Every object is reduced to the few facts tokenfab uses (frozen dataclasses), which keeps memory small at
+the scale of an AI factory (thousands of nodes and pods).
+
+Each `on_*` method returns a `Change`: the deployments the event concerns (to reconcile) and whether it
+freed capacity (so deployments waiting for room are tried again). Pods and nodes are indexed so an event
+wakes only the deployments it concerns.
+
+What counts as used on a node: every non-terminal pod bound to it (tokenfab's and others'), and every
+tokenfab pod pinned to it but not bound yet (placement already promised it that room).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from tokenfab.planning import contract as c
+from tokenfab.planning.capacity import NodeFacts, Taint, add, to_units
+
+Key = tuple[str, str]  # (namespace, name)
+Obj = dict[str, Any]
+
+
+def parse_time(ts: str | None) -> float | None:
+    if not ts:
+        return None
+    try:
+        return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _requests(spec: Obj) -> dict[str, int]:
+    """A pod's effective requests, as the scheduler counts them: the sum over containers (limits stand in
+    for missing requests), at least the largest init container, plus the pod overhead."""
+
+    def of(ctr: Obj) -> dict[str, int]:
+        res = ctr.get("resources") or {}
+        merged = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+        out = {}
+        for name, value in merged.items():
+            try:
+                out[name] = to_units(name, value)
+            except ValueError:
+                continue
+        return out
+
+    total: dict[str, int] = {}
+    for ctr in spec.get("containers") or []:
+        total = add(total, of(ctr))
+    for ctr in spec.get("initContainers") or []:
+        for name, value in of(ctr).items():
+            total[name] = max(total.get(name, 0), value)
+    overhead = {}
+    for name, value in (spec.get("overhead") or {}).items():
+        try:
+            overhead[name] = to_units(name, value)
+        except ValueError:
+            continue
+    return add(total, overhead)
+
+
+@dataclass(frozen=True)
+class PodFacts:
+    """One pod, reduced to what the operator reads."""
+
+    namespace: str
+    name: str
+    labels: Mapping[str, str] = field(hash=False)
+    annotations: Mapping[str, str] = field(hash=False)  # tokenfab's own annotations only
+    node: str | None  # bound to
+    pinned: str | None  # assigned by placement (tokenfab pods)
+    phase: str
+    ready: bool
+    ready_since: float | None
+    waiting: str
+    deleting: bool
+    gated: bool
+    requests: Mapping[str, int] = field(hash=False)
+    created: float | None
+    exit_message: str
+    resource_version: str
+    containers_ready: bool = False
+    routable: bool | None = None  # the tokenfab.dev/routable readiness gate's condition (None: not set)
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+    @property
+    def usage_node(self) -> str | None:
+        """The node whose room this pod holds (None: none)."""
+        if self.terminal:
+            return None
+        return self.node or self.pinned
+
+    @property
+    def deployment(self) -> str | None:
+        return self.labels.get(c.LABEL_DEPLOYMENT)
+
+
+def _waiting(status: Obj) -> str:
+    """Why a pod is not running yet: the scheduler's message, or a container's waiting reason."""
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            return str(cond.get("message") or cond.get("reason") or "not scheduled")
+    for ctr in status.get("containerStatuses") or []:
+        waiting = (ctr.get("state") or {}).get("waiting")
+        if waiting:
+            return f"{waiting.get('reason', 'Waiting')}: {waiting.get('message', '')}".rstrip(": ")
+    return ""
+
+
+def _exit_message(status: Obj) -> str:
+    for ctr in status.get("containerStatuses") or []:
+        term = (ctr.get("state") or {}).get("terminated") or (ctr.get("lastState") or {}).get("terminated")
+        if term:
+            words = [f"exit code {term.get('exitCode')}"]
+            if term.get("reason"):
+                words.append(str(term["reason"]))
+            if term.get("message"):
+                words.append(str(term["message"])[:300].strip())
+            return ", ".join(words)
+    return str(status.get("message") or status.get("reason") or "")[:300]
+
+
+def pod_facts(obj: Obj) -> PodFacts:
+    meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
+    conds = {str(cd.get("type")): cd for cd in status.get("conditions") or []}
+    ready_cond: Obj = conds.get("Ready", {})
+    ready = ready_cond.get("status") == "True"
+    routable = conds.get(c.ROUTABLE_CONDITION)
+    ann = meta.get("annotations") or {}
+    return PodFacts(
+        namespace=meta.get("namespace") or "",
+        name=meta["name"],
+        labels=dict(meta.get("labels") or {}),
+        annotations={k: v for k, v in ann.items() if k.startswith(c.DOMAIN + "/")},
+        node=spec.get("nodeName") or None,
+        pinned=ann.get(c.ANN_NODE),
+        phase=status.get("phase") or "Pending",
+        ready=ready,
+        ready_since=parse_time(ready_cond.get("lastTransitionTime")) if ready else None,
+        waiting=_waiting(status),
+        deleting=bool(meta.get("deletionTimestamp")),
+        gated=any(g.get("name") == c.GANG_GATE for g in spec.get("schedulingGates") or []),
+        requests=_requests(spec),
+        created=parse_time(meta.get("creationTimestamp")),
+        exit_message=_exit_message(status) if status.get("phase") in ("Failed", "Succeeded") else "",
+        resource_version=str(meta.get("resourceVersion") or ""),
+        containers_ready=conds.get("ContainersReady", {}).get("status") == "True",
+        routable=None if routable is None else routable.get("status") == "True",
+    )
+
+
+def node_facts(obj: Obj) -> NodeFacts:
+    meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
+    cond: Obj = next((cd for cd in status.get("conditions") or [] if cd.get("type") == "Ready"), {})
+    ready = cond.get("status") == "True"
+    alloc = {}
+    for name, value in (status.get("allocatable") or {}).items():
+        try:
+            alloc[name] = to_units(name, value)
+        except ValueError:
+            continue
+    return NodeFacts(
+        name=meta["name"],
+        labels=dict(meta.get("labels") or {}),
+        allocatable=alloc,
+        ready=ready,
+        unschedulable=bool(spec.get("unschedulable")),
+        taints=tuple(
+            Taint(str(t.get("key", "")), str(t.get("value") or ""), str(t.get("effect", "")))
+            for t in spec.get("taints") or []
+        ),
+        not_ready_since=None if ready or not cond else parse_time(cond.get("lastTransitionTime")),
+    )
+
+
+@dataclass(frozen=True)
+class ChildFacts:
+    """A shared child (ConfigMap, Service, Deployment, PodGroup) tokenfab applied."""
+
+    kind: str
+    namespace: str
+    name: str
+    deployment: str | None
+    applied_hash: str
+    available_replicas: int
+    resource_version: str
+    role: str = ""
+    revision: str = ""
+
+
+def child_facts(kind: str, obj: Obj) -> ChildFacts:
+    meta = obj["metadata"]
+    status = obj.get("status") or {}
+    labels = meta.get("labels") or {}
+    return ChildFacts(
+        kind=kind,
+        namespace=meta.get("namespace") or "",
+        name=meta["name"],
+        deployment=labels.get(c.LABEL_DEPLOYMENT),
+        applied_hash=(meta.get("annotations") or {}).get(c.ANN_APPLIED_HASH, ""),
+        available_replicas=int(status.get("availableReplicas") or 0),
+        resource_version=str(meta.get("resourceVersion") or ""),
+        role=labels.get(c.LABEL_ROLE, ""),
+        revision=labels.get(c.LABEL_REVISION, ""),
+    )
+
+
+@dataclass
+class Change:
+    keys: set[Key] = field(default_factory=set)
+    freed: bool = False  # capacity may have grown: retry deployments waiting for room
+
+    def __or__(self, other: Change) -> Change:
+        return Change(self.keys | other.keys, self.freed or other.freed)
+
+
+class ClusterView:
+    """Thread-safe; every read returns immutable facts or fresh containers."""
+
+    def __init__(self, namespaces: Iterable[str] | None = None) -> None:
+        # The namespaces whose tokenfab pods on_pod sees (None: all). tokenfab's pods elsewhere (served by
+        # another operator scoped to other namespaces) are others' pods here, counted by on_foreign_pod.
+        self.namespaces = frozenset(namespaces) if namespaces else None
+        self._lock = threading.RLock()
+        self._nodes: dict[str, NodeFacts] = {}
+        self._pods: dict[Key, PodFacts] = {}  # tokenfab's pods
+        self._by_deployment: dict[Key, set[str]] = {}  # (ns, deployment) -> pod names
+        self._by_node: dict[str, set[Key]] = {}  # node -> deployments with pods there
+        self._foreign: dict[Key, tuple[str, Mapping[str, int]]] = {}  # others' bound pods: node, requests
+        self._used: dict[str, dict[str, int]] = {}
+        self._children: dict[tuple[str, str, str], ChildFacts] = {}
+        self._mds: dict[Key, Obj] = {}
+        self.synced: dict[str, bool] = {}
+
+    # ------------------------------------------------------------------------------------ usage
+    def _use(self, node: str | None, requests: Mapping[str, int], sign: int) -> None:
+        if node is None:
+            return
+        now = add(self._used.get(node, {}), requests, sign)
+        self._used[node] = {k: v for k, v in now.items() if v}
+
+    # ------------------------------------------------------------------------------------ nodes
+    def on_node(self, type_: str, obj: Obj) -> Change:
+        facts = node_facts(obj)
+        with self._lock:
+            before = self._nodes.get(facts.name)
+            if type_ == "DELETED":
+                self._nodes.pop(facts.name, None)
+                return Change(set(self._by_node.get(facts.name, ())), False)
+            self._nodes[facts.name] = facts
+            if before is not None and _same_node(before, facts):
+                return Change()
+            wake = set(self._by_node.get(facts.name, ()))
+            grew = before is None or _more_room(before, facts)
+            return Change(wake, grew)
+
+    def nodes(self) -> list[NodeFacts]:
+        with self._lock:
+            return list(self._nodes.values())
+
+    def node(self, name: str) -> NodeFacts | None:
+        with self._lock:
+            return self._nodes.get(name)
+
+    # ------------------------------------------------------------------------------------- pods
+    def on_pod(self, type_: str, obj: Obj) -> Change:
+        """A tokenfab pod (label selector managed-by=tokenfab)."""
+        facts = pod_facts(obj)
+        key = (facts.namespace, facts.name)
+        with self._lock:
+            before = self._pods.get(key)
+            if before is not None:
+                self._use(before.usage_node, before.requests, -1)
+                self._unindex(before)
+            owner = facts.deployment
+            wake = {(facts.namespace, owner)} if owner else set()
+            if type_ == "DELETED":
+                self._pods.pop(key, None)
+                return Change(wake, before is not None and before.usage_node is not None)
+            self._pods[key] = facts
+            self._use(facts.usage_node, facts.requests, +1)
+            self._index(facts)
+            freed = before is not None and before.usage_node is not None and facts.usage_node is None
+            return Change(wake, freed)
+
+    def _index(self, p: PodFacts) -> None:
+        if p.deployment is None:
+            return
+        dkey = (p.namespace, p.deployment)
+        self._by_deployment.setdefault(dkey, set()).add(p.name)
+        for n in {p.node, p.pinned} - {None}:
+            assert n is not None
+            self._by_node.setdefault(n, set()).add(dkey)
+
+    def _unindex(self, p: PodFacts) -> None:
+        if p.deployment is None:
+            return
+        dkey = (p.namespace, p.deployment)
+        names = self._by_deployment.get(dkey)
+        if names is not None:
+            names.discard(p.name)
+            if not names:
+                del self._by_deployment[dkey]
+        # _by_node keeps the key until no pod of the deployment is left there (cheap to over-wake).
+        for n in {p.node, p.pinned} - {None}:
+            assert n is not None
+            holders = self._by_node.get(n)
+            if holders is not None and not any(
+                q.node == n or q.pinned == n for q in self._pods_of(dkey) if q.name != p.name
+            ):
+                holders.discard(dkey)
+
+    def _pods_of(self, dkey: Key) -> list[PodFacts]:
+        return [
+            self._pods[(dkey[0], n)] for n in self._by_deployment.get(dkey, ()) if (dkey[0], n) in self._pods
+        ]
+
+    def on_foreign_pod(self, type_: str, obj: Obj) -> Change:
+        """A bound, non-terminal pod of anyone (field selector); tokenfab's own in the namespaces this view
+        serves are counted by on_pod."""
+        meta = obj["metadata"]
+        key = (meta.get("namespace") or "", meta["name"])
+        if (meta.get("labels") or {}).get(c.MANAGED_BY) == c.MANAGED_BY_VALUE and (
+            self.namespaces is None or key[0] in self.namespaces
+        ):
+            return Change()
+        spec, status = obj.get("spec") or {}, obj.get("status") or {}
+        with self._lock:
+            before = self._foreign.pop(key, None)
+            if before is not None:
+                self._use(before[0], before[1], -1)
+            node = spec.get("nodeName")
+            if type_ == "DELETED" or not node or status.get("phase") in ("Succeeded", "Failed"):
+                return Change(set(), before is not None)
+            requests = _requests(spec)
+            self._foreign[key] = (node, requests)
+            self._use(node, requests, +1)
+            return Change(set(), before is not None and before[0] != node)
+
+    def pods(self, key: Key) -> list[PodFacts]:
+        with self._lock:
+            return self._pods_of(key)
+
+    def pod(self, namespace: str, name: str) -> PodFacts | None:
+        with self._lock:
+            return self._pods.get((namespace, name))
+
+    def all_pods(self) -> list[PodFacts]:
+        with self._lock:
+            return list(self._pods.values())
+
+    def used(self) -> dict[str, dict[str, int]]:
+        """Resources held per node by observed pods (bound, or pinned and not bound yet)."""
+        with self._lock:
+            return {n: dict(v) for n, v in self._used.items()}
+
+    # --------------------------------------------------------------------------------- children
+    def on_child(self, kind: str, type_: str, obj: Obj) -> Change:
+        facts = child_facts(kind, obj)
+        key = (kind, facts.namespace, facts.name)
+        with self._lock:
+            if type_ == "DELETED":
+                self._children.pop(key, None)
+            else:
+                self._children[key] = facts
+        return Change({(facts.namespace, facts.deployment)} if facts.deployment else set())
+
+    def child(self, kind: str, namespace: str, name: str) -> ChildFacts | None:
+        with self._lock:
+            return self._children.get((kind, namespace, name))
+
+    def children(self, kind: str, key: Key) -> list[ChildFacts]:
+        with self._lock:
+            return [
+                ch
+                for (k, ns, _), ch in self._children.items()
+                if k == kind and ns == key[0] and ch.deployment == key[1]
+            ]
+
+    # ------------------------------------------------------------------------ ModelDeployments
+    def on_model_deployment(self, type_: str, body: Obj) -> Change:
+        meta = body["metadata"]
+        key = (meta.get("namespace") or "", meta["name"])
+        with self._lock:
+            if type_ == "DELETED":
+                self._mds.pop(key, None)
+            else:
+                self._mds[key] = body
+        return Change({key})
+
+    def model_deployment(self, key: Key) -> Obj | None:
+        with self._lock:
+            return self._mds.get(key)
+
+    def deployments(self) -> set[Key]:
+        with self._lock:
+            return set(self._mds)
+
+    # ------------------------------------------------------------------------------------ relist
+    def replace(self, kind: str, objs: Iterable[Obj], namespace: str | None = None) -> Change:
+        """A fresh list of one watched kind (in one namespace, or all): objects it no longer holds were
+        deleted while unwatched."""
+        objs = list(objs)
+        change = Change()
+        names = {((o["metadata"].get("namespace") or ""), o["metadata"]["name"]) for o in objs}
+        if namespace is not None:  # a stream of one namespace speaks for that namespace only
+            names |= {k for k in self._keys_of(kind) if k[0] != namespace}
+        with self._lock:
+            if kind == "Node":
+                gone = [{"metadata": {"name": n}} for n in self._nodes if ("", n) not in names]
+                handler: Any = self.on_node
+            elif kind == "Pod":
+                gone = [{"metadata": {"namespace": k[0], "name": k[1]}} for k in self._pods if k not in names]
+                handler = self.on_pod
+            elif kind == "ForeignPod":
+                gone = [
+                    {"metadata": {"namespace": k[0], "name": k[1]}} for k in self._foreign if k not in names
+                ]
+                handler = self.on_foreign_pod
+            else:
+                gone = [
+                    {"metadata": {"namespace": ns, "name": n}}
+                    for (k, ns, n) in self._children
+                    if k == kind and (ns, n) not in names
+                ]
+
+                def handler(t: str, o: Obj) -> Change:
+                    return self.on_child(kind, t, o)
+
+            for obj in gone:
+                change = change | self._deleted(kind, handler, obj)
+            for obj in objs:
+                change = change | handler("MODIFIED", obj)
+            self.synced[kind] = True
+        return change
+
+    def _deleted(self, kind: str, handler: Any, stub: Obj) -> Change:
+        key = (stub["metadata"].get("namespace") or "", stub["metadata"]["name"])
+        if kind == "Pod" and key in self._pods:
+            p = self._pods[key]
+            return self.on_pod("DELETED", _pod_stub(p))
+        if kind == "Node":
+            node = self._nodes.get(key[1])
+            if node is not None:
+                return self.on_node("DELETED", {"metadata": {"name": node.name}})
+        ch = self._children.get((kind, *key))
+        if ch is not None and ch.deployment:  # its owner must hear of it (and apply it again)
+            stub = {"metadata": {**stub["metadata"], "labels": {c.LABEL_DEPLOYMENT: ch.deployment}}}
+        result: Change = handler("DELETED", stub)
+        return result
+
+    def _keys_of(self, kind: str) -> set[Key]:
+        with self._lock:
+            if kind == "Node":
+                return {("", n) for n in self._nodes}
+            if kind == "Pod":
+                return set(self._pods)
+            if kind == "ForeignPod":
+                return set(self._foreign)
+            return {(ns, n) for (k, ns, n) in self._children if k == kind}
+
+    def node_holders(self, node: str) -> set[Key]:
+        with self._lock:
+            return set(self._by_node.get(node, ()))
+
+
+def _pod_stub(p: PodFacts) -> Obj:
+    return {"metadata": {"namespace": p.namespace, "name": p.name, "labels": dict(p.labels)}}
+
+
+def _same_node(a: NodeFacts, b: NodeFacts) -> bool:
+    return (
+        a.ready == b.ready
+        and a.unschedulable == b.unschedulable
+        and a.taints == b.taints
+        and a.labels == b.labels
+        and a.allocatable == b.allocatable
+    )
+
+
+def _more_room(before: NodeFacts, after: NodeFacts) -> bool:
+    return (
+        (after.ready and not before.ready)
+        or (before.unschedulable and not after.unschedulable)
+        or not set(before.taints) <= set(after.taints)
+        or any(v > before.allocatable.get(k, 0) for k, v in after.allocatable.items())
+        or after.labels != before.labels
+    )

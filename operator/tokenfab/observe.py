@@ -1,0 +1,77 @@
+"""Observation: a deployment's groups and the health of their nodes, read from the cluster view."""
+
+from __future__ import annotations
+
+from tokenfab.api.models import RoleName
+from tokenfab.fleet.view import ClusterView, PodFacts
+from tokenfab.planning import contract as c
+from tokenfab.planning.capacity import Constraints, untolerated
+from tokenfab.planning.lifecycle import GroupView, NodeHealth, PodView
+
+
+def pod_view(p: PodFacts) -> PodView:
+    return PodView(
+        name=p.name,
+        rank=int(p.labels.get(c.LABEL_RANK, "0")),
+        phase=p.phase,
+        ready=p.ready,
+        node=p.node,
+        deleting=p.deleting,
+        ready_since=p.ready_since,
+        waiting=p.waiting,
+        gated=p.gated,
+        pinned=p.pinned,
+        exit_message=p.exit_message,
+    )
+
+
+def group_views(pods: list[PodFacts], recorded: set[str]) -> dict[RoleName, list[GroupView]]:
+    by_group: dict[str, list[PodFacts]] = {}
+    for p in pods:
+        if p.labels.get(c.COMPONENT) == "worker" and c.LABEL_GROUP in p.labels:
+            by_group.setdefault(p.labels[c.LABEL_GROUP], []).append(p)
+    out: dict[RoleName, list[GroupView]] = {}
+    for name, members in sorted(by_group.items()):
+        first = members[0]
+        labels, ann = first.labels, first.annotations
+        role: RoleName = labels[c.LABEL_ROLE]  # type: ignore[assignment]
+        nodes: tuple[str, ...] = ()
+        for m in members:
+            if c.ANN_GROUP_NODES in m.annotations:
+                nodes = tuple(m.annotations[c.ANN_GROUP_NODES].split(","))
+                break
+        released: float | None = None
+        if not any(m.gated for m in members):
+            times = [float(m.annotations.get(c.ANN_RELEASED) or (m.created or 0.0)) for m in members]
+            released = max(times) if times else None
+        draining = [float(m.annotations[c.ANN_DRAINING]) for m in members if c.ANN_DRAINING in m.annotations]
+        out.setdefault(role, []).append(
+            GroupView(
+                name=name,
+                role=role,
+                slot=int(labels.get(c.LABEL_SLOT, "0")),
+                revision=labels.get(c.LABEL_REVISION, ""),
+                domain=labels.get(c.LABEL_DOMAIN, ""),
+                size=int(ann.get(c.ANN_GROUP_SIZE, len(members))),
+                gpus=int(ann.get(c.ANN_GROUP_GPUS, 0)),
+                pods=tuple(pod_view(p) for p in members),
+                recorded=name in recorded,
+                nodes=nodes,
+                released_at=released,
+                draining_since=min(draining) if draining else None,
+                created_at=min((m.created for m in members if m.created is not None), default=None),
+            )
+        )
+    return out
+
+
+def node_health(view: ClusterView, pods: list[PodFacts], constraints: Constraints) -> dict[str, NodeHealth]:
+    """Health of the nodes this deployment's pods are bound or pinned to (a node missing here is gone)."""
+    out = {}
+    for name in {n for p in pods for n in (p.node, p.pinned) if n}:
+        node = view.node(name)
+        if node is None:
+            continue
+        schedulable = not node.unschedulable and not untolerated(node, constraints.tolerations)
+        out[name] = NodeHealth(node.ready, node.not_ready_since, schedulable)
+    return out

@@ -1,0 +1,74 @@
+"""The state one operator process keeps for its reconcile passes: settings, the context (the writer, the
+cluster view, the placement ledger, the expectations) and what a pass did (`Result`).
+
+`Memory` is only a cache of this process's own recent writes, which the watch may not have shown yet: it
+never decides anything on its own, and losing it (a restart) costs at most one repeated write.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenfab.adapters.kube import ApiError, Kube, Obj
+from tokenfab.autoscale import Reader
+from tokenfab.fleet.expectations import Expectations
+from tokenfab.fleet.ledger import Ledger
+from tokenfab.fleet.view import ClusterView, Key
+from tokenfab.planning.groups import RolePlan
+
+
+@dataclass
+class Settings:
+    gang: str = "auto"  # auto (PodGroup where the cluster serves it, else gates) | podgroup | gates
+    bind_timeout: float = 90.0  # seconds a released group may take to bind before it is placed again
+    applied_grace: float = 10.0  # seconds a write is trusted before the watch shows it
+
+
+@dataclass
+class Memory:
+    """What this process wrote for one deployment that the watch may not show yet."""
+
+    applied: dict[tuple[str, str], tuple[str, float]] = field(default_factory=dict)  # child -> hash, when
+    status: tuple[Obj, str, float] | None = None  # status written, resourceVersion returned, when
+    errors_posted: dict[str, float] = field(default_factory=dict)  # error text -> when its Event went out
+    legacy_checked: str = ""  # uid whose legacy kopf bookkeeping was already removed
+    pod_writes: dict[tuple[str, str], float] = field(default_factory=dict)  # (pod, what) -> when written
+
+
+@dataclass
+class Context:
+    kube: Kube
+    view: ClusterView
+    ledger: Ledger
+    expectations: Expectations = field(default_factory=Expectations)
+    settings: Settings = field(default_factory=Settings)
+    reader: Reader | None = None
+    planner: Any = None  # Planner | None
+    memory: dict[Key, Memory] = field(default_factory=dict)
+
+    def mem(self, key: Key) -> Memory:
+        return self.memory.setdefault(key, Memory())
+
+
+@dataclass
+class Result:
+    """What one pass did (for logs, tests and the operator's metrics)."""
+
+    created: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)
+    draining: list[str] = field(default_factory=list)  # groups this pass took out of routing
+    applied: list[str] = field(default_factory=list)
+    conditions_changed: list[str] = field(default_factory=list)
+    decisions: list[str] = field(default_factory=list)
+    plans: list[RolePlan] = field(default_factory=list)
+    errors: list[ApiError] = field(default_factory=list)
+    requeue_after: float | None = None
+    waiting_for_capacity: bool = False
+    waited: bool = False  # the pass only waited for the watch to show its last writes
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per phase of the pass
+
+    @property
+    def wrote(self) -> bool:
+        return bool(self.created or self.deleted or self.released or self.applied)
