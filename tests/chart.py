@@ -62,7 +62,8 @@ def template(
 
 
 # (API group, resource) -> verbs. Cluster-wide rules are always in the ClusterRole; the namespaced ones
-# are in the ClusterRole when the operator serves every namespace, else in a Role per namespace.
+# are in the ClusterRole when the operator serves every namespace, else in a Role per namespace; the
+# leader Lease's are in a Role of the release namespace.
 CLUSTER_RULES: dict[tuple[str, str], set[str]] = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
     ("", "nodes"): {"list", "watch"},
@@ -71,16 +72,24 @@ CLUSTER_RULES: dict[tuple[str, str], set[str]] = {
     ("tokenfab.dev", "nvlinkdomains/status"): {"patch"},
 }
 NAMESPACED_RULES: dict[tuple[str, str], set[str]] = {
-    ("tokenfab.dev", "modeldeployments"): {"get", "list", "watch", "patch"},
+    ("tokenfab.dev", "modeldeployments"): {"list", "watch", "patch"},
     ("tokenfab.dev", "modeldeployments/status"): {"patch"},
     ("", "pods"): {"create", "patch", "deletecollection"},
-    ("", "services"): {"create", "patch"},
-    ("", "configmaps"): {"create", "patch", "delete"},
-    ("apps", "deployments"): {"get", "create", "patch"},
+    ("", "services"): {"list", "watch", "create", "patch"},
+    ("", "configmaps"): {"list", "watch", "create", "patch", "delete"},
+    ("apps", "deployments"): {"list", "watch", "create", "patch"},
     ("", "events"): {"create"},
+    ("", "pods/status"): {"patch"},
+    ("policy", "poddisruptionbudgets"): {"list", "watch", "create", "patch", "delete"},
+    ("scheduling.k8s.io", "podgroups"): {"create", "patch", "delete"},
     ("resource.nvidia.com", "computedomains"): {"list", "create", "patch", "delete"},
 }
 WATCH_NAMESPACES_RULES: dict[tuple[str, str], set[str]] = {("", "namespaces"): {"list", "watch"}}
+LEADER_RULES: dict[tuple[str, str], set[str]] = {
+    ("coordination.k8s.io", "leases"): {"get", "update", "create"}
+}
+# The verbs on the Lease that only its own name needs (`create` cannot name the object it creates).
+LEASE_NAMED_VERBS = {"get", "update"}
 
 
 def merged(*tables: dict[tuple[str, str], set[str]]) -> dict[tuple[str, str], set[str]]:

@@ -1,7 +1,9 @@
 """The Helm chart (charts/tokenfab): `helm lint` and `helm template` over every ci/ values file, the
-rendered objects (restricted Pod Security, probes on kopf's health endpoint, one replica, least-privilege
-RBAC exactly as documented), bad values refused with a clear message, the CRDs identical to crds/, the
-Grafana dashboard's queries (they parse and name real metrics) and the Argo CD health check (run by Lua).
+rendered objects (restricted Pod Security, probes on kopf's health endpoint, leader-elected replicas with a
+rolling update and a PodDisruptionBudget, least-privilege RBAC exactly as documented, the leader Lease's
+Role in the release namespace only), bad values refused with a clear message, the CRDs identical to
+crds/, the Grafana dashboard's queries (they parse and name real metrics) and the Argo CD health check
+(run by Lua).
 
 Needs Helm (TOKENFAB_BIN or ~/.cache/tokenfab/bin/current, built by e2e/lib/bootstrap.sh); the dashboard
 and Argo CD tests also need `promtool` (Debian's prometheus) and `lua5.4`. Each is skipped, with the
@@ -27,6 +29,8 @@ from tests.chart import (
     CHART,
     CI_VALUES,
     CLUSTER_RULES,
+    LEADER_RULES,
+    LEASE_NAMED_VERBS,
     NAMESPACED_RULES,
     WATCH_NAMESPACES_RULES,
     helm,
@@ -40,6 +44,7 @@ from tests.chart import (
 from tokenfab.adapters import telemetry
 from tokenfab.adapters.metrics import KV_METRICS
 from tokenfab.cli import app, render_crds
+from tokenfab.leader import DURATION, LEASE_NAME, RETRY
 from tokenfab.planning import contract as c
 from tokenfab.planning.status import CONDITION_TYPES
 
@@ -49,6 +54,8 @@ needs_helm = pytest.mark.skipif(
 )
 DASHBOARD = CHART / "dashboards" / "tokenfab.json"
 HEALTH_LUA = CHART / "argocd" / "modeldeployment-health.lua"
+OPERATOR_SRC = ROOT / "operator" / "tokenfab"
+RELEASE_NS = "tokenfab-system"  # tests.chart.template's default namespace
 WORKER_LABELS = {c.PROM_LABEL_DEPLOYMENT, c.PROM_LABEL_ROLE, c.PROM_LABEL_GROUP}
 
 
@@ -67,6 +74,15 @@ def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
     assert len(ctrs) == 1
     result: dict[str, Any] = ctrs[0]
     return result
+
+
+def leader_role(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (role,) = [r for r in by_kind(docs, "Role") if r["metadata"]["name"].endswith("-leader")]
+    return role
+
+
+def env_of(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in container(docs)["env"]}
 
 
 def ci_values(name: str) -> dict[str, Any]:
@@ -90,12 +106,18 @@ def test_helm_lint_strict(values: Path) -> None:
 
 @needs_helm
 @pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.stem)
-def test_every_values_file_renders_a_restricted_single_operator(values: Path) -> None:
+def test_every_values_file_renders_restricted_leader_elected_replicas(values: Path) -> None:
     docs = template("-f", str(values))
     deploy = one(docs, "Deployment")
     spec = deploy["spec"]
-    assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}, "two operator pods must never run at once"
+    # Two replicas elect a leader; an upgrade starts a Ready replacement before it stops a replica.
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+    }
+    assert "--leader-elect" in container(docs)["args"]
+    assert one(docs, "PodDisruptionBudget")["spec"]["minAvailable"] == 1
     pod = spec["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] > 0
@@ -141,9 +163,105 @@ def test_every_values_file_renders_a_restricted_single_operator(values: Path) ->
 @needs_helm
 def test_default_rbac_is_exactly_the_rules_the_operator_uses() -> None:
     docs = template()
-    assert not by_kind(docs, "Role")
     assert rule_table(one(docs, "ClusterRole")["rules"]) == merged(CLUSTER_RULES, NAMESPACED_RULES)
+    assert [r["metadata"]["name"] for r in by_kind(docs, "Role")] == ["tokenfab-leader"]
+    assert rule_table(leader_role(docs)["rules"]) == LEADER_RULES
     assert "--namespace" not in container(docs)["args"]
+
+
+# -------------------------------------------------------------------------------- leader election
+
+
+@needs_helm
+@pytest.mark.parametrize("namespace", [RELEASE_NS, "ops"])
+def test_the_leader_lease_is_granted_in_the_release_namespace_only(namespace: str) -> None:
+    docs = template(namespace=namespace)
+    role = leader_role(docs)
+    assert role["metadata"]["namespace"] == namespace
+    (binding,) = [b for b in by_kind(docs, "RoleBinding") if b["metadata"]["name"] == "tokenfab-leader"]
+    assert binding["metadata"]["namespace"] == namespace
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "tokenfab", "namespace": namespace}]
+    # The operator is told the same namespace, and names itself after its pod.
+    env = env_of(docs)
+    assert env["TOKENFAB_LEASE_NAMESPACE"]["value"] == namespace
+    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    # get/update name the operator's Lease; create cannot name an object that does not exist yet.
+    for rule in role["rules"]:
+        assert rule["apiGroups"] == ["coordination.k8s.io"], rule
+        assert rule["resources"] == ["leases"], rule
+        if set(rule["verbs"]) & LEASE_NAMED_VERBS:
+            assert set(rule["verbs"]) <= LEASE_NAMED_VERBS, rule
+            assert rule["resourceNames"] == [LEASE_NAME], rule
+        else:
+            assert rule["verbs"] == ["create"], rule
+    # No cluster-wide Lease access (node heartbeats and other controllers' Leases are Leases too).
+    for cluster_role in by_kind(docs, "ClusterRole"):
+        assert ("coordination.k8s.io", "leases") not in rule_table(cluster_role["rules"])
+
+
+@needs_helm
+def test_rbac_create_false_renders_no_rbac_object() -> None:
+    docs = template("--set", "rbac.create=false")
+    for kind in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"):
+        assert not by_kind(docs, kind), kind
+    assert "--leader-elect" in container(docs)["args"]
+
+
+@needs_helm
+@pytest.mark.parametrize(
+    ("sets", "budget"),
+    [
+        ([], True),
+        (["replicaCount=3"], True),
+        (["replicaCount=1"], False),
+        (["replicaCount=0"], False),
+        (["podDisruptionBudget.enabled=false"], False),
+    ],
+    ids=["default", "3 replicas", "1 replica", "paused", "disabled"],
+)
+def test_pod_disruption_budget_only_with_two_or_more_replicas(sets: list[str], budget: bool) -> None:
+    docs = template(*[a for s in sets for a in ("--set", s)])
+    assert "--leader-elect" in container(docs)["args"]
+    if not budget:
+        assert not by_kind(docs, "PodDisruptionBudget")
+        return
+    pdb = one(docs, "PodDisruptionBudget")
+    assert pdb["apiVersion"] == "policy/v1"
+    assert pdb["metadata"]["namespace"] == RELEASE_NS
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    deploy = one(docs, "Deployment")["spec"]
+    assert pdb["spec"]["selector"]["matchLabels"] == deploy["selector"]["matchLabels"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= deploy["template"]["metadata"]["labels"].items()
+
+
+@needs_helm
+def test_the_operator_accepts_every_argument_and_reads_every_variable_the_chart_sets() -> None:
+    """The chart's flags are the operator command's options, and each TOKENFAB_* variable is read."""
+    help_text = CliRunner().invoke(app, ["operator", "--help"], terminal_width=200).output
+    source = "\n".join(p.read_text() for p in OPERATOR_SRC.rglob("*.py"))
+    for values in ([], ["-f", str(CHART / "ci" / "namespaced-values.yaml")], ["--set", "logLevel=debug"]):
+        docs = template(*values)
+        for arg in container(docs)["args"]:
+            if arg.startswith("--"):
+                assert arg in help_text, f"the operator has no option {arg}"
+        for name in env_of(docs):
+            if name.startswith("TOKENFAB_") or name == "POD_NAME":
+                assert re.search(rf"[\"']{name}[\"']", source), f"the operator does not read {name}"
+
+
+def test_values_document_the_failover_time() -> None:
+    """values.yaml and the chart README say how long a lost leader takes to replace: the Lease duration
+    plus one retry period of tokenfab.leader."""
+    for path in (CHART / "values.yaml", CHART / "README.md"):
+        text = path.read_text()
+        assert f"{DURATION} s" in text, path
+        assert f"{RETRY} s" in text, path
 
 
 @needs_helm
@@ -151,11 +269,17 @@ def test_watch_namespaces_grants_writes_only_there() -> None:
     docs = template("-f", str(CHART / "ci" / "namespaced-values.yaml"))
     namespaces = ci_values("namespaced-values.yaml")["watchNamespaces"]
     assert rule_table(one(docs, "ClusterRole")["rules"]) == merged(CLUSTER_RULES, WATCH_NAMESPACES_RULES)
-    roles = by_kind(docs, "Role")
+    roles = [r for r in by_kind(docs, "Role") if r is not leader_role(docs)]
     assert sorted(r["metadata"]["namespace"] for r in roles) == sorted(namespaces)
     for role in roles:
         assert rule_table(role["rules"]) == NAMESPACED_RULES
-    bindings = {b["metadata"]["namespace"]: b for b in by_kind(docs, "RoleBinding")}
+    assert rule_table(leader_role(docs)["rules"]) == LEADER_RULES
+    assert leader_role(docs)["metadata"]["namespace"] == RELEASE_NS
+    bindings = {
+        b["metadata"]["namespace"]: b
+        for b in by_kind(docs, "RoleBinding")
+        if not b["metadata"]["name"].endswith("-leader")
+    }
     assert sorted(bindings) == sorted(namespaces)
     for binding in bindings.values():
         assert binding["roleRef"]["kind"] == "Role"
@@ -178,7 +302,9 @@ def _readme_rbac_rows() -> dict[tuple[str, str], set[str]]:
 
 
 def test_readme_documents_every_rbac_rule() -> None:
-    assert _readme_rbac_rows() == merged(CLUSTER_RULES, NAMESPACED_RULES, WATCH_NAMESPACES_RULES)
+    assert _readme_rbac_rows() == merged(
+        CLUSTER_RULES, NAMESPACED_RULES, WATCH_NAMESPACES_RULES, LEADER_RULES
+    )
 
 
 # ----------------------------------------------------------------------------------- observability
@@ -290,8 +416,15 @@ def test_chart_version_follows_the_package() -> None:
 # ------------------------------------------------------------------------------------- bad values
 
 BAD_VALUES = [
-    (["replicaCount=2"], "at '/replicaCount': maximum: got 2, want 1"),
+    (["replicaCount=6"], "at '/replicaCount': maximum: got 6, want 5"),
     (["replicaCount=-1"], "at '/replicaCount': minimum: got -1, want 0"),
+    (["podDisruptionBudget.enabled=yes"], "at '/podDisruptionBudget/enabled': got string, want boolean"),
+    (
+        ["podDisruptionBudget.minAvailable=2"],
+        "at '/podDisruptionBudget': additional properties 'minAvailable' not allowed",
+    ),
+    (["operator.gang=always"], "at '/operator/gang': value must be one of 'auto', 'podgroup', 'gates'"),
+    (["operator.workers=0"], "at '/operator/workers': minimum: got 0, want 1"),
     (["metrics.port=abc"], "at '/metrics/port': got string, want integer"),
     (["health.port=70000"], "at '/health/port': maximum: got 70,000, want 65,535"),
     (["logLevel=trace"], "at '/logLevel': value must be one of 'info', 'debug'"),

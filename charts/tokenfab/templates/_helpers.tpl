@@ -56,6 +56,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "tokenfab.args" -}}
 - --liveness
 - {{ printf "http://0.0.0.0:%d/healthz" (int .Values.health.port) | quote }}
+- --leader-elect
 {{- if .Values.metrics.enabled }}
 - --metrics-port
 - {{ .Values.metrics.port | quote }}
