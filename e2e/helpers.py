@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from tokenfab.planning import contract as c
 from tokenfab_factory.factory import Factory
 
 
@@ -57,11 +58,10 @@ def condition(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
     return None
 
 
-def start_operator(f: Factory, liveness_port: int) -> int:
+def start_operator(f: Factory, liveness_port: int, extra_env: dict[str, str] | None = None) -> int:
     """The operator as a real process against the factory, with short resync intervals for tests."""
-    return f.start_operator(
-        liveness_port, env={"TOKENFAB_RESYNC_SECONDS": "5", "TOKENFAB_INVENTORY_SECONDS": "3"}
-    )
+    env = {"TOKENFAB_RESYNC_SECONDS": "5", "TOKENFAB_INVENTORY_SECONDS": "3", **(extra_env or {})}
+    return f.start_operator(liveness_port, env=env)
 
 
 def restore_node(f: Factory, node: dict[str, Any]) -> None:
@@ -72,3 +72,10 @@ def restore_node(f: Factory, node: dict[str, Any]) -> None:
         node["metadata"].pop(key, None)
     node["status"] = {"capacity": node["status"]["capacity"], "allocatable": node["status"]["allocatable"]}
     kubectl(f, "create", "-f", "-", input=json.dumps(node), check=False)
+
+
+def engine_configmaps(f: Factory, namespace: str, deployment: str, role: str) -> list[dict[str, Any]]:
+    """The engine ConfigMaps of one role (one per revision still in use), by label."""
+    sel = f"{c.LABEL_DEPLOYMENT}={deployment},{c.LABEL_ROLE}={role},{c.COMPONENT}=worker"
+    items: list[dict[str, Any]] = get_json(f, "configmap", "-n", namespace, "-l", sel)["items"]
+    return items

@@ -1,8 +1,9 @@
 """The closed autoscaling loop on a live local fleet: real Dynamo engines (mocker) and frontend for the
 pods the operator creates, real load from aiperf, real Prometheus.
 
-A burst pushes decode KV-cache utilization above the target, the operator adds decode groups (prefill
-follows the ratio), the new engines join the router and serve, utilization and TTFT fall; when the load
+A burst arrives at the frontend; the operator's leading policy sees the arrival rate (or the queues) rise
+and adds decode groups (prefill follows the ratio) with KV-cache utilization as the guard; the new engines
+join the router and serve, utilization and TTFT fall; when the load
 drops, groups go away after the stabilization window. Every process the runner started is stopped.
 Sized for CI on 2 cores (4:48 measured, factory included). The time series and plot land in the run
 directory; `python -m e2e.fleet.scenario` saves them to e2e/bench/results/.
@@ -17,12 +18,12 @@ from collections.abc import Iterator
 import pytest
 
 from e2e.fleet import fleet, plot, scenario
-from e2e.helpers import wait_for
+from e2e.helpers import get_json, wait_for
 from tokenfab_factory import process
 from tokenfab_factory.factory import Factory
 
 pytestmark = pytest.mark.slow
-NS = "fleet-e2e"  # the runner serves only this namespace: other tests' deployments get no engines
+NS = "live-fleet"  # the runner serves only this namespace: other tests' deployments get no engines
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +40,10 @@ def test_closed_loop_scales_decode_with_the_burst_and_back(live):
     t0 = time.monotonic()
     out = f.run / "fleet-e2e"
     result = scenario.run_policy(f, tools, cfg, out)
+    # The leading signals came from the real frontend: the arrival rate it counted (2 requests/s in the
+    # burst) and a capacity per decode group learned from the load served, as status showed them.
+    arrivals = [r["arrival_rate"] for r in result["series"] if r.get("arrival_rate") is not None]
+    learned = [r["capacity"].get("decode", 0) for r in result["series"] if r.get("capacity")]
     result["loop"] = loop = scenario.loop_facts(result)
     (out / "result.json").write_text(json.dumps(result, indent=1))
     plot.closed_loop(result, out / "closed_loop.png")
@@ -50,11 +55,23 @@ def test_closed_loop_scales_decode_with_the_burst_and_back(live):
     assert result["aiperf_exit_code"] == 0, f"aiperf failed: see {out}/aiperf/aiperf.log"
     assert result["slo"]["requests"] > 100
     assert loop["initial_decode_groups"] == 1
-    assert loop["kv_decode_peak_before_scale_up"] > cfg.target, "the burst must push KV above the target"
     assert loop["peak_decode_groups"] > loop["initial_decode_groups"], "decode groups added during the burst"
     assert loop["new_groups_that_served"], "new decode engines joined the router and served requests"
-    assert loop["kv_decode_mean_last_30s_of_burst"] < loop["kv_decode_peak_before_scale_up"] - 0.2
     assert loop["kv_decode_mean_last_30s_of_burst"] < cfg.target + 0.1
+    # Every scale-up is an Event saying what led it (here the KV guard and the demand move within seconds
+    # of each other: the trace's short outputs fill the cache at once).
+    ups = [
+        e["message"]
+        for e in get_json(
+            f, "events", "-n", cfg.namespace, "--field-selector", f"involvedObject.name={cfg.name}"
+        )["items"]
+        if e["reason"] == "ScaledUp" and e["message"].startswith("decode")
+    ]
+    assert ups, "no ScaledUp Event for decode"
+    assert arrivals, "no arrival rate read from the frontend"
+    assert max(arrivals) > 0.75 * cfg.burst_qps, arrivals
+    assert learned, "no capacity per decode group learned"
+    assert max(learned) > 0
     assert loop["ttft_p50_end_of_burst_ms"] < loop["ttft_p50_peak_in_burst_ms"], "TTFT recovers"
     peak = max(r["groups"]["prefill"] or 0 for r in result["series"])
     assert peak >= 2, "prefill followed decode by the 1:2 ratio"
@@ -72,11 +89,14 @@ def test_closed_loop_scales_decode_with_the_burst_and_back(live):
 
     # the engines of removed groups are stopped, and only Running rank-0 pods have one
     fleet.delete_deployment(f, cfg.namespace, cfg.name)
-    wait_for(
-        "the runner stopped every process of the deployment",
-        lambda: not [k for k in fleet.runner_state(f).get("processes", {}) if k.startswith(cfg.namespace)],
-        timeout=60,
-    )
+
+    def left() -> list[str]:
+        state = fleet.runner_state(f)
+        procs = [*state.get("processes", {}).values(), *state.get("terminating", {}).values()]
+        return [p["key"] for p in procs if p["key"].startswith(f"{cfg.namespace}/")]
+
+    # (as the kubelet does: preStop, then SIGTERM; an idle engine exits within seconds of it)
+    wait_for("the runner stopped every process of the deployment", lambda: not left(), timeout=90)
     history = fleet.runner_state(f)["history"]
     started = [h for h in history if h["key"].startswith(f"{cfg.namespace}/")]
     assert any(h["kind"] == "frontend" for h in started)

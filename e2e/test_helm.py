@@ -1,19 +1,24 @@
-"""The Helm chart on the local AI factory: `helm install` into a namespace that enforces the restricted Pod
-Security Standard, then the operator run as a process with the chart Deployment's own arguments and
-environment and a token of the chart's ServiceAccount, so it has exactly the chart's RBAC and nothing
-more. DeepSeek-R1 must become Ready, scale down, get ComputeDomains, keep the NVLinkDomain inventory and
-be deleted with no permission error in the operator's log; `kubectl auth can-i` shows what the
+"""The Helm chart on the local AI factory: `helm install` (2 replicas and a PodDisruptionBudget) into a
+namespace that enforces the restricted Pod Security Standard, then the operator run as a process with the
+chart Deployment's own arguments (`--leader-elect`) and environment and a token of the chart's
+ServiceAccount, so it has exactly the chart's RBAC and nothing more. It must take the leader Lease in the
+release namespace (and hand it back when stopped, and a standby take it over when the leader is killed);
+DeepSeek-R1 must become Ready, scale down, get PodGroups and ComputeDomains, keep the NVLinkDomain
+inventory, with no permission error in the operator's log; ModelDeployments left with an old finalizer
+lose it, and are deleted with their children while no operator runs; `kubectl auth can-i` shows what the
 ServiceAccount cannot do; `helm install` refuses bad values.
 
-The factory cannot run images, so the chart's operator pod only exists (kwok marks it Running); the
-session's admin operator is stopped for this module, so two operators never act at once, and started
-again afterwards if it was running.
+The factory cannot run images, so the chart's operator pods only exist (kwok marks them Running) and
+never compete for the Lease; the session's admin operator is stopped for this module, so two operators
+never act at once, and started again afterwards if it was running. Every process is stopped by PID.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -26,10 +31,12 @@ import pytest
 import yaml
 
 from e2e.conftest import E2E_PORT_BASE, LIVENESS, operator_healthy
-from e2e.helpers import apply_yaml, condition, get_json, kubectl, start_operator, wait_for
+from e2e.helpers import apply_yaml, condition, engine_configmaps, get_json, kubectl, start_operator, wait_for
 from tests.cases import load_example
 from tests.chart import CHART, wildcards
+from tokenfab.leader import DURATION, LEASE_NAME, RETRY
 from tokenfab.planning import contract as c
+from tokenfab_factory import process
 from tokenfab_factory.factory import Factory
 
 RELEASE = "tokenfab"
@@ -39,9 +46,14 @@ NS = "helm-ds"  # DeepSeek-R1 under the chart's RBAC
 CD_NS = "helm-cd"  # ComputeDomains
 SCOPED_NS = "helm-scoped"  # watchNamespaces
 PROC = "operator-helm"
+STANDBY = "operator-helm-standby"
 HEALTH = E2E_PORT_BASE + 30  # the admin operator uses LIVENESS (base + 20) and LIVENESS + 1
+STANDBY_HEALTH = E2E_PORT_BASE + 32  # and its metrics on + 33
+POD_NAME = "tokenfab-local"  # what the pod's downward API would give the process: its Lease identity
+LEGACY_FINALIZER = f"{c.DOMAIN}/finalizer"  # what kopf's change handlers of earlier versions put on
+LEGACY_ANNOTATION = f"{c.DOMAIN}/last-handled-configuration"
 DENIAL = re.compile(r"forbidden|not enough permissions|unauthorized", re.I)
-COMPUTE_DOMAIN_CRD = {
+COMPUTE_DOMAIN_CRD: dict[str, Any] = {
     "apiVersion": "apiextensions.k8s.io/v1",
     "kind": "CustomResourceDefinition",
     "metadata": {"name": "computedomains.resource.nvidia.com"},
@@ -82,18 +94,24 @@ class ChartOperator:
     """The operator as a local process with the installed chart's command, arguments, environment and
     identity (a token of its ServiceAccount)."""
 
-    def __init__(self, f: Factory, tmp: Path) -> None:
+    def __init__(
+        self, f: Factory, tmp: Path, name: str = PROC, health: int = HEALTH, pod: str = POD_NAME
+    ) -> None:
         self.f = f
+        self.name = name
+        self.health = health
+        self.pod = pod
         self.kubeconfig = tmp / "tokenfab-sa.kubeconfig"
         # The kubernetes client caches API discovery in $TMPDIR per server URL, shared by every process
         # and run: a private TMPDIR keeps this module's stand-in ComputeDomain CRD out of other operators'
         # caches (the pod gets its own emptyDir /tmp).
-        self.tmpdir = tmp / "operator-tmp"
+        self.tmpdir = tmp / f"{name}-tmp"
         self.tmpdir.mkdir()
-        self.log = f.log(PROC)
+        self.log = f.log(name)
         self.offset = 0
         self.started = 0.0
         self.argv: list[str] = []
+        self.env: dict[str, str] = {}
 
     def write_kubeconfig(self) -> None:
         """A kubeconfig whose only credential is a token of the chart's ServiceAccount."""
@@ -123,14 +141,18 @@ class ChartOperator:
         (ctr,) = deploy["spec"]["template"]["spec"]["containers"]
         args = list(ctr["args"])
         local = {
-            "--liveness": f"http://127.0.0.1:{HEALTH}/healthz",
-            "--metrics-port": str(HEALTH + 1),
+            "--liveness": f"http://127.0.0.1:{self.health}/healthz",
+            "--metrics-port": str(self.health + 1),
             "--metrics-addr": "127.0.0.1",
         }
         for flag, value in local.items():
             if flag in args:
                 args[args.index(flag) + 1] = value
         env = {e["name"]: e["value"] for e in ctr.get("env") or [] if "value" in e}
+        # The downward API's pod name (valueFrom) is the one variable a process cannot take as written.
+        fields = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in ctr["env"] if "valueFrom" in e}
+        assert fields == {"POD_NAME": "metadata.name"}, fields
+        env["POD_NAME"] = self.pod
         command = list(ctr["command"])
         if command[0] == "python":  # the image's Python is this virtualenv's
             command[0] = sys.executable
@@ -141,22 +163,41 @@ class ChartOperator:
         self.offset = self.log.stat().st_size if self.log.exists() else 0
         self.started = time.time()
         self.argv = argv
+        self.env = env
         self.f.start_extra(
-            PROC, argv, env={**env, "KUBECONFIG": str(self.kubeconfig), "TMPDIR": str(self.tmpdir)}
+            self.name, argv, env={**env, "KUBECONFIG": str(self.kubeconfig), "TMPDIR": str(self.tmpdir)}
         )
-        wait_for("the chart operator's health endpoint", self.healthy, timeout=90)
+        wait_for(f"the health endpoint of {self.name}", self.healthy, timeout=90)
 
     def healthy(self) -> bool:
         import urllib.request
 
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{HEALTH}/healthz", timeout=2) as r:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.health}/healthz", timeout=2) as r:
                 return bool(r.status == 200)
         except OSError:
             return False
 
+    def metrics(self) -> str:
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.health + 1}/metrics", timeout=5) as r:
+            return str(r.read().decode())
+
     def stop(self) -> None:
-        self.f.stop_extra(PROC)
+        """SIGTERM (then SIGKILL after 15 s), by PID."""
+        self.f.stop_extra(self.name)
+
+    def kill(self) -> None:
+        """SIGKILL, by PID: the leader gets no chance to hand its Lease back."""
+        pid = self.f.extra_pids()[self.name]
+        assert process.alive(pid, "tokenfab.cli"), f"{self.name} (pid {pid}) does not run"
+        os.kill(pid, signal.SIGKILL)
+        wait_for(f"{self.name} (pid {pid}) to die", lambda: not process.alive(pid), timeout=10)
+        self.f.stop_extra(self.name)  # forgets the pid (nothing is left to stop)
+
+    def leads(self) -> bool:
+        return lease_holder(self.f).startswith(f"{self.pod}_")
 
     def output(self) -> str:
         if not self.log.exists():
@@ -175,7 +216,8 @@ class ChartOperator:
 def chart(factory: Factory, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChartOperator]:
     f = factory
     admin_was_running = f.stop_extra("operator")
-    op = ChartOperator(f, tmp_path_factory.mktemp("helm"))
+    tmp = tmp_path_factory.mktemp("helm")
+    op = ChartOperator(f, tmp)
     try:
         apply_yaml(
             f,
@@ -211,8 +253,9 @@ def chart(factory: Factory, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         op.start()
         yield op
     finally:
+        f.stop_extra(STANDBY)  # if a failover test failed half-way
         op.stop()
-        # Whatever a failed test left: kopf's finalizer would hold it until some operator serves it again.
+        # Whatever a failed test left; the legacy finalizer would hold it until an operator removes it.
         for ns in (NS, CD_NS, SCOPED_NS):
             names = kubectl(f, "get", "mdep", "-n", ns, "-o", "name", check=False).stdout.split()
             for name in names:
@@ -226,6 +269,25 @@ def chart(factory: Factory, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         if admin_was_running:
             start_operator(f, LIVENESS)
             wait_for("the admin operator's health endpoint", operator_healthy, timeout=60)
+
+
+def lease_holder(f: Factory) -> str:
+    """The leader Lease's holder ('' when it has none, or there is no Lease)."""
+    out = kubectl(f, "get", "lease", LEASE_NAME, "-n", SYSTEM_NS, "-o", "json", check=False)
+    if out.returncode != 0:
+        return ""
+    return str((json.loads(out.stdout).get("spec") or {}).get("holderIdentity") or "")
+
+
+def children(f: Factory, ns: str, owner: str) -> list[str]:
+    """Every object the operator made for a ModelDeployment (by its label), the frontend's too."""
+    kinds = "pods,services,configmaps,deployments.apps,replicasets.apps"
+    if kubectl(f, "get", "podgroups.scheduling.k8s.io", "-n", ns, check=False).returncode == 0:
+        kinds += ",podgroups.scheduling.k8s.io"
+    if kubectl(f, "get", "computedomains.resource.nvidia.com", "-n", ns, check=False).returncode == 0:
+        kinds += ",computedomains.resource.nvidia.com"
+    out = kubectl(f, "get", kinds, "-n", ns, "-l", f"{c.LABEL_DEPLOYMENT}={owner}", "-o", "name")
+    return out.stdout.split()
 
 
 def can_i(f: Factory, verb: str, resource: str, *args: str) -> bool:
@@ -267,8 +329,11 @@ def compute_domains(f: Factory, ns: str) -> set[str]:
 def test_chart_objects_pass_restricted_pod_security(chart: ChartOperator) -> None:
     f = chart.f
     deploy = get_json(f, "deployment", RELEASE, "-n", SYSTEM_NS)
-    assert deploy["spec"]["strategy"]["type"] == "Recreate"
-    assert deploy["spec"]["replicas"] == 1
+    assert deploy["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+    }
+    assert deploy["spec"]["replicas"] == 2
     # The namespace enforces `restricted`, and the API server really does enforce it here ...
     refused = kubectl(
         f,
@@ -286,8 +351,8 @@ def test_chart_objects_pass_restricted_pod_security(chart: ChartOperator) -> Non
     # ... and the chart's pod was admitted (kwok runs it: the factory cannot run images).
     selector = "app.kubernetes.io/name=tokenfab,app.kubernetes.io/component=operator"
     wait_for(
-        "the chart's operator pod to be admitted",
-        lambda: get_json(f, "pods", "-n", SYSTEM_NS, "-l", selector)["items"],
+        "the chart's two operator pods to be admitted",
+        lambda: len(get_json(f, "pods", "-n", SYSTEM_NS, "-l", selector)["items"]) == 2,
         timeout=60,
     )
     rs_conditions = [
@@ -296,10 +361,29 @@ def test_chart_objects_pass_restricted_pod_security(chart: ChartOperator) -> Non
         for cond in (rs.get("status") or {}).get("conditions") or []
     ]
     assert not [cond for cond in rs_conditions if cond["type"] == "ReplicaFailure"], rs_conditions
-    # The ClusterRole as installed has no wildcard anywhere.
+    # The ClusterRole and the leader Lease's Role as installed have no wildcard anywhere.
     role = get_json(f, "clusterrole", RELEASE)
     assert role["rules"]
     assert not wildcards(role), wildcards(role)
+    leader = get_json(f, "role", f"{RELEASE}-leader", "-n", SYSTEM_NS)
+    assert {r for rule in leader["rules"] for r in rule["resources"]} == {"leases"}
+    assert not wildcards(leader), wildcards(leader)
+
+
+def test_the_pod_disruption_budget_keeps_one_of_two_replicas(chart: ChartOperator) -> None:
+    f = chart.f
+    pdb = get_json(f, "pdb", RELEASE, "-n", SYSTEM_NS)
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    pod_labels = get_json(f, "deployment", RELEASE, "-n", SYSTEM_NS)["spec"]["template"]["metadata"]["labels"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+
+    def expected_pods() -> int:
+        status = get_json(f, "pdb", RELEASE, "-n", SYSTEM_NS).get("status") or {}
+        return int(status.get("expectedPods") or 0)
+
+    # The disruption controller counts the chart's two pods under it.
+    wait_for("the PodDisruptionBudget to cover both replicas", lambda: expected_pods() == 2, timeout=60)
 
 
 def test_the_operator_runs_as_the_service_account_not_as_admin(chart: ChartOperator) -> None:
@@ -310,14 +394,25 @@ def test_the_operator_runs_as_the_service_account_not_as_admin(chart: ChartOpera
     everything = subprocess.run([*base, "auth", "can-i", "*", "*"], capture_output=True, text=True)
     assert everything.stdout.strip() == "no"
     assert chart.argv[3:5] == ["operator", "--liveness"], chart.argv
+    assert "--leader-elect" in chart.argv
+    assert chart.env["TOKENFAB_LEASE_NAMESPACE"] == SYSTEM_NS
     assert "--namespace" not in chart.argv, "the default install serves every namespace"
 
 
+def test_the_operator_takes_the_leader_lease_in_the_release_namespace(chart: ChartOperator) -> None:
+    f = chart.f
+    wait_for("the chart operator to take the leader Lease", chart.leads, timeout=30)
+    lease = get_json(f, "lease", LEASE_NAME, "-n", SYSTEM_NS)
+    assert lease["spec"]["leaseDurationSeconds"] == DURATION
+    assert "tokenfab_leader 1.0" in chart.metrics()
+    chart.assert_no_denials()
+
+
+LEASES = "leases.coordination.k8s.io"
 FORBIDDEN = [
     ("get", "secrets", "-A"),
     ("list", "secrets", f"-n={SYSTEM_NS}"),
     ("get", "configmaps", "-n=kube-system"),
-    ("list", "configmaps", "-A"),
     ("delete", "nodes"),
     ("patch", "nodes"),
     ("create", "customresourcedefinitions.apiextensions.k8s.io"),
@@ -345,6 +440,16 @@ FORBIDDEN = [
     ("patch", "validatingwebhookconfigurations.admissionregistration.k8s.io"),
     ("create", "daemonsets.apps", f"-n={NS}"),
     ("delete", "deployments.apps", f"-n={NS}"),
+    ("delete", "services", f"-n={NS}"),
+    # Leases: the operator's own, in the release namespace, and nothing else (node heartbeats, other
+    # controllers' leader Leases).
+    ("update", LEASES, "-n=kube-node-lease"),
+    ("create", LEASES, "-n=kube-system"),
+    ("get", f"{LEASES}/{LEASE_NAME}", "-n=kube-system"),
+    ("update", f"{LEASES}/{LEASE_NAME}", f"-n={NS}"),
+    ("update", f"{LEASES}/kube-scheduler", f"-n={SYSTEM_NS}"),
+    ("list", LEASES, f"-n={SYSTEM_NS}"),
+    ("delete", f"{LEASES}/{LEASE_NAME}", f"-n={SYSTEM_NS}"),
 ]
 ALLOWED = [
     ("create", "pods", f"-n={NS}"),
@@ -352,6 +457,15 @@ ALLOWED = [
     ("list", "nodes"),
     ("patch", "modeldeployments.tokenfab.dev", f"-n={NS}", "--subresource=status"),
     ("patch", "nvlinkdomains.tokenfab.dev", "--subresource=status"),
+    ("create", "podgroups.scheduling.k8s.io", f"-n={NS}"),
+    ("delete", "podgroups.scheduling.k8s.io", f"-n={NS}"),
+    # The children's informers (by label: RBAC cannot narrow a list to a label).
+    ("watch", "services", "-A"),
+    ("list", "configmaps", "-A"),
+    ("watch", "deployments.apps", "-A"),
+    ("get", f"{LEASES}/{LEASE_NAME}", f"-n={SYSTEM_NS}"),
+    ("update", f"{LEASES}/{LEASE_NAME}", f"-n={SYSTEM_NS}"),
+    ("create", LEASES, f"-n={SYSTEM_NS}"),
 ]
 
 
@@ -368,7 +482,8 @@ def test_the_service_account_can(chart: ChartOperator, check: tuple[str, ...]) -
 def test_bad_values_are_refused_by_helm_install(chart: ChartOperator) -> None:
     f = chart.f
     cases = [
-        (["replicaCount=2"], "at '/replicaCount': maximum: got 2, want 1"),
+        (["replicaCount=6"], "at '/replicaCount': maximum: got 6, want 5"),
+        (["podDisruptionBudget.enabled=yes"], "at '/podDisruptionBudget/enabled': got string, want boolean"),
         (["logLevel=trace"], "at '/logLevel': value must be one of 'info', 'debug'"),
         (["metrics.port=abc"], "at '/metrics/port': got string, want integer"),
         (["serviceMonitor.enabled=true", "podMonitor.enabled=true"], "enable one of them"),
@@ -393,25 +508,41 @@ def test_deepseek_becomes_ready_under_the_chart_rbac(chart: ChartOperator) -> No
     obj = md(f, "deepseek-r1", NS)
     assert obj["status"]["gpus"] == "80/80"
     assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
-    # kopf patched its annotation (patch modeldeployments); the operator posted Events (create events).
-    assert f"{c.DOMAIN}/last-handled" in obj["metadata"]["annotations"]
+    # No finalizer and no kopf bookkeeping on the object; the operator posted Events (create events).
+    assert not obj["metadata"].get("finalizers"), obj["metadata"]
+    annotations = obj["metadata"].get("annotations") or {}
+    assert not [a for a in annotations if a.startswith(f"{c.DOMAIN}/last-handled")], annotations
     events = get_json(f, "events", "-n", NS, "--field-selector", "involvedObject.name=deepseek-r1")["items"]
     ours = [e for e in events if e["source"].get("component") == "tokenfab-operator"]
     assert "AllGroupsReady" in {e["reason"] for e in ours}
     # Services, the frontend Deployment and the engine ConfigMaps were applied.
-    assert get_json(f, "configmap", "deepseek-r1-decode-engine", "-n", NS)
+    assert len(engine_configmaps(f, NS, "deepseek-r1", "decode")) == 1
     assert len(get_json(f, "services", "-n", NS, "-l", f"{c.LABEL_DEPLOYMENT}=deepseek-r1")["items"]) == 2
     # The chart's metrics flags work.
-    import urllib.request
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{HEALTH + 1}/metrics", timeout=5) as r:
-        metrics = r.read().decode()
+    metrics = chart.metrics()
     assert f'tokenfab_groups_ready{{deployment="deepseek-r1",namespace="{NS}",role="decode"}} 2.0' in metrics
     chart.assert_no_denials()
 
 
 def test_nvlink_domain_inventory_under_the_chart_rbac(chart: ChartOperator) -> None:
+    """The chart operator writes the inventory (applied objects and their status) and, as a new leader
+    lists the NVLinkDomains, deletes the ones whose domain is gone."""
     f = chart.f
+
+    def written() -> bool:
+        items = get_json(f, "nvlinkdomains")["items"]
+        stamps = [
+            datetime.fromisoformat(d["status"]["updated"].replace("Z", "+00:00")).timestamp()
+            for d in items
+            if d.get("status", {}).get("updated")
+        ]
+        placed = {(g["namespace"], g["group"]) for d in items for g in d["status"].get("groups") or []}
+        ours = {(NS, g) for g in worker_groups(f, NS, "deepseek-r1")}
+        return len(stamps) == 4 and max(stamps) >= chart.started - 1 and ours <= placed
+
+    wait_for("the NVLinkDomains written by the chart's operator", written, timeout=30)
+    # An object of a domain that no longer exists (e.g. written by an earlier operator): a leader lists the
+    # inventory when it starts leading, and deletes it.
     apply_yaml(
         f,
         {
@@ -420,22 +551,14 @@ def test_nvlink_domain_inventory_under_the_chart_rbac(chart: ChartOperator) -> N
             "metadata": {"name": "helm-e2e-stale", "labels": {c.MANAGED_BY: c.MANAGED_BY_VALUE}},
         },
     )
+    chart.stop()
+    chart.start()
 
     def stale_gone() -> bool:
         return "helm-e2e-stale" not in {d["metadata"]["name"] for d in get_json(f, "nvlinkdomains")["items"]}
 
     wait_for("the stale NVLinkDomain deleted by the operator", stale_gone, timeout=30)
-
-    def refreshed() -> bool:
-        items = get_json(f, "nvlinkdomains")["items"]
-        stamps = [
-            datetime.fromisoformat(d["status"]["updated"].replace("Z", "+00:00")).timestamp()
-            for d in items
-            if d.get("status", {}).get("updated")
-        ]
-        return len(stamps) == 4 and min(stamps) >= chart.started - 1
-
-    wait_for("every NVLinkDomain refreshed by the chart's operator", refreshed, timeout=30)
+    assert len(get_json(f, "nvlinkdomains")["items"]) == 4
     chart.assert_no_denials()
 
 
@@ -491,12 +614,81 @@ def test_compute_domains_under_the_chart_rbac(chart: ChartOperator) -> None:
     chart.assert_no_denials()
 
 
-def test_deleting_model_deployments_under_the_chart_rbac(chart: ChartOperator) -> None:
+def test_an_old_finalizer_is_removed_under_the_chart_rbac(chart: ChartOperator) -> None:
+    """A ModelDeployment as an earlier tokenfab (kopf change handlers) left it: the operator takes its
+    finalizer and kopf's annotation off (patch modeldeployments), and serves it."""
     f = chart.f
-    for name, ns in (("deepseek-r1", NS), ("llama-405b", CD_NS)):
-        out = kubectl(f, "delete", "mdep", name, "-n", ns, "--wait=true", "--timeout=60s", check=False)
-        assert out.returncode == 0, out.stderr
+    old = example("aggregated-small.yaml", NS, autoscaling={"enabled": False})
+    old["metadata"].update(
+        name="legacy", finalizers=[LEGACY_FINALIZER], annotations={LEGACY_ANNOTATION: "{}"}
+    )
+    apply_yaml(f, old, "--server-side", "--field-manager=e2e-old-tokenfab")
+
+    def cleaned() -> bool:
+        meta = md(f, "legacy", NS)["metadata"]
+        return LEGACY_FINALIZER not in (meta.get("finalizers") or []) and LEGACY_ANNOTATION not in (
+            meta.get("annotations") or {}
+        )
+
+    wait_for("the old finalizer and annotation removed", cleaned, timeout=60)
+    wait_for("the old ModelDeployment Ready", lambda: ready(f, "legacy", NS), timeout=120)
     chart.assert_no_denials()
+
+
+def test_deleting_model_deployments_needs_no_operator(chart: ChartOperator) -> None:
+    """The leader stopped gracefully hands the Lease back; with no operator at all, ModelDeployments are
+    deleted at once (no finalizer) and their children follow by owner references."""
+    f = chart.f
+    owned = {
+        (name, ns): children(f, ns, name)
+        for name, ns in (("deepseek-r1", NS), ("legacy", NS), ("llama-405b", CD_NS))
+    }
+    for key, objs in owned.items():
+        assert objs, f"{key} has no children to delete"
+    chart.stop()
+    assert lease_holder(f) == "", "a gracefully stopped leader hands its Lease back"
+    try:
+        for name, ns in owned:
+            out = kubectl(f, "delete", "mdep", name, "-n", ns, "--wait=true", "--timeout=30s", check=False)
+            assert out.returncode == 0, out.stderr
+        for name, ns in owned:
+
+            def gone(name: str = name, ns: str = ns) -> bool:
+                return not children(f, ns, name)
+
+            wait_for(f"the children of {ns}/{name} deleted by the garbage collector", gone, timeout=120)
+    finally:
+        chart.start()
+    # The Lease was handed back: the new process takes it at once, not after the Lease duration.
+    wait_for("the restarted operator to lead", chart.leads, timeout=DURATION - RETRY)
+    chart.assert_no_denials()
+
+
+def test_a_killed_leader_is_replaced_within_the_lease_duration(chart: ChartOperator) -> None:
+    """Two operator processes under the chart's ServiceAccount: SIGKILL the leader, and the standby takes
+    the Lease once it has gone unrenewed for the Lease duration (plus one retry period)."""
+    f = chart.f
+    wait_for("the chart operator to lead", chart.leads, timeout=30)
+    standby = ChartOperator(f, chart.tmpdir.parent, STANDBY, STANDBY_HEALTH, f"{POD_NAME}-standby")
+    standby.kubeconfig = chart.kubeconfig
+    try:
+        standby.start()
+        time.sleep(2 * RETRY)  # it has tried, and follows
+        assert chart.leads()
+        assert "tokenfab_leader 0.0" in standby.metrics()
+        chart.kill()
+        killed = time.monotonic()
+        wait_for("the standby to take the Lease", standby.leads, timeout=DURATION + 3 * RETRY + 5)
+        # The standby last saw a renewal at most one retry after the kill, and takes the Lease at its
+        # first try once DURATION has passed since: at most DURATION + 2 x RETRY (and some slack for load).
+        took = time.monotonic() - killed
+        assert took <= DURATION + 2 * RETRY + 3, f"took {took:.1f} s"
+        assert "tokenfab_leader 1.0" in standby.metrics()
+        standby.assert_no_denials()
+    finally:
+        standby.stop()
+        chart.start()
+    wait_for("the chart operator to lead again", chart.leads, timeout=DURATION - RETRY)
 
 
 # ------------------------------------------------------------------------------ watchNamespaces

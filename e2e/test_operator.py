@@ -11,7 +11,16 @@ import pytest
 import yaml
 
 from e2e.conftest import LIVENESS, operator_healthy
-from e2e.helpers import apply_yaml, condition, get_json, kubectl, restore_node, start_operator, wait_for
+from e2e.helpers import (
+    apply_yaml,
+    condition,
+    engine_configmaps,
+    get_json,
+    kubectl,
+    restore_node,
+    start_operator,
+    wait_for,
+)
 from tests.cases import EXAMPLES
 from tokenfab.planning import contract as c
 from tokenfab_factory import process
@@ -82,9 +91,11 @@ def test_deepseek_becomes_ready_with_every_group_in_one_clique(operator):
             range(len(members))
         )
     # Engine config carries the first-class fields.
-    engine = yaml.safe_load(
-        get_json(f, "configmap", "deepseek-r1-decode-engine", "-n", NS)["data"]["engine.yaml"]
-    )
+    # (one ConfigMap per revision, named by its hash; exactly one while no rollout is under way)
+    maps = engine_configmaps(f, NS, "deepseek-r1", "decode")
+    assert len(maps) == 1, [m["metadata"]["name"] for m in maps]
+    assert maps[0]["metadata"]["name"].startswith("deepseek-r1-decode-engine-")
+    engine = yaml.safe_load(maps[0]["data"]["engine.yaml"])
     assert engine["tensor_parallel_size"] == 32
     assert engine["moe_expert_parallel_size"] == 32
     assert engine["speculative_config"] == {"decoding_type": "MTP", "num_nextn_predict_layers": 3}
@@ -105,11 +116,16 @@ def test_deepseek_becomes_ready_with_every_group_in_one_clique(operator):
 def test_operator_exports_its_own_metrics(operator):
     import urllib.request
 
-    with urllib.request.urlopen(f"http://127.0.0.1:{LIVENESS + 1}/metrics", timeout=5) as r:
-        text = r.read().decode()
+    def scrape() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{LIVENESS + 1}/metrics", timeout=5) as r:
+            return str(r.read().decode())
+
+    # (the NVLink domain inventory runs every 10 s: its gauges appear once it has)
+    text = wait_for(
+        "the domain inventory's gauges", lambda: "tokenfab_domain_free_gpus{" in scrape() and scrape()
+    )
     assert 'tokenfab_groups_ready{deployment="deepseek-r1",namespace="ds",role="decode"} 2.0' in text
     assert 'tokenfab_reconciles_total{deployment="deepseek-r1",namespace="ds",result="ok"}' in text
-    assert "tokenfab_domain_free_gpus{" in text
 
 
 def test_losing_a_node_recreates_its_decode_group_whole(operator):

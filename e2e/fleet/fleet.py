@@ -63,8 +63,11 @@ def start_runner(
     blocks_per_gpu: int = 48,
     speedup_ratio: float = 0.3,
     namespaces: tuple[str, ...] = (),
+    start_delay: float = 0.0,
+    name: str = "",
 ) -> int:
-    """The fleet runner as a factory extra (the factory stops it by PID; it stops its children)."""
+    """The fleet runner as a factory extra (the factory stops it by PID; it stops its children).
+    `start_delay` holds each new engine back that long (a cold start); `name` runs a second runner."""
     argv = [
         sys.executable,
         "-m",
@@ -86,9 +89,10 @@ def start_runner(
         "--speedup-ratio",
         str(speedup_ratio),
         *(["--namespaces", ",".join(namespaces)] if namespaces else []),
+        *(["--start-delay", str(start_delay)] if start_delay else []),
     ]
     pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    return f.start_extra(RUNNER, argv, env={"PYTHONPATH": pythonpath})
+    return f.start_extra(name or RUNNER, argv, env={"PYTHONPATH": pythonpath})
 
 
 def runner_state(f: Factory) -> dict[str, Any]:
@@ -228,6 +232,13 @@ def waiting(f: Factory, namespace: str, name: str, role: str) -> float:
     return float(rows[0]["value"][1]) if rows else 0.0
 
 
+def waiting_by_group(f: Factory, namespace: str, name: str, role: str) -> dict[str, float]:
+    """Requests waiting in each group's engine queue."""
+    names = "trtllm:num_requests_waiting|vllm:num_requests_waiting"
+    q = f'sum by ({c.PROM_LABEL_GROUP}) ({{__name__=~"{names}", {sel(namespace, name, role)}}})'
+    return by_group(prom(f, q))
+
+
 def frontend_ttft(f: Factory, namespace: str, name: str, window: str = "15s") -> dict[str, float]:
     """TTFT p50/p99 the frontend measured over the last window (its histogram, through Prometheus)."""
     out = {}
@@ -245,12 +256,16 @@ def frontend_ttft(f: Factory, namespace: str, name: str, window: str = "15s") ->
     return out
 
 
-def role_status(f: Factory, namespace: str, name: str) -> dict[str, Any]:
+def status(f: Factory, namespace: str, name: str) -> dict[str, Any]:
     try:
         obj = get_json(f, "mdep", name, "-n", namespace)
     except subprocess.CalledProcessError:
         return {}
-    return dict((obj.get("status") or {}).get("roles") or {})
+    return dict(obj.get("status") or {})
+
+
+def role_status(f: Factory, namespace: str, name: str) -> dict[str, Any]:
+    return dict(status(f, namespace, name).get("roles") or {})
 
 
 def role_gpus(manifest_doc: dict[str, Any]) -> dict[str, int]:

@@ -13,7 +13,9 @@ import itertools
 import json
 import math
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +48,56 @@ def burst(quiet_qps: float, burst_qps: float, before_s: float, burst_s: float, a
         Point(before_s + burst_s + 1, quiet_qps),
         Point(before_s + burst_s + after_s, quiet_qps),
     ]
+
+
+def repeated_burst(
+    quiet_qps: float,
+    burst_qps: float,
+    first_s: float,
+    width_s: float,
+    period_s: float,
+    count: int,
+    total_s: float,
+) -> list[Point]:
+    """`count` bursts of `width_s` seconds, one every `period_s` seconds from `first_s`, quiet elsewhere, for
+    `total_s` seconds in all (one-second edges)."""
+    out = [Point(0, quiet_qps)]
+    for i in range(count):
+        a = first_s + i * period_s
+        out += [Point(a, quiet_qps), Point(a + 1, burst_qps), Point(a + width_s, burst_qps)]
+        out.append(Point(a + width_s + 1, quiet_qps))
+    out.append(Point(total_s, quiet_qps))
+    return out
+
+
+def ramp_up_down(
+    quiet_qps: float,
+    peak_qps: float,
+    start_s: float,
+    up_s: float,
+    hold_s: float,
+    down_s: float,
+    total_s: float,
+) -> list[Point]:
+    """Quiet, a linear ramp up to the peak, a hold, a linear ramp back down, quiet to `total_s`."""
+    a, b, c = start_s + up_s, start_s + up_s + hold_s, start_s + up_s + hold_s + down_s
+    return [
+        Point(0, quiet_qps),
+        Point(start_s, quiet_qps),
+        Point(a, peak_qps),
+        Point(b, peak_qps),
+        Point(c, quiet_qps),
+        Point(total_s, quiet_qps),
+    ]
+
+
+def rises(points: list[Point]) -> list[float]:
+    """When the load starts to rise above its quiet level: each burst's or ramp's start."""
+    out = []
+    for a, b in itertools.pairwise(points):
+        if b.qps > a.qps and (not out or a.time_s > out[-1] + 1.5):
+            out.append(a.time_s)
+    return out
 
 
 def rate_at(points: list[Point], t: float) -> float:
@@ -157,16 +209,23 @@ class AiperfRun:
             "--artifact-dir",
             str(self.artifact_dir),
             "--zmq-ipc-path",
-            str(self.artifact_dir / "ipc"),
+            str(self.ipc_dir()),
             "--workers-max",
             "2",
             "--record-processors",
             "1",
         ]
 
+    def ipc_dir(self) -> Path:
+        """aiperf's sockets: a short path of its own (a UNIX socket path is limited to 107 characters, which
+        a deep artifact directory exceeds), removed by stop()."""
+        if getattr(self, "_ipc", None) is None:
+            self._ipc = Path(tempfile.mkdtemp(prefix="tf-aiperf-"))
+        return self._ipc
+
     def start(self) -> int:
         self.artifact_dir.mkdir(parents=True, exist_ok=True)
-        (self.artifact_dir / "ipc").mkdir(exist_ok=True)
+        self.ipc_dir()
         # aiperf loads a local tokenizer directory only with the hub's offline switches unset
         # (../shared/REFERENCE.md §6); it never needs the network for a local directory.
         env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
@@ -203,6 +262,8 @@ class AiperfRun:
             process.stop(pid, timeout=5)
         if getattr(self, "_proc", None) is not None:
             self._proc.poll()
+        if getattr(self, "_ipc", None) is not None:
+            shutil.rmtree(self._ipc, ignore_errors=True)
 
     def records(self) -> list[Request]:
         return read_records(self.artifact_dir / "profile_export.jsonl")

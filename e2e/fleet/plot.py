@@ -97,3 +97,98 @@ def comparison(results: dict[str, dict[str, Any]], out: Path) -> Path:
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def traces(doc: dict[str, Any], out: Path) -> Path:
+    """The fleet benchmark: per trace, GPUs held over time by each policy (plain and cold start), and
+    goodput against GPU-minutes (relative to static peak) for every policy."""
+    variants = [("plain", doc["traces"])]
+    if doc.get("cold_start"):
+        variants.append(
+            (f"cold start {doc['cold_start']['start_delay_s']:.0f} s", doc["cold_start"]["traces"])
+        )
+    names = list(doc["traces"])
+    fig, axes = plt.subplots(
+        len(names), len(variants) + 1, figsize=(5 * (len(variants) + 1), 3.3 * len(names))
+    )
+    if len(names) == 1:
+        axes = [axes]
+    markers = {"plain": "o", "cold": "s"}
+    for i, trace in enumerate(names):
+        for j, (label, by) in enumerate(variants):
+            ax = axes[i][j]
+            policies = by.get(trace) or {}
+            for name, r in policies.items():
+                s = r.get("series") or []
+                ax.step([x["t"] for x in s], [x["gpus"] for x in s], where="post", label=name, lw=1.2)
+            some = next(iter(policies.values()), None)
+            if some and some.get("trace"):
+                ax2 = ax.twinx()
+                ax2.plot([p["time_s"] for p in some["trace"]], [p["qps"] for p in some["trace"]], "k:", lw=1)
+                ax2.set_ylabel("offered requests/s", fontsize=8)
+            ax.set_title(f"{trace} ({label})", fontsize=9)
+            ax.set_ylabel("GPUs held")
+            ax.set_xlabel("seconds")
+            ax.grid(alpha=0.3)
+            if i == 0 and j == 0:
+                ax.legend(fontsize=7, loc="upper left")
+        ax = axes[i][len(variants)]
+        for label, by in variants:
+            for name, r in (by.get(trace) or {}).items():
+                gp = r["slo"]["goodput_fraction"]
+                if gp is None or r.get("gpu_minutes_vs_static") is None:
+                    continue
+                m = markers["cold" if label.startswith("cold") else "plain"]
+                ax.scatter(r["gpu_minutes_vs_static"], 100 * gp, marker=m, s=30)
+                ax.annotate(
+                    f"{name}{'*' if m == 's' else ''}", (r["gpu_minutes_vs_static"], 100 * gp), fontsize=7
+                )
+        ax.axhline(99, color="tab:red", ls="--", lw=1)
+        ax.axvline(0.7, color="tab:red", ls="--", lw=1)
+        ax.set_xlabel("GPU-minutes / static peak")
+        ax.set_ylabel("SLO goodput (%)")
+        ax.set_title(f"{trace}: goodput vs cost (* cold start)", fontsize=9)
+        ax.grid(alpha=0.3)
+    fig.suptitle("Autoscaling policies on live Dynamo fleets (same aiperf traces)")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def drain(doc: dict[str, Any], out: Path) -> Path:
+    """Requests completed, failed and cut short per scenario, tokenfab's drain beside plain deletion."""
+    scenarios = list(doc["scenarios"])
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    width = 0.38
+    for i, policy in enumerate(("baseline", "tokenfab")):
+        xs = [j + (i - 0.5) * width for j in range(len(scenarios))]
+        runs = [doc["scenarios"][s].get(policy) or {} for s in scenarios]
+        completed = [r.get("completed", 0) for r in runs]
+        failed = [r.get("failed", 0) for r in runs]
+        color = "tab:gray" if policy == "baseline" else "tab:green"
+        ax.bar(xs, completed, width, color=color, label=f"{policy}: completed")
+        ax.bar(
+            xs,
+            failed,
+            width,
+            bottom=completed,
+            color="tab:red",
+            alpha=0.5 + 0.4 * i,
+            label=f"{policy}: failed or cut short",
+        )
+        for x, c, f in zip(xs, completed, failed, strict=True):
+            ax.text(x, c + f, str(f), ha="center", va="bottom", fontsize=8)
+    tops = [
+        (r.get("completed", 0) + r.get("failed", 0)) for p in doc["scenarios"].values() for r in p.values()
+    ]
+    ax.set_ylim(0, max(tops, default=1) * 1.15)
+    ax.set_xticks(range(len(scenarios)), scenarios)
+    ax.set_ylabel("requests")
+    ax.set_title("Groups removed under load: failed requests (number above each bar)")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

@@ -11,8 +11,20 @@ runs the real NVIDIA Dynamo process the pod's container would run, on loopback:
 - every frontend pod -> `python -m dynamo.frontend` (OpenAI API + Dynamo's router, the pod's
   --router-mode), which discovers the workers of its Dynamo namespace.
 
-Discovery is file-based and the request plane TCP, all on 127.0.0.1 (../shared/REFERENCE.md §4). Each
-process is stopped by PID when its pod goes (or stops Running) and when the runner stops. Each is
+Discovery is file-based and the request plane TCP, all on 127.0.0.1 (../shared/REFERENCE.md §4). The
+runner plays the kubelet's part faithfully where it matters to a drain:
+- a pod being deleted leaves routing at once (as its endpoint leaves an EndpointSlice), runs its preStop
+  (the sleep it declares), then its process gets SIGTERM and, after the pod's
+  terminationGracePeriodSeconds, SIGKILL; a pod that Failed is stopped at once;
+- a leader pod whose readiness gate tokenfab.dev/routable turns False leaves routing (its discovery entry
+  is removed, as a router following endpoint readiness would drop it) while its process keeps running,
+  and comes back when it turns True;
+- readiness, in the live-* namespaces (where kwok starts pods but leaves them not ready, see
+  tokenfab_factory.factory.LIVE_POD_START): a pod's ContainersReady follows its readiness probe (the
+  engine's or the frontend's /health answering 200; a rank that runs nothing is ready once started) and
+  Ready is ContainersReady with every readiness gate True, so a group counts as ready when its engine has
+  loaded and registered, not when its pod was scheduled.
+Each process is stopped by PID when it is done and when the runner stops. Each is
 published to Prometheus as one file_sd target file (written atomically) with the pod's labels as a
 Kubernetes pod relabelling would name them: namespace, pod, tokenfab_dev_deployment, tokenfab_dev_role,
 tokenfab_dev_group - exactly what the autoscaler's PromQL selects.
@@ -52,6 +64,7 @@ DEFAULT_SYSTEM_PORTS = (26100, 26899)
 # support TRT-LLM"): disaggregated workers emulate the engine with the vllm timing and metric names
 # (`vllm:kv_cache_usage_perc`, which the autoscaler's query also selects); aggregated workers use trtllm.
 ENGINE_AUTO = "auto"
+LIVE_PREFIX = "live-"  # the namespaces whose pods' readiness the runner plays (see probe)
 
 
 @dataclass
@@ -71,6 +84,7 @@ class Options:
     namespaces: tuple[str, ...] = ()  # only pods of these Kubernetes namespaces (empty = all)
     poll_seconds: float = 1.0
     restart_backoff_seconds: float = 5.0
+    start_delay_seconds: float = 0.0  # hold a new engine back this long (cold start: weights loading)
 
 
 @dataclass
@@ -86,7 +100,14 @@ class Proc:
     started_at: float
     url: str = ""
     metrics_url: str = ""
+    health_url: str = ""  # what the pod's readiness probe asks
     argv: list[str] = field(default_factory=list)
+    grace: float = 30.0  # the pod's terminationGracePeriodSeconds
+    prestop: float = 0.0  # the pod's preStop sleep
+    terminating_since: float | None = None
+    sigterm_at: float | None = None  # when SIGTERM is due (after preStop)
+    sigterm_sent: bool = False
+    cordoned: dict[str, str] = field(default_factory=dict)  # discovery file -> content, while out of routing
 
 
 class PortPool:
@@ -169,6 +190,60 @@ def pod_labels(pod: dict[str, Any], role: str, group: str) -> dict[str, str]:
     }
 
 
+def _grace(pod: dict[str, Any]) -> tuple[float, float]:
+    """(terminationGracePeriodSeconds, preStop sleep seconds) of a pod."""
+    spec = pod.get("spec") or {}
+    prestop = 0.0
+    for ctr in spec.get("containers") or []:
+        sleep = ((ctr.get("lifecycle") or {}).get("preStop") or {}).get("sleep") or {}
+        prestop = max(prestop, float(sleep.get("seconds") or 0))
+    return float(spec.get("terminationGracePeriodSeconds", 30)), prestop
+
+
+def _routable(pod: dict[str, Any]) -> bool | None:
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == c.ROUTABLE_CONDITION:
+            return bool(cond.get("status") == "True")
+    return None
+
+
+COUNTERS = ("dynamo_component_requests_total", "dynamo_component_inflight_requests")
+
+
+def scrape_counters(url: str) -> dict[str, float]:
+    """Requests served and in flight (the `generate` endpoint) from an engine's /metrics; {} if gone."""
+    import urllib.request
+
+    out: dict[str, float] = {}
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            text = r.read().decode(errors="replace")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in COUNTERS and 'dynamo_endpoint="generate"' in line:
+            with contextlib.suppress(ValueError):
+                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def http_ok(url: str) -> bool:
+    """A readiness probe: the URL answers 2xx within a second."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=1) as r:
+            return 200 <= int(r.status) < 300
+    except (OSError, urllib.error.URLError, ValueError):
+        return False
+
+
+def _deleting(pod: dict[str, Any] | None) -> bool:
+    return bool(pod is not None and pod["metadata"].get("deletionTimestamp"))
+
+
 def wanted(pod: dict[str, Any]) -> str | None:
     """'mocker', 'frontend' or None: what this pod runs on the fleet, if it is Running and not leaving."""
     meta = pod["metadata"]
@@ -195,6 +270,8 @@ class Runner:
         self.procs: dict[str, Proc] = {}
         self.history: list[dict[str, Any]] = []  # every process ever started, with start/stop times
         self.backoff: dict[str, float] = {}
+        self.pending: dict[str, float] = {}  # engines held back for their cold start: key -> first seen
+        self.terminating: dict[str, Proc] = {}  # pod uid -> process of a deleted pod, draining
         self.stop_event = threading.Event()
         self.errors = 0
         self.logs = opts.state_dir / "logs"
@@ -255,12 +332,16 @@ class Runner:
                 _arg(pod, "--router-mode", "kv"),
                 "--kv-cache-block-size",
                 str(o.block_size),
-                "--namespace",
-                dyn_ns,
+                *(
+                    ["--namespace-prefix", _arg(pod, "--namespace-prefix", dyn_ns)]
+                    if _arg(pod, "--namespace-prefix", "")
+                    else ["--namespace", dyn_ns]
+                ),
             ]
             url = f"http://127.0.0.1:{ports['http']}"
             proc = Proc(key, meta["uid"], kind, 0, ports, pod_labels(pod, "frontend", ""), time.time(), url)
             proc.metrics_url = f"{url}/metrics"
+            proc.health_url = f"{url}{c.HEALTH_PATH}"
             return argv, penv, proc
         mode = env.get(c.ENV_DISAGGREGATION_MODE, c.MODE_AGGREGATED)
         role = labels.get(c.LABEL_ROLE, "worker")
@@ -299,12 +380,14 @@ class Runner:
             argv += ["--bootstrap-ports", str(ports["bootstrap"])]
         proc = Proc(key, meta["uid"], "mocker", 0, ports, pod_labels(pod, role, group), time.time())
         proc.metrics_url = f"http://127.0.0.1:{ports['system']}/metrics"
+        proc.health_url = f"http://127.0.0.1:{ports['system']}{c.HEALTH_PATH}"
         proc.labels["engine_type"] = engine
         proc.labels["group_gpus"] = str(gpus)
         return argv, penv, proc
 
     def start(self, kind: str, pod: dict[str, Any]) -> None:
         argv, env, proc = self.argv_for(kind, pod)
+        proc.grace, proc.prestop = _grace(pod)
         name = proc.key.replace("/", "_")
         proc.pid = spawn(argv, self.logs / f"{name}.log", env)
         proc.argv = argv
@@ -316,13 +399,15 @@ class Runner:
                 "pid": proc.pid,
                 "started_at": proc.started_at,
                 "stopped_at": None,
+                "generation": pod["metadata"].get("labels", {}).get(c.LABEL_REVISION, "")[:8],
+                "labels": proc.labels,
             }
         )
         self.publish(proc)
         print(f"runner: started {kind} for {proc.key} pid {proc.pid} ports {proc.ports}", flush=True)
 
     def target_file(self, proc: Proc) -> Path:
-        return self.opts.file_sd_dir / f"fleet-{proc.key.replace('/', '_')}.json"
+        return self.opts.file_sd_dir / f"fleet-{proc.key.replace('/', '_')}-{proc.uid[:8]}.json"
 
     def publish(self, proc: Proc) -> None:
         port = proc.ports["http"] if proc.kind == "frontend" else proc.ports["system"]
@@ -334,9 +419,201 @@ class Runner:
         tmp.replace(target)
 
     def stop(self, key: str, reason: str) -> None:
+        """Stop a process at once (SIGTERM, SIGKILL after 8 s): its pod failed, or the runner stops."""
         proc = self.procs.pop(key)
-        self.target_file(proc).unlink(missing_ok=True)
         process.stop(proc.pid, expect="dynamo", timeout=8)
+        self.finish(proc, reason)
+
+    def sync(self) -> None:
+        pods = self.pods()
+        if pods is None:
+            return
+        by_key = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": p for p in pods}
+        desired: dict[str, tuple[str, dict[str, Any]]] = {}
+        for key, pod in by_key.items():
+            kind = wanted(pod)
+            if kind:
+                desired[key] = (kind, pod)
+        now = time.monotonic()
+        for proc in list(self.terminating.values()):
+            self.progress(proc, now)
+        for key in list(self.procs):
+            proc = self.procs[key]
+            pod = by_key.get(key)
+            same = pod is not None and pod["metadata"]["uid"] == proc.uid
+            if same and pod is not None and pod.get("status", {}).get("phase") == "Failed":
+                self.stop(key, "pod failed")
+            elif not same or key not in desired:
+                self.terminate(proc, now, "pod deleted" if not same or _deleting(pod) else "pod stopped")
+            elif not process.alive(proc.pid):
+                print(f"runner: {proc.kind} for {key} (pid {proc.pid}) exited; restarting", flush=True)
+                self.stop(key, "exited")
+                self.backoff[key] = time.monotonic() + self.opts.restart_backoff_seconds
+            elif proc.kind == "mocker" and pod is not None:
+                routable = _routable(pod)
+                if routable is False and not proc.cordoned:
+                    self.cordon(proc)
+                elif routable is not False and proc.cordoned:
+                    self.uncordon(proc)
+        for key, (kind, pod) in sorted(desired.items()):
+            if key not in self.procs and self.backoff.get(key, 0) <= now:
+                if kind == "mocker" and self.opts.start_delay_seconds > 0:
+                    # Cold start: a real engine loads its weights for minutes before it registers.
+                    first = self.pending.setdefault(key, now)
+                    if now - first < self.opts.start_delay_seconds:
+                        continue
+                try:
+                    self.start(kind, pod)
+                    self.pending.pop(key, None)
+                except Exception as exc:
+                    self.errors += 1
+                    print(f"runner: could not start {kind} for {key}: {exc}", file=sys.stderr, flush=True)
+        for key, pod in by_key.items():
+            if pod["metadata"]["namespace"].startswith(LIVE_PREFIX) and not _deleting(pod):
+                self.probe(key, pod)
+
+    # --------------------------------------------------------------------------- readiness
+    def probe(self, key: str, pod: dict[str, Any]) -> None:
+        """The kubelet's readiness bookkeeping for a live pod: ContainersReady from its probe, Ready from
+        that and its readiness gates; the pod's status is patched when either differs."""
+        status = pod.get("status") or {}
+        if status.get("phase") != "Running":
+            return
+        conds = {x.get("type"): x.get("status") == "True" for x in status.get("conditions") or []}
+        proc = self.procs.get(key)
+        if wanted(pod) is None:
+            healthy = True  # a rank that runs nothing: its container started, nothing to probe
+        elif proc is None or proc.uid != pod["metadata"]["uid"]:
+            healthy = False  # not started yet (a cold start) or restarting
+        else:
+            healthy = http_ok(proc.health_url)
+        gates = [g.get("conditionType") for g in (pod.get("spec") or {}).get("readinessGates") or []]
+        ready = healthy and all(conds.get(g) is True for g in gates)
+        if conds.get("ContainersReady") == healthy and conds.get("Ready") == ready:
+            return
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+        def cond(kind: str, value: bool) -> dict[str, Any]:
+            out: dict[str, Any] = {"type": kind, "status": "True" if value else "False"}
+            if conds.get(kind) != value:
+                out["lastTransitionTime"] = now
+            if not value:
+                out["reason"] = "ContainersNotReady" if not healthy else "ReadinessGatesNotReady"
+            else:
+                out["reason"] = None
+            return out
+
+        patch = {
+            "status": {
+                "conditions": [cond("ContainersReady", healthy), cond("Ready", ready)],
+                "containerStatuses": [
+                    {"name": ctr["name"], "ready": healthy} for ctr in pod["spec"].get("containers") or []
+                ],
+            }
+        }
+        try:
+            subprocess.run(
+                [
+                    self.opts.kubectl,
+                    f"--kubeconfig={self.opts.kubeconfig}",
+                    "patch",
+                    "pod",
+                    pod["metadata"]["name"],
+                    "-n",
+                    pod["metadata"]["namespace"],
+                    "--subresource=status",
+                    "--type=strategic",
+                    "-p",
+                    json.dumps(patch),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=True,
+            )
+        except subprocess.SubprocessError as exc:
+            self.errors += 1
+            print(f"runner: readiness of {key} not written: {exc}", file=sys.stderr, flush=True)
+            return
+        print(f"runner: {key} ContainersReady={healthy} Ready={ready}", flush=True)
+
+    # ------------------------------------------------------------------ routing and termination
+    def instance_files(self, proc: Proc) -> list[Path]:
+        """The discovery entries of a worker: the instance files naming its request-plane port."""
+        where = self.opts.state_dir / "discovery" / "v1" / "instances"
+        needle = f"127.0.0.1:{proc.ports.get('rpc')}/"
+        out = []
+        for f in where.glob("*") if where.exists() else []:
+            with contextlib.suppress(OSError):
+                if needle in f.read_text():
+                    out.append(f)
+        return out
+
+    def record_counters(self, proc: Proc, when: str) -> None:
+        """The engine's own request counters, kept in the history (an engine's counters die with it)."""
+        if proc.kind != "mocker":
+            return
+        counters = scrape_counters(proc.metrics_url)
+        for h in self.history:
+            if h["pid"] == proc.pid:
+                h[when] = counters
+                h["labels"] = proc.labels
+
+    def cordon(self, proc: Proc) -> None:
+        """Out of routing, still running: its discovery entries are removed (saved to put back)."""
+        self.record_counters(proc, "at_cordon")
+        for f in self.instance_files(proc):
+            with contextlib.suppress(OSError):
+                proc.cordoned[str(f)] = f.read_text()
+                f.unlink()
+        print(f"runner: {proc.key} out of routing ({len(proc.cordoned)} entries)", flush=True)
+
+    def uncordon(self, proc: Proc) -> None:
+        for name, content in proc.cordoned.items():
+            path = Path(name)
+            tmp = path.with_name(f".{path.name}.tmp")
+            with contextlib.suppress(OSError):
+                tmp.write_text(content)
+                tmp.replace(path)
+        proc.cordoned.clear()
+        print(f"runner: {proc.key} back in routing", flush=True)
+
+    def terminate(self, proc: Proc, now: float, reason: str) -> None:
+        """As the kubelet does for a deleted pod: out of routing now, preStop, SIGTERM, then SIGKILL."""
+        # (A new pod of the same name may come while this one drains: it is tracked by uid from now on.)
+        self.procs.pop(proc.key, None)
+        self.terminating[proc.uid] = proc
+        proc.terminating_since = now
+        proc.sigterm_at = now + proc.prestop
+        if proc.kind == "mocker" and not proc.cordoned:
+            self.cordon(proc)
+        for h in self.history:
+            if h["pid"] == proc.pid and h["stopped_at"] is None:
+                h["terminating_at"] = time.time()
+                h["reason"] = reason
+        print(f"runner: {proc.key} terminating ({reason}): SIGTERM in {proc.prestop:.0f} s, "
+              f"SIGKILL after {proc.grace:.0f} s", flush=True)  # fmt: skip
+        self.progress(proc, now)
+
+    def progress(self, proc: Proc, now: float) -> None:
+        assert proc.terminating_since is not None
+        assert proc.sigterm_at is not None
+        if not process.alive(proc.pid):
+            self.finish(proc, "exited after SIGTERM" if proc.sigterm_sent else "exited")
+            return
+        if not proc.sigterm_sent and now >= proc.sigterm_at:
+            self.record_counters(proc, "at_sigterm")
+            self.target_file(proc).unlink(missing_ok=True)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
+            proc.sigterm_sent = True
+        if now >= proc.terminating_since + proc.grace:
+            process.stop(proc.pid, expect="dynamo", timeout=0)  # SIGKILL: the grace period is over
+            self.finish(proc, "killed after the grace period")
+
+    def finish(self, proc: Proc, reason: str) -> None:
+        self.terminating.pop(proc.uid, None)
+        self.target_file(proc).unlink(missing_ok=True)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(proc.pid, os.WNOHANG)
         for name, port in proc.ports.items():
@@ -344,35 +621,8 @@ class Runner:
         for h in self.history:
             if h["pid"] == proc.pid and h["stopped_at"] is None:
                 h["stopped_at"] = time.time()
-                h["reason"] = reason
-        print(f"runner: stopped {proc.kind} for {key} pid {proc.pid} ({reason})", flush=True)
-
-    def sync(self) -> None:
-        pods = self.pods()
-        if pods is None:
-            return
-        desired: dict[str, tuple[str, dict[str, Any]]] = {}
-        for pod in pods:
-            kind = wanted(pod)
-            if kind:
-                desired[f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"] = (kind, pod)
-        for key in list(self.procs):
-            proc = self.procs[key]
-            want = desired.get(key)
-            if want is None or want[1]["metadata"]["uid"] != proc.uid:
-                self.stop(key, "pod gone")
-            elif not process.alive(proc.pid):
-                print(f"runner: {proc.kind} for {key} (pid {proc.pid}) exited; restarting", flush=True)
-                self.stop(key, "exited")
-                self.backoff[key] = time.monotonic() + self.opts.restart_backoff_seconds
-        now = time.monotonic()
-        for key, (kind, pod) in sorted(desired.items()):
-            if key not in self.procs and self.backoff.get(key, 0) <= now:
-                try:
-                    self.start(kind, pod)
-                except Exception as exc:
-                    self.errors += 1
-                    print(f"runner: could not start {kind} for {key}: {exc}", file=sys.stderr, flush=True)
+                h["end"] = reason
+        print(f"runner: {proc.kind} for {proc.key} pid {proc.pid} done ({reason})", flush=True)
 
     def write_state(self, running: bool = True) -> None:
         frontends = {
@@ -388,6 +638,7 @@ class Runner:
             "model_dir": str(self.opts.model_dir),
             "frontends": frontends,
             "processes": {k: asdict(p) for k, p in sorted(self.procs.items())},
+            "terminating": {uid: asdict(p) for uid, p in sorted(self.terminating.items())},
             "history": self.history,
         }
         path = self.opts.state_dir / "state.json"
@@ -407,8 +658,14 @@ class Runner:
         for proc in self.procs.values():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGTERM)
+        for proc in self.terminating.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
         for key in list(self.procs):
             self.stop(key, "runner stopped")
+        for proc in list(self.terminating.values()):
+            process.stop(proc.pid, expect="dynamo", timeout=8)
+            self.finish(proc, "runner stopped")
         self.write_state(running=False)
 
 
@@ -437,6 +694,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--speedup-ratio", type=float, default=0.3)
     ap.add_argument("--engine-type", default=ENGINE_AUTO, choices=[ENGINE_AUTO, "trtllm", "vllm", "sglang"])
     ap.add_argument("--namespaces", default="", help="comma-separated namespaces to serve (default: all)")
+    ap.add_argument("--start-delay", type=float, default=0.0, help="seconds each new engine is held back")
     a = ap.parse_args(argv)
 
     def rng(s: str) -> tuple[int, int]:
@@ -458,6 +716,7 @@ def main(argv: list[str] | None = None) -> None:
             speedup_ratio=a.speedup_ratio,
             engine_type=a.engine_type,
             namespaces=tuple(n for n in a.namespaces.split(",") if n),
+            start_delay_seconds=a.start_delay,
         )
     )
 
@@ -469,7 +728,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         runner.run()
     finally:
-        if runner.procs:
+        if runner.procs or runner.terminating:
             runner.shutdown()
 
 

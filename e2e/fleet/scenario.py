@@ -16,6 +16,7 @@ this process patches spec.decode.replicas: a baseline, not a tokenfab feature).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -31,14 +32,16 @@ from tokenfab_factory import process
 from tokenfab_factory.factory import Factory, FactoryConfig
 
 RESULTS = fleet.ROOT / "e2e" / "bench" / "results"
-POLICIES = ("tokenfab", "static", "threshold")
+POLICIES = ("tokenfab", "tokenfab_kv_only", "static", "threshold", "planner_baseline")
+TRACES = ("single_burst", "repeated_burst", "ramp")
 
 
 @dataclass
 class Config:
-    namespace: str = "fleet"
+    namespace: str = "live-fleet"  # live-*: the runner plays these pods' readiness
     name: str = "tiny"
     policy: str = "tokenfab"
+    trace_name: str = "single_burst"
     quiet_qps: float = 0.3
     burst_qps: float = 2.0
     before_s: float = 30
@@ -49,6 +52,7 @@ class Config:
     max_decode: int = 4
     target: float = 0.6
     scale_down_window: int = 60
+    rate_window_s: int = 10  # the arrival-rate query's window (Prometheus scrapes every 2 s here)
     sample_s: float = 3.0
     window_s: float = 10.0
     slo: load.Slo = field(default_factory=load.Slo)
@@ -56,9 +60,26 @@ class Config:
     threshold_up: float = 0.8
     threshold_down: float = 0.3
     threshold_cooldown_s: float = 10.0
+    # the planner baseline (see PlannerBaseline)
+    planner_up: float = 1.0
+    planner_down: float = 0.6
+    kv_tokens_per_gpu: int = 48 * 16  # the runner's KV blocks per GPU x block size
+
+    @property
+    def total_s(self) -> float:
+        return self.before_s + self.burst_s + self.after_s
 
     def trace(self) -> list[load.Point]:
-        return load.burst(self.quiet_qps, self.burst_qps, self.before_s, self.burst_s, self.after_s)
+        """The trace by name; every trace lasts total_s seconds and peaks at burst_qps."""
+        q, b, t0, total = self.quiet_qps, self.burst_qps, self.before_s, self.total_s
+        if self.trace_name == "single_burst":
+            return load.burst(q, b, t0, self.burst_s, self.after_s)
+        if self.trace_name == "repeated_burst":  # three bursts 90 s apart, a quarter of the burst each
+            return load.repeated_burst(q, b, t0, self.burst_s / 4, 90.0, 3, total)
+        if self.trace_name == "ramp":  # up and down over the burst's span and a little more
+            span = total - 2 * t0
+            return load.ramp_up_down(q, b, t0, span * 0.4, span * 0.2, span * 0.4, total)
+        raise ValueError(f"unknown trace {self.trace_name!r}")
 
 
 def ci_config(**kw: Any) -> Config:
@@ -79,8 +100,14 @@ class Sampler(threading.Thread):
 
     def sample(self) -> dict[str, Any]:
         f, ns, name = self.f, self.cfg.namespace, self.cfg.name
-        roles = fleet.role_status(f, ns, name)
+        st = fleet.status(f, ns, name)
+        roles = st.get("roles") or {}
         row: dict[str, Any] = {"time": time.time(), "groups": {}, "ready": {}, "kv": {}, "requests": {}}
+        auto = st.get("autoscaling") or {}
+        arrivals = auto.get("arrivals") or []
+        # what the operator's autoscaler read at the frontend (requests/s) and learned (requests/s per group)
+        row["arrival_rate"] = arrivals[-1][1] if arrivals else None
+        row["capacity"] = auto.get("capacity") or {}
         for role in ("prefill", "decode"):
             r = roles.get(role) or {}
             row["groups"][role] = r.get("desiredGroups")
@@ -101,9 +128,11 @@ class Sampler(threading.Thread):
             self.stop_event.wait(max(0.2, self.cfg.sample_s - (time.monotonic() - t)))
 
 
-class ThresholdController(threading.Thread):
-    """The naive baseline: every 5 s, mean decode KV > up -> replicas + 1, < down -> replicas - 1, after a
-    short cooldown; it writes spec.decode.replicas (the operator's autoscaler is off)."""
+class Controller(threading.Thread):
+    """A baseline autoscaler outside the operator: every 5 s it reads Prometheus and may write
+    spec.decode.replicas (the operator's own autoscaler is off for these deployments)."""
+
+    period_s = 5.0
 
     def __init__(self, f: Factory, cfg: Config) -> None:
         super().__init__(daemon=True)
@@ -113,42 +142,99 @@ class ThresholdController(threading.Thread):
         self.decisions: list[dict[str, Any]] = []
         self.stop_event = threading.Event()
 
+    def want(self) -> tuple[int, dict[str, Any]] | None:
+        raise NotImplementedError
+
     def run(self) -> None:
         c = self.cfg
-        while not self.stop_event.wait(5.0):
-            kv = fleet.kv_by_group(self.f, c.namespace, c.name, "decode")
-            if not kv or time.monotonic() - self.last_change < c.threshold_cooldown_s:
+        while not self.stop_event.wait(self.period_s):
+            try:
+                got = self.want()
+            except Exception as exc:  # a lost decision is not a lost run
+                print(f"{c.policy}: {exc}", file=sys.stderr)
                 continue
-            mean = sum(kv.values()) / len(kv)
-            want = self.replicas
-            if mean > c.threshold_up:
-                want = min(c.max_decode, self.replicas + 1)
-            elif mean < c.threshold_down:
-                want = max(1, self.replicas - 1)
-            if want != self.replicas:
-                kubectl(
-                    self.f,
-                    "patch",
-                    "mdep",
-                    c.name,
-                    "-n",
-                    c.namespace,
-                    "--type=merge",
-                    "-p",
-                    json.dumps({"spec": {"decode": {"replicas": want}}}),
-                )
-                self.decisions.append({"time": time.time(), "from": self.replicas, "to": want, "kv": mean})
-                self.replicas, self.last_change = want, time.monotonic()
+            if got is None:
+                continue
+            want, why = got
+            want = max(1, min(c.max_decode, want))
+            if want == self.replicas:
+                continue
+            kubectl(
+                self.f,
+                "patch",
+                "mdep",
+                c.name,
+                "-n",
+                c.namespace,
+                "--type=merge",
+                "-p",
+                json.dumps({"spec": {"decode": {"replicas": want}}}),
+            )
+            self.decisions.append({"time": time.time(), "from": self.replicas, "to": want, **why})
+            self.replicas, self.last_change = want, time.monotonic()
+
+
+class ThresholdController(Controller):
+    """The naive baseline: mean decode KV > up -> replicas + 1, < down -> replicas - 1, after a short
+    cooldown."""
+
+    def want(self) -> tuple[int, dict[str, Any]] | None:
+        c = self.cfg
+        kv = fleet.kv_by_group(self.f, c.namespace, c.name, "decode")
+        if not kv or time.monotonic() - self.last_change < c.threshold_cooldown_s:
+            return None
+        mean = sum(kv.values()) / len(kv)
+        if mean > c.threshold_up:
+            return self.replicas + 1, {"kv": mean}
+        if mean < c.threshold_down:
+            return self.replicas - 1, {"kv": mean}
+        return None
+
+
+class PlannerBaseline(Controller):
+    """A baseline that follows the published logic of NVIDIA Dynamo's planner in its reactive, load-based
+    form with static thresholds (the planner guide's default "throughput" target: no profile, no SLA
+    model), written here from that description: every 5 s, each decode worker's load is the KV cache its
+    running requests hold plus the KV its queued requests will need, over its KV capacity. Any worker
+    above the scale-up threshold (1.0: demand exceeds its cache) adds one worker; every worker below the
+    scale-down threshold (0.6), with the load of all of them spread over one worker fewer still below the
+    scale-up threshold, removes one. Prefill follows decode by the deployment's fixed ratio."""
+
+    def want(self) -> tuple[int, dict[str, Any]] | None:
+        c = self.cfg
+        kv = fleet.kv_by_group(self.f, c.namespace, c.name, "decode")
+        waiting = fleet.waiting_by_group(self.f, c.namespace, c.name, "decode")
+        if not kv:
+            return None
+        capacity = c.kv_tokens_per_gpu * 2  # decode groups of 2 GPUs (fleet.manifest)
+        load_ = {g: v + waiting.get(g, 0.0) * (c.isl + c.osl) / capacity for g, v in kv.items()}
+        n = len(load_)
+        if any(u > c.planner_up for u in load_.values()):
+            return self.replicas + 1, {"load": load_}
+        spread = sum(load_.values()) / (n - 1) if n > 1 else float("inf")
+        if all(u < c.planner_down for u in load_.values()) and spread < c.planner_up:
+            return self.replicas - 1, {"load": load_}
+        return None
+
+
+CONTROLLERS: dict[str, type[Controller]] = {
+    "threshold": ThresholdController,
+    "planner_baseline": PlannerBaseline,
+}
 
 
 def deployment(f: Factory, cfg: Config) -> dict[str, Any]:
-    if cfg.policy == "tokenfab":
-        return fleet.manifest(
+    if cfg.policy in ("tokenfab", "tokenfab_kv_only"):
+        doc = fleet.manifest(
             f, cfg.namespace, cfg.name, True, 1, cfg.max_decode, cfg.target, cfg.scale_down_window
         )
+        a = doc["spec"]["autoscaling"]
+        a["policy"] = "leading" if cfg.policy == "tokenfab" else "kv"
+        a["rateWindowSeconds"] = cfg.rate_window_s
+        return doc
     if cfg.policy == "static":
         return fleet.manifest(f, cfg.namespace, cfg.name, False, cfg.max_decode, cfg.max_decode)
-    if cfg.policy == "threshold":
+    if cfg.policy in CONTROLLERS:
         return fleet.manifest(f, cfg.namespace, cfg.name, False, 1, cfg.max_decode)
     raise ValueError(f"unknown policy {cfg.policy!r}")
 
@@ -166,7 +252,7 @@ def run_policy(f: Factory, tools: fleet.Tools, cfg: Config, out_dir: Path) -> di
             (fleet.role_status(f, cfg.namespace, cfg.name).get("decode") or {}).get("readyGroups")
             == want_decode
         ),
-        timeout=180,
+        timeout=300,  # (with a cold start, each engine is held back before it serves)
     )
     url = fleet.frontend_url(f, cfg.namespace, cfg.name)
     fleet.warm_up(url)  # one request end to end; the engines export their KV gauges after the first one
@@ -188,7 +274,7 @@ def run_policy(f: Factory, tools: fleet.Tools, cfg: Config, out_dir: Path) -> di
         slo=cfg.slo,
     )
     sampler = Sampler(f, cfg)
-    controller = ThresholdController(f, cfg) if cfg.policy == "threshold" else None
+    controller = CONTROLLERS[cfg.policy](f, cfg) if cfg.policy in CONTROLLERS else None
     sampler.start()
     if controller:
         controller.start()
@@ -207,8 +293,10 @@ def run_policy(f: Factory, tools: fleet.Tools, cfg: Config, out_dir: Path) -> di
     records = run.records()
     result = analyse(cfg, doc, sampler.rows, records, t_start, rc)
     if controller:
-        result["threshold_decisions"] = controller.decisions
+        result["controller_decisions"] = controller.decisions
     (out_dir / "result.json").write_text(json.dumps(result, indent=1))
+    if not records:
+        raise RuntimeError(f"aiperf sent no request (exit code {rc}): see {out_dir}/aiperf/aiperf.log")
     return result
 
 
@@ -250,13 +338,20 @@ def analyse(
                 "requests_decode": row["requests"].get("decode"),
                 "waiting_decode": row.get("waiting_decode"),
                 "frontend_ttft_s": row.get("frontend_ttft_s"),
+                "arrival_rate": row.get("arrival_rate"),
+                "capacity": row.get("capacity") or {},
             }
         )
     win = load.windows(records, t0, cfg.window_s, t0 + load.duration(trace))
     for w in win:
         w["offered_qps"] = round(load.rate_at(trace, w["t"]), 3)
+    serve = first_serve(series, trace)
     return {
         "policy": cfg.policy,
+        "trace_name": cfg.trace_name,
+        "reversals": reversals([r["groups"].get("decode") for r in series]),
+        "first_serve_s": serve[0] if serve else None,
+        "first_serve_per_rise_s": serve,
         "config": {**asdict(cfg), "slo": asdict(cfg.slo)},
         "trace": [asdict(p) for p in trace],
         "gpus_per_group": gpus,
@@ -266,6 +361,40 @@ def analyse(
         "series": series,
         "windows": win,
     }
+
+
+def reversals(counts: list[int | None]) -> int:
+    """Direction reversals of a count over time: a change whose sign differs from the previous change's."""
+    signs = []
+    prev = None
+    for n in counts:
+        if n is None:
+            continue
+        if prev is not None and n != prev:
+            signs.append(1 if n > prev else -1)
+        prev = n
+    return sum(1 for a, b in itertools.pairwise(signs) if a != b)
+
+
+def first_serve(series: list[dict[str, Any]], trace: list[load.Point]) -> list[float | None]:
+    """Per rise of the load (a burst's or ramp's start): seconds until more decode groups are Ready than
+    were at that moment (None: none came before the next rise, or at all)."""
+    rises = load.rises(trace)
+    out: list[float | None] = []
+    for i, start in enumerate(rises):
+        end = rises[i + 1] if i + 1 < len(rises) else float("inf")
+        before = [r for r in series if r["t"] <= start and r["ready"].get("decode") is not None]
+        base = before[-1]["ready"]["decode"] if before else None
+        hit = next(
+            (
+                r["t"]
+                for r in series
+                if start < r["t"] < end and base is not None and (r["ready"].get("decode") or 0) > base
+            ),
+            None,
+        )
+        out.append(None if hit is None else round(hit - start, 1))
+    return out
 
 
 # ------------------------------------------------------------------------------------------ checks
@@ -319,11 +448,22 @@ def loop_facts(result: dict[str, Any]) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ main
 
 
-def bring_up(run_dir: Path | None, port_base: int) -> Factory:
+def factory_for(run_dir: Path | None, port_base: int) -> Factory:
     cfg = FactoryConfig(port_base=port_base, racks=4)
     if run_dir:
         cfg.run_dir = run_dir
-    f = Factory(cfg, say=print)
+    return Factory(cfg, say=print)
+
+
+def already_up(run_dir: Path | None, port_base: int) -> bool:
+    """Whether a factory runs there already (then it is the user's, and left running)."""
+    f = factory_for(run_dir, port_base)
+    state = f.read_state()
+    return state is not None and all(s.running for s in f.component_status(state))
+
+
+def bring_up(run_dir: Path | None, port_base: int) -> Factory:
+    f = factory_for(run_dir, port_base)
     f.up()
     kubectl(f, "apply", "--server-side", "-f", str(fleet.ROOT / "crds"))
     kubectl(f, "wait", "--for=condition=Established", "crd/modeldeployments.tokenfab.dev", "--timeout=60s")

@@ -2,6 +2,7 @@
 # Installs the live fleet's tools in their own cached virtualenvs, outside the repository:
 #   ~/.cache/tokenfab/venvs/dynamo  NVIDIA Dynamo 1.6.1 (mocker engines, frontend + KV router)
 #   ~/.cache/tokenfab/venvs/aiperf  NVIDIA aiperf 0.13.0 (load generator)
+#   ~/.cache/tokenfab/venvs/checkov checkov (the test suite checks the pods tokenfab builds and the chart)
 # Idempotent: a stamp file per venv records the pinned versions; a warm run takes well under a second.
 # ai-dynamo is installed with --no-deps (its `aisimulate` dependency is a PyPI placeholder that fails and
 # it pins kubernetes<33): its other requirements are listed here by hand (../../shared/REFERENCE.md §4).
@@ -12,6 +13,7 @@ VENVS="${TOKENFAB_VENVS:-$HOME/.cache/tokenfab/venvs}"
 PY="${PYTHON:-python3}"
 DYNAMO_VERSION=1.6.1
 AIPERF_VERSION=0.13.0
+CHECKOV_VERSION=3.3.30
 
 dynamo_reqs=(
   "ai-dynamo-runtime==$DYNAMO_VERSION" aiohttp "kubernetes<33" msgspec prometheus-client pyzmq redis
@@ -36,6 +38,9 @@ install_venv dynamo "ai-dynamo==$DYNAMO_VERSION ${dynamo_reqs[*]}" \
 
 ap="$VENVS/aiperf/bin/python"
 install_venv aiperf "aiperf==$AIPERF_VERSION" "$ap" -m pip install -q "aiperf==$AIPERF_VERSION"
+
+ck="$VENVS/checkov/bin/python"
+install_venv checkov "checkov==$CHECKOV_VERSION" "$ck" -m pip install -q "checkov==$CHECKOV_VERSION"
 
 export TOKENFAB_DYNAMO_PYTHON="$dyn"
 export TOKENFAB_AIPERF="$VENVS/aiperf/bin/aiperf"

@@ -76,18 +76,20 @@ def operator(
     run_dir: RunDir = None,
     stop: Annotated[bool, typer.Option(help="Stop the operator instead.")] = False,
     liveness_port: Annotated[
-        int, typer.Option(help="Loopback port of the operator's health endpoint.")
-    ] = 31080,
+        int | None,
+        typer.Option(help="Loopback port of the operator's health endpoint (default: the port base + 80)."),
+    ] = None,
 ) -> None:
     """Run the tokenfab operator against this factory in the background (log: <run-dir>/logs/operator.log)."""
     f = _factory(run_dir)
     if stop:
         typer.echo("operator stopped" if f.stop_extra("operator") else "operator was not running")
         return
-    if f.read_state() is None:
+    state = f.read_state()
+    if state is None:
         typer.echo(f"no factory in {f.run} (start one with `tokenfab factory up`)", err=True)
         raise typer.Exit(1)
-    pid = f.start_operator(liveness_port)
+    pid = f.start_operator(liveness_port or state.port_base + 80)
     typer.echo(f"operator running, pid {pid}, log {f.log('operator')}")
 
 

@@ -47,10 +47,76 @@ KWOK_STAGES = (
     "pod/fast/pod-ready.yaml",
     "pod/fast/pod-delete.yaml",
 )
+# Pods in namespaces named live-* are run by the fleet runner (e2e/fleet/runner.py), which plays their
+# kubelet's probes: kwok starts them (Running, containers started) but leaves them not ready, and the runner
+# sets ContainersReady when the engine's /health answers and Ready when the readiness gates hold too, as a
+# kubelet does. Everywhere else kwok's fast stage makes a pod Ready (and its readiness gates True) at once.
+LIVE_NAMESPACE_PREFIX = "live-"
+LIVE_POD_START = """\
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: tokenfab-live-pod-start
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'DoesNotExist'
+    - key: '.status.phase'
+      operator: 'In'
+      values: ['Pending']
+    - key: '.spec.nodeName'
+      operator: 'Exists'
+    - key: '.metadata.namespace | startswith("live-")'
+      operator: 'In'
+      values: ['true']
+  next:
+    statusTemplate: |
+      {{ $now := Now }}
+      conditions:
+      - lastTransitionTime: {{ $now | Quote }}
+        status: "True"
+        type: Initialized
+      - lastTransitionTime: {{ $now | Quote }}
+        status: "True"
+        type: PodScheduled
+      - lastTransitionTime: {{ $now | Quote }}
+        status: "False"
+        reason: ContainersNotReady
+        type: ContainersReady
+      - lastTransitionTime: {{ $now | Quote }}
+        status: "False"
+        reason: ContainersNotReady
+        type: Ready
+      containerStatuses:
+      {{ range .spec.containers }}
+      - image: {{ .image | Quote }}
+        name: {{ .name | Quote }}
+        ready: false
+        started: true
+        restartCount: 0
+        state:
+          running:
+            startedAt: {{ $now | Quote }}
+      {{ end }}
+      phase: Running
+      startTime: {{ $now | Quote }}
+"""
 # kwok renews each simulated node's Lease; on a busy 2-core machine with 1,152 nodes a renewal can lag,
 # so leases are long and the controller-manager waits several of them before calling a node NotReady.
 NODE_LEASE_SECONDS = 60
 NODE_MONITOR_GRACE = "180s"
+# Kubernetes 1.36's gang scheduling (PodGroup, scheduling.k8s.io/v1alpha2) is alpha: turned on here so the
+# operator's PodGroup path runs end to end (the operator falls back to scheduling gates without it).
+GANG_FEATURE_GATES = "GenericWorkload=true,GangScheduling=true"
+GANG_RUNTIME_CONFIG = "scheduling.k8s.io/v1alpha2=true"
+# Simulated pods get addresses from 198.18.0.0/15 (RFC 2544: reserved for benchmarking, never routed), which
+# the endpoint controllers accept (loopback addresses they refuse with a Warning per Service). Nothing ever
+# connects to them: every real process of the factory and the live fleet serves on 127.0.0.1.
+POD_CIDR = "198.18.0.0/15"
 
 
 class FactoryError(RuntimeError):
@@ -81,6 +147,7 @@ class FactoryConfig:
     port_base: int = 31000
     bin_dir: Path = field(default_factory=default_bin_dir)
     scrape_interval: str = "2s"
+    gang_api: bool = True  # serve the alpha PodGroup gang API (feature gates on apiserver and scheduler)
 
     def port(self, component: str) -> int:
         return self.port_base + PORT_OFFSETS[component]
@@ -310,6 +377,11 @@ class Factory:
                 "--endpoint-reconciler-type=none",
                 "--profiling=false",
                 "--event-ttl=2h",
+                *(
+                    [f"--feature-gates={GANG_FEATURE_GATES}", f"--runtime-config={GANG_RUNTIME_CONFIG}"]
+                    if cfg.gang_api
+                    else []
+                ),
             ]
         if comp in ("kube-controller-manager", "kube-scheduler"):
             argv = [
@@ -332,8 +404,12 @@ class Factory:
                     "--kube-api-qps=200",
                     "--kube-api-burst=400",
                 ]
+                if cfg.gang_api:  # the PodGroup protection controller (removes PodGroups' finalizer)
+                    argv.append(f"--feature-gates={GANG_FEATURE_GATES}")
             else:
                 argv += ["--kube-api-qps=200", "--kube-api-burst=400"]
+                if cfg.gang_api:
+                    argv.append(f"--feature-gates={GANG_FEATURE_GATES}")
             return argv
         if comp == "kwok":
             return [
@@ -342,7 +418,7 @@ class Factory:
                 f"--config={run / 'kwok.yaml'}",
                 "--manage-all-nodes=false",
                 f"--manage-nodes-with-label-selector={FACTORY_LABEL}",
-                "--cidr=127.64.0.0/16",
+                f"--cidr={POD_CIDR}",
                 "--node-ip=127.0.0.1",
                 f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}",
                 f"--server-address=127.0.0.1:{cfg.port('kwok')}",
@@ -390,8 +466,18 @@ class Factory:
 
     def _write_kwok_config(self) -> None:
         stage_dir = self.config.bin_dir / "kwok-stage"
-        docs = [(stage_dir / s).read_text() for s in KWOK_STAGES]
-        (self.run / "kwok.yaml").write_text("\n---\n".join(docs))
+        docs = [yaml.safe_load((stage_dir / s).read_text()) for s in KWOK_STAGES]
+        for doc in docs:
+            if doc["metadata"]["name"] == "pod-ready":  # not for the live namespaces (see LIVE_POD_START)
+                doc["spec"]["selector"]["matchExpressions"].append(
+                    {
+                        "key": f'.metadata.namespace | startswith("{LIVE_NAMESPACE_PREFIX}")',
+                        "operator": "NotIn",
+                        "values": ["true"],
+                    }
+                )
+        docs.append(yaml.safe_load(LIVE_POD_START))
+        (self.run / "kwok.yaml").write_text(yaml.safe_dump_all(docs, sort_keys=False))
 
     def _write_prometheus_config(self) -> None:
         pki = self.pki
@@ -582,10 +668,10 @@ class Factory:
         self._wait(comp, state, time.monotonic() + timeout)
         return state.pids[comp]
 
-    def start_operator(self, liveness_port: int, env: dict[str, str] | None = None) -> int:
-        """The tokenfab operator as a process of this factory (stopped by PID with it), its health on
-        `liveness_port` and its own metrics on `liveness_port + 1`."""
-        argv = [
+    @staticmethod
+    def operator_argv(liveness_port: int) -> list[str]:
+        """The operator's command line: health on `liveness_port`, metrics on `liveness_port + 1`."""
+        return [
             sys.executable,
             "-m",
             "tokenfab.cli",
@@ -595,7 +681,11 @@ class Factory:
             "--metrics-port",
             str(liveness_port + 1),
         ]
-        return self.start_extra("operator", argv, env=env)
+
+    def start_operator(self, liveness_port: int, env: dict[str, str] | None = None) -> int:
+        """The tokenfab operator as a process of this factory (stopped by PID with it), its health on
+        `liveness_port` and its own metrics on `liveness_port + 1`."""
+        return self.start_extra("operator", self.operator_argv(liveness_port), env=env)
 
     # ------------------------------------------------------------------ extra processes
     @property
