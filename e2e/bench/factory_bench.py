@@ -67,7 +67,7 @@ def start_factory(racks: int, port_base: int, hold: float) -> dict[str, Any]:
         f.down(purge=True)
 
 
-def run(racks_list: list[int], hold: float, port_base: int = 33000) -> dict[str, Any]:
+def run(racks_list: list[int], hold: float, port_base: int = 30500) -> dict[str, Any]:
     result: dict[str, Any] = {
         "benchmark": "factory",
         "machine": {"cores": len(__import__("os").sched_getaffinity(0)), "python": platform.python_version()},

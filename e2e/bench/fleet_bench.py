@@ -1,23 +1,37 @@
 """Autoscaling policies on a live local fleet: `python -m e2e.bench.fleet_bench`.
 
-The same burst trace (aiperf, quiet -> burst -> quiet) is played against three copies of one small
-disaggregated ModelDeployment, each in its own namespace and its own Dynamo fleet (real mocker engines
-and a real frontend per copy, run by e2e/fleet/runner.py), all at once on one local AI factory:
+Three load traces of the same length (aiperf, one request-rate series each) are played against copies of
+one small disaggregated ModelDeployment (decode groups of 2 GPUs, prefill 1 GPU at 1:2), each copy in
+its own namespace with its own Dynamo fleet (real mocker engines and a real frontend per copy, run by
+e2e/fleet/runner.py), on one local AI factory:
 
-- tokenfab:  the operator's built-in autoscaler (KV-cache utilization from Prometheus, target 0.6);
-- static:    autoscaling off, decode replicas = the maximum (peak provisioning);
-- threshold: autoscaling off and a naive controller in this benchmark that adds a decode group when the
-             mean decode KV utilization is above 0.8 and removes one below 0.3, every 5 s with a 10 s
-             cooldown (a BASELINE written here, not a tokenfab feature).
+- single_burst:   quiet -> 2.0 requests/s for most of the trace -> quiet;
+- repeated_burst: three short bursts 90 s apart;
+- ramp:           a linear ramp up to the peak, a hold, a ramp back down.
 
-Reported per policy: GPU-minutes held over the trace (desired groups x GPUs per group, integrated) and SLO
-goodput (the fraction of issued requests with TTFT and ITL within the targets, from aiperf's per-request
-records). Printed as a table; saved to e2e/bench/results/fleet_bench.json and fleet_bench.png.
+Policies, all copies of one trace at once (so they share the machine's load; `--batch` runs them in
+smaller groups when two cores cannot carry them all, and the JSON says so):
 
-Dynamo's own planner (load mode) is not run: see PLANNER_NOTE (also saved in the JSON).
+- tokenfab:          the operator's autoscaler, policy "leading" (forecast arrival rate, queues, KV guard);
+- tokenfab_kv_only:  the operator's autoscaler, policy "kv" (KV-cache utilization alone: the old policy);
+- static:            autoscaling off, decode replicas = the maximum (peak provisioning);
+- threshold:         a naive +-1 controller on mean decode KV (above 0.8 / below 0.3, 10 s cooldown);
+- planner_baseline:  a controller following the published logic of Dynamo's planner (reactive, static
+                     thresholds on each decode worker's KV demand; e2e/fleet/scenario.PlannerBaseline).
+The last two are BASELINES written in this benchmark, not tokenfab features: with them the operator's
+autoscaler is off and they write spec.decode.replicas.
 
-The copies share 2 CPU cores, so all three see the same contention; absolute latencies on this machine
-are not those of GPUs (the mocker emulates engine timing), the comparison between policies is the point.
+The whole set runs twice: as is (the mocker registers within seconds) and with a cold start (the runner
+holds each new engine back `--cold-start` seconds, 60 by default, as weight loading would). Reported per
+trace and policy: GPU-minutes held (desired groups x GPUs, integrated), SLO goodput (aiperf, per request:
+TTFT and ITL within the targets), TTFT/ITL p50/p99, direction reversals of the decode count, and the
+time from each rise of the load to the first new decode group Ready. Printed as tables; saved to
+e2e/bench/results/fleet_bench.json and fleet_bench.png. `--repeat 2` runs everything twice (the machine
+is noisy) and keeps every run.
+
+Absolute latencies on 2 shared cores are not those of GPUs (the mocker emulates engine timing); the
+comparison between policies under the same load is the point. Dynamo's own planner cannot run here
+(PLANNER_NOTE).
 """
 
 from __future__ import annotations
@@ -42,83 +56,131 @@ PLANNER_NOTE = (
     "whose PyPI release is a placeholder that downloads from an unreachable index (REFERENCE §4); "
     "tried with scikit-learn installed, environment 'virtual', optimization_target 'load'. Even running, "
     "its actuators are a Kubernetes connector for DynamoGraphDeployment and a 'virtual' connector that "
-    "only publishes decisions, so it would need a bridge to spec.decode.replicas."
+    "only publishes decisions. planner_baseline follows its documented reactive logic instead."
+)
+COLD_START_S = 60.0
+# Kept per policy in the JSON (the time series only for the first repeat, for the plot).
+SUMMARY_KEYS = (
+    "gpu_minutes",
+    "slo",
+    "reversals",
+    "first_serve_s",
+    "first_serve_per_rise_s",
+    "aiperf_exit_code",
 )
 
 
-def configs(**kw: Any) -> dict[str, scenario.Config]:
+def namespace(policy: str) -> str:
+    return f"live-bench-{policy.replace('_', '-')}"
+
+
+def configs(
+    trace: str, policies: tuple[str, ...] = scenario.POLICIES, **kw: Any
+) -> dict[str, scenario.Config]:
     return {
-        p: scenario.ci_config(namespace=f"bench-{p}", name="tiny", policy=p, **kw) for p in scenario.POLICIES
+        p: scenario.ci_config(namespace=namespace(p), name="tiny", policy=p, trace_name=trace, **kw)
+        for p in policies
     }
 
 
-def run(f: Factory, tools: fleet.Tools, work: Path, **kw: Any) -> dict[str, Any]:
+def run_trace(
+    f: Factory, tools: fleet.Tools, trace: str, policies: tuple[str, ...], batch: int, work: Path, **kw: Any
+) -> tuple[dict[str, dict[str, Any]], dict[str, str], list[list[str]]]:
+    """Every policy on one trace, `batch` at a time (each batch at once, in threads)."""
     results: dict[str, dict[str, Any]] = {}
     errors: dict[str, str] = {}
+    cfgs = configs(trace, policies, **kw)
+    order = list(cfgs)
+    batches = [order[i : i + batch] for i in range(0, len(order), batch)]
 
     def one(policy: str, cfg: scenario.Config) -> None:
         try:
-            results[policy] = scenario.run_policy(f, tools, cfg, work / policy)
+            results[policy] = scenario.run_policy(f, tools, cfg, work / trace / policy)
         except Exception as exc:
             errors[policy] = f"{type(exc).__name__}: {exc}"
         finally:
             fleet.delete_deployment(f, cfg.namespace, cfg.name)
 
+    for names in batches:
+        threads = [threading.Thread(target=one, args=(p, cfgs[p])) for p in names]
+        for i, t in enumerate(threads):
+            t.start()
+            if i < len(threads) - 1:
+                time.sleep(2)
+        for t in threads:
+            t.join()
+    return {p: results[p] for p in order if p in results}, errors, batches
+
+
+def run(
+    f: Factory,
+    tools: fleet.Tools,
+    work: Path,
+    traces: tuple[str, ...] = scenario.TRACES,
+    policies: tuple[str, ...] = scenario.POLICIES,
+    batch: int = 5,
+    **kw: Any,
+) -> dict[str, Any]:
+    """One pass over the traces (the runner, with or without a cold start, is the caller's)."""
     t0 = time.monotonic()
-    threads = [threading.Thread(target=one, args=(p, c)) for p, c in configs(**kw).items()]
-    for i, t in enumerate(threads):
-        t.start()
-        if i < len(threads) - 1:
-            time.sleep(2)
-    for t in threads:
-        t.join()
-    return {
-        "policies": {p: results[p] for p in scenario.POLICIES if p in results},
-        "errors": errors,
-        "dynamo_planner": {"ran": False, "why": PLANNER_NOTE},
-        "wall_seconds": round(time.monotonic() - t0, 1),
-    }
+    out: dict[str, Any] = {"traces": {}, "errors": {}, "batches": {}}
+    for trace in traces:
+        results, errors, batches = run_trace(f, tools, trace, policies, batch, work, **kw)
+        out["traces"][trace] = results
+        out["batches"][trace] = batches
+        out["errors"].update({f"{trace}/{p}": e for p, e in errors.items()})
+    out["wall_seconds"] = round(time.monotonic() - t0, 1)
+    return out
 
 
-def table(bench: dict[str, Any]) -> str:
-    rows = [
-        f"{'policy':<10} {'GPU-min':>8} {'goodput':>8} {'requests':>8} {'TTFT p50':>9} {'TTFT p99':>9} "
-        f"{'ITL p99':>8} {'peak dec':>8}",
-    ]
-    for name, r in bench["policies"].items():
-        s = r["slo"]
-        peak = max((x["groups"].get("decode") or 0) for x in r["series"]) if r["series"] else 0
+def peak_decode(r: dict[str, Any]) -> int:
+    return max(((x["groups"].get("decode") or 0) for x in r.get("series") or []), default=0)
 
-        def ms(v: float | None) -> str:
-            return f"{v:.0f}" if v is not None else "-"
 
-        gp = s["goodput_fraction"]
+def compact(bench: dict[str, Any], keep_series: bool) -> dict[str, Any]:
+    """The figures the acceptance asks for per trace and policy (and the series, for the plot)."""
+    out: dict[str, Any] = {}
+    for trace, by in bench["traces"].items():
+        out[trace] = {}
+        static = (by.get("static") or {}).get("gpu_minutes")
+        for p, r in by.items():
+            row = {k: r.get(k) for k in SUMMARY_KEYS}
+            row["peak_decode_groups"] = peak_decode(r)
+            row["gpu_minutes_vs_static"] = round(r["gpu_minutes"] / static, 3) if static else None
+            if keep_series:
+                row["series"] = [
+                    {"t": x["t"], "gpus": x["gpus"], "groups": x["groups"], "ready": x["ready"]}
+                    for x in r["series"]
+                ]
+                row["windows"] = r["windows"]
+                row["trace"] = r["trace"]
+            out[trace][p] = row
+    return out
+
+
+def table(traces: dict[str, dict[str, Any]], title: str) -> str:
+    def ms(v: float | None) -> str:
+        return f"{v:.0f}" if v is not None else "-"
+
+    rows = [title]
+    for trace, by in traces.items():
+        rows.append(f"  {trace}")
         rows.append(
-            f"{name:<10} {r['gpu_minutes']:>8.2f} {(f'{100 * gp:.1f}%' if gp is not None else '-'):>8} "
-            f"{s['requests']:>8} {ms(s['ttft_p50_ms']):>9} {ms(s['ttft_p99_ms']):>9} "
-            f"{ms(s['itl_p99_ms']):>8} {peak:>8}"
+            f"    {'policy':<17} {'GPU-min':>7} {'/static':>7} {'goodput':>8} {'TTFT p50':>8} {'p99':>6} "
+            f"{'ITL p50':>7} {'p99':>5} {'revs':>4} {'1st serve':>9} {'peak':>4}"
         )
-    any_r = next(iter(bench["policies"].values()), None)
-    if any_r:
-        slo = any_r["slo"]["slo"]
-        rows.append(
-            f"SLO: TTFT <= {slo['ttft_ms']:.0f} ms and ITL <= {slo['itl_ms']:.0f} ms (aiperf, per request)"
-        )
-    rows.append(
-        "dynamo planner (load mode): not run - " + bench["dynamo_planner"]["why"].split(". ")[0] + "."
-    )
-    for p, e in bench["errors"].items():
-        rows.append(f"{p}: FAILED {e}")
+        for name, r in by.items():
+            s = r["slo"]
+            gp = s["goodput_fraction"]
+            fs = r.get("first_serve_s")
+            rows.append(
+                f"    {name:<17} {r['gpu_minutes']:>7.2f} {r.get('gpu_minutes_vs_static') or 0:>7.2f} "
+                f"{(f'{100 * gp:.1f}%' if gp is not None else '-'):>8} {ms(s['ttft_p50_ms']):>8} "
+                f"{ms(s['ttft_p99_ms']):>6} {ms(s['itl_p50_ms']):>7} {ms(s['itl_p99_ms']):>5} "
+                f"{r['reversals']:>4} {(f'{fs:.0f} s' if fs is not None else '-'):>9} "
+                f"{r.get('peak_decode_groups', 0):>4}"
+            )
     return "\n".join(rows)
-
-
-def save(bench: dict[str, Any], out: Path = RESULTS) -> dict[str, Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / "fleet_bench.json", "png": out / "fleet_bench.png"}
-    paths["json"].write_text(json.dumps(bench, indent=1))
-    if bench["policies"]:
-        plot.comparison(bench["policies"], paths["png"])
-    return paths
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,19 +188,70 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-dir", type=Path, default=None, help="factory run directory (default: the user's)")
     ap.add_argument("--port-base", type=int, default=int(os.environ.get("TOKENFAB_E2E_PORT_BASE", "31000")))
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--traces", default=",".join(scenario.TRACES))
+    ap.add_argument("--policies", default=",".join(scenario.POLICIES))
+    ap.add_argument("--batch", type=int, default=5, help="policies of one trace run at once")
+    ap.add_argument("--cold-start", type=float, default=COLD_START_S, help="seconds; 0: skip that variant")
+    ap.add_argument("--repeat", type=int, default=1, help="run everything this many times")
     a = ap.parse_args(argv)
+    traces = tuple(t for t in a.traces.split(",") if t)
+    policies = tuple(p for p in a.policies.split(",") if p)
     tools = fleet.tools()
+    users = scenario.already_up(a.run_dir, a.port_base)  # a factory this run starts, it also stops
     f = scenario.bring_up(a.run_dir, a.port_base)
     scenario.ensure_operator(f)
-    scenario.ensure_runner(f, tools, tuple(c.namespace for c in configs().values()))
+    variants = {"plain": 0.0, **({"cold_start": a.cold_start} if a.cold_start > 0 else {})}
+    runs: list[dict[str, Any]] = []
+    errors: dict[str, str] = {}
+    t0 = time.monotonic()
     try:
-        bench = run(f, tools, f.run / "fleet-bench")
+        for i in range(a.repeat):
+            run_out: dict[str, Any] = {}
+            for variant, delay in variants.items():
+                fleet.start_runner(
+                    f, tools, namespaces=tuple(namespace(p) for p in policies), start_delay=delay
+                )
+                bench = run(f, tools, f.run / "fleet-bench" / f"{i}-{variant}", traces, policies, a.batch)
+                f.stop_extra(fleet.RUNNER)
+                run_out[variant] = {
+                    "start_delay_s": delay,
+                    "traces": compact(bench, keep_series=i == 0),
+                    "batches": bench["batches"],
+                    "wall_seconds": bench["wall_seconds"],
+                }
+                errors.update({f"run{i + 1}/{variant}/{k}": v for k, v in bench["errors"].items()})
+                print(
+                    table(run_out[variant]["traces"], f"run {i + 1}, {variant} (start delay {delay:.0f} s)")
+                )
+                save([*runs, run_out], errors, a.out, time.monotonic() - t0)  # after each part: nothing lost
+            runs.append(run_out)
     finally:
         f.stop_extra(fleet.RUNNER)
-    print(table(bench))
-    paths = save(bench, a.out)
+        if not users:
+            f.down()
+    paths = save(runs, errors, a.out, time.monotonic() - t0)
     print("saved: " + ", ".join(str(p) for p in paths.values()))
-    return 0 if not bench["errors"] else 1
+    return 0 if not errors else 1
+
+
+def save(runs: list[dict[str, Any]], errors: dict[str, str], out: Path, wall: float) -> dict[str, Path]:
+    """fleet_bench.json: the first run's plain traces at the top (`traces`), its cold-start traces under
+    `cold_start`, and every run under `runs`."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "fleet_bench.json", "png": out / "fleet_bench.png"}
+    first = runs[0] if runs else {}
+    doc = {
+        "traces": (first.get("plain") or {}).get("traces", {}),
+        "cold_start": first.get("cold_start"),
+        "runs": runs,
+        "errors": errors,
+        "dynamo_planner": {"ran": False, "why": PLANNER_NOTE},
+        "wall_seconds": round(wall, 1),
+    }
+    paths["json"].write_text(json.dumps(doc, indent=1))
+    if doc["traces"]:
+        plot.traces(doc, paths["png"])
+    return paths
 
 
 if __name__ == "__main__":

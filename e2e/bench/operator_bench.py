@@ -21,8 +21,9 @@ import yaml
 
 from e2e.helpers import apply_yaml, condition, get_json, kubectl, wait_for
 from tests.cases import EXAMPLES
+from tokenfab.fleet.view import node_facts
+from tokenfab.planning.capacity import Constraints, snapshot
 from tokenfab.planning.topology import GroupShape, first_fit, place_sequence
-from tokenfab.reconcile import node_views
 from tokenfab_factory.factory import Factory
 from tokenfab_factory.racks import CLIQUE_LABEL, GPU_RESOURCE
 
@@ -150,10 +151,8 @@ def scheduler_alone(f: Factory, sizes: list[int]) -> dict[str, Any]:
 
 
 def planner(f: Factory, sizes: list[int]) -> dict[str, Any]:
-    nodes, _ = node_views(get_json(f, "nodes")["items"], CLIQUE_LABEL, GPU_RESOURCE)
-    from tokenfab.planning.topology import build_domains
-
-    domains = build_domains(nodes, [])
+    nodes = [node_facts(n) for n in get_json(f, "nodes")["items"]]
+    domains = snapshot(nodes, {}, {GPU_RESOURCE: 4}, Constraints(CLIQUE_LABEL, GPU_RESOURCE))
     shapes = [GroupShape(gpus=g, gpus_per_node=4) for g in sizes]
     out = {}
     for name, chooser in (("best_fit", None), ("first_fit", first_fit)):

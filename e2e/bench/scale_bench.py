@@ -1,0 +1,527 @@
+"""The fleet at AI-factory scale: N racks, M mixed ModelDeployments applied in one `kubectl apply`.
+
+For the operator under test (this checkout) and, as baselines measured in the same run on the same
+factory, (a) the operator of an earlier commit (`--baseline-ref`, run from a git worktree, capped at
+`--baseline-cap` seconds) and (b) the control-plane floor (plain Deployments of the same GPU pods, no
+operator), it records:
+
+- time from apply until every deployment is Ready (and the count Ready over time);
+- the operator's peak RSS and CPU share while converging and at steady state (idle, over `--idle`
+  seconds), beside kube-controller-manager's CPU share over the same window;
+- reconcile pass durations (p50/p99, from the operator's own histogram) and API requests per idle pass
+  (writes and reads per pass, from its request counters).
+
+Saved to e2e/bench/results/scale.json (or --out); nothing passes or fails on a time.
+
+    python -m e2e.bench.scale_bench                      # 64 racks, 200 deployments (about 15 minutes)
+    python -m e2e.bench.scale_bench --racks 8 --deployments 25 --no-baseline-ref   # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from e2e.fleetmix import SCALE_MIX, asked_gpus, fleet, worker_pods
+from tokenfab_factory.factory import Factory, FactoryConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "e2e" / "bench" / "results"
+NS = "scale"
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def kubectl(f: Factory, *args: str, input: str | None = None, check: bool = True) -> str:
+    out = subprocess.run(
+        [str(f.config.bin_dir / "kubectl"), f"--kubeconfig={f.kubeconfig}", *args],
+        input=input,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if check and out.returncode != 0:
+        raise RuntimeError(f"kubectl {' '.join(args)}: {out.stderr.strip()}")
+    return out.stdout
+
+
+def get_json(f: Factory, *args: str) -> Any:
+    return json.loads(kubectl(f, "get", *args, "-o", "json"))
+
+
+# ------------------------------------------------------------------------------------ process figures
+
+
+def cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICK
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def memory(pid: int) -> dict[str, int]:
+    out = {}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                out[line.split(":")[0]] = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+class Sampler:
+    """CPU and memory of a set of processes, sampled on demand."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.peak_rss: dict[str, int] = dict.fromkeys(pids, 0)
+
+    def cpu(self) -> dict[str, float]:
+        return {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+
+    def sample(self) -> None:
+        for name, pid in self.pids.items():
+            m = memory(pid)
+            self.peak_rss[name] = max(self.peak_rss[name], m.get("VmHWM", 0), m.get("VmRSS", 0))
+
+
+# ------------------------------------------------------------------------------- operator's own metrics
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        return str(r.read().decode())
+
+
+def metric_sums(text: str) -> dict[str, float]:
+    """Passes, requests by kind, and the pass-duration histogram summed over deployments."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name, _, value = line.rpartition(" ")
+        try:
+            v = float(value)
+        except ValueError:
+            continue
+        if name.startswith("tokenfab_reconciles_total"):
+            out["passes"] = out.get("passes", 0) + v
+        elif name.startswith("tokenfab_api_requests_total"):
+            verb = re.search(r'verb="([A-Z]+)"', name)
+            resource = re.search(r'resource="([^"]+)"', name)
+            kind = verb.group(1) if verb else "?"
+            if kind == "WATCH":
+                continue
+            key = "reads" if kind == "GET" else "writes"
+            if resource and resource.group(1).startswith("nvlinkdomains"):
+                key = f"inventory_{key}"  # the NVLinkDomain inventory's own loop, not a reconcile pass
+            out[key] = out.get(key, 0) + v
+        elif name.startswith("tokenfab_reconcile_duration_seconds_bucket"):
+            le = re.search(r'le="([^"]+)"', name)
+            if le:
+                out[f"le={le.group(1)}"] = out.get(f"le={le.group(1)}", 0) + v
+    return out
+
+
+def quantile(sums: dict[str, float], q: float) -> float | None:
+    buckets = sorted(
+        (float("inf") if k[3:] == "+Inf" else float(k[3:]), v) for k, v in sums.items() if k.startswith("le=")
+    )
+    if not buckets or buckets[-1][1] == 0:
+        return None
+    rank = q * buckets[-1][1]
+    prev_le, prev_n = 0.0, 0.0
+    for le, n in buckets:
+        if n >= rank:
+            if le == float("inf"):
+                return prev_le
+            return prev_le + (le - prev_le) * ((rank - prev_n) / max(n - prev_n, 1e-9))
+        prev_le, prev_n = le, n
+    return prev_le
+
+
+# ----------------------------------------------------------------------------------------- the runs
+
+
+STRAGGLERS: dict[str, str] = {}  # deployment -> its last Ready message while it was not Ready
+READY_AT: dict[str, float] = {}  # deployment -> when it was first seen Ready
+
+
+def ready_count(f: Factory) -> tuple[int, int]:
+    items = get_json(f, "mdep", "-n", NS)["items"]
+    ready = 0
+    for md in items:
+        cond = next(
+            (cd for cd in (md.get("status") or {}).get("conditions", []) if cd["type"] == "Ready"), None
+        )
+        if cond and cond["status"] == "True":
+            ready += 1
+            READY_AT.setdefault(md["metadata"]["name"], time.monotonic())
+        elif cond:
+            STRAGGLERS[md["metadata"]["name"]] = f"{cond['reason']}: {cond['message']}"[:400]
+    return ready, len(items)
+
+
+def wait(what: str, probe: Callable[[], Any], timeout: float, interval: float = 2.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = probe()
+        if got:
+            return got
+        time.sleep(interval)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+def clean(f: Factory) -> None:
+    kubectl(f, "delete", "mdep", "--all", "-n", NS, "--wait=false", check=False)
+    kubectl(f, "delete", "deployments", "--all", "-n", NS, "--wait=false", check=False)
+    # An earlier operator's finalizer would wait for that (stopped) operator forever.
+    for md in get_json(f, "mdep", "-n", NS)["items"]:
+        if md["metadata"].get("finalizers"):
+            kubectl(
+                f, "patch", "mdep", md["metadata"]["name"], "-n", NS, "--type=merge",
+                "-p", '{"metadata":{"finalizers":null}}', check=False,
+            )  # fmt: skip
+
+    def empty() -> bool:
+        left = get_json(f, "pods", "-n", NS)["items"]
+        mds = get_json(f, "mdep", "-n", NS)["items"]
+        return not left and not mds
+
+    wait("the namespace emptied", empty, timeout=900, interval=3)
+
+
+def run_operator(
+    f: Factory,
+    docs: list[dict[str, Any]],
+    name: str,
+    port: int,
+    cap: float,
+    idle: float,
+    pythonpath: str | None = None,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Start an operator, apply the fleet, follow it until every deployment is Ready (or `cap`), then
+    measure `idle` seconds of steady state."""
+    argv = [
+        sys.executable,
+        "-m",
+        "tokenfab.cli",
+        "operator",
+        "--liveness",
+        f"http://127.0.0.1:{port}/healthz",
+        "--metrics-port",
+        str(port + 1),
+    ]
+    penv = {"TOKENFAB_RESYNC_SECONDS": "30", **(env or {})}
+    if pythonpath:
+        penv["PYTHONPATH"] = pythonpath
+    pid = f.start_extra(name, argv, env=penv)
+    state = f.read_state()
+    assert state is not None
+    components = ("kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler", "kwok")
+    sampler = Sampler({"operator": pid, **{c: state.pids[c] for c in components}})
+    wait(f"{name} healthy", lambda: _healthy(port), timeout=120, interval=1)
+    time.sleep(3)
+    text = yaml.safe_dump_all(docs)
+    requests0 = apiserver_requests(f)
+    cpu0, t0 = sampler.cpu(), time.monotonic()
+    kubectl(f, "apply", "--server-side", "--field-manager=gitops", "-f", "-", input=text)
+    applied = time.monotonic() - t0
+    timeline: list[tuple[float, int]] = []
+    all_ready = None
+    while time.monotonic() - t0 < cap:
+        sampler.sample()
+        ready, total = ready_count(f)
+        timeline.append((round(time.monotonic() - t0, 1), ready))
+        if total == len(docs) and ready == total:
+            all_ready = round(time.monotonic() - t0, 1)
+            break
+        time.sleep(2)
+    cpu1, t1 = sampler.cpu(), time.monotonic()
+    requests1 = apiserver_requests(f)
+    last = sorted(READY_AT, key=lambda n: -READY_AT[n])[:3]
+    stragglers = {n: STRAGGLERS.get(n, "") for n in last}
+    STRAGGLERS.clear()
+    READY_AT.clear()
+    out: dict[str, Any] = {
+        "operator": name,
+        "apply_seconds": round(applied, 1),
+        "all_ready_seconds": all_ready,
+        "ready_at_end": timeline[-1][1] if timeline else 0,
+        "timeline": timeline,
+        "converging_cpu_share": {k: round((cpu1[k] - cpu0[k]) / (t1 - t0), 3) for k in cpu0},
+        # What the API server served while the fleet converged (every client), by verb and resource.
+        "apiserver_requests": top_requests(requests0, requests1),
+        "last_to_be_ready": stragglers,  # what the slowest deployments waited for
+    }
+    if all_ready is not None and idle > 0:
+        time.sleep(5)
+        m0, c0, s0 = metric_sums(scrape(port + 1)), sampler.cpu(), time.monotonic()
+        while time.monotonic() - s0 < idle:
+            sampler.sample()
+            time.sleep(2)
+        m1, c1, s1 = metric_sums(scrape(port + 1)), sampler.cpu(), time.monotonic()
+        passes = m1.get("passes", 0) - m0.get("passes", 0)
+        out["steady"] = {
+            "seconds": round(s1 - s0, 1),
+            "cpu_share": {k: round((c1[k] - c0[k]) / (s1 - s0), 4) for k in c0},
+            "passes": passes,
+            "writes_per_pass": round((m1.get("writes", 0) - m0.get("writes", 0)) / passes, 4)
+            if passes
+            else None,
+            "reads_per_pass": round((m1.get("reads", 0) - m0.get("reads", 0)) / passes, 4)
+            if passes
+            else None,
+            "inventory_writes": m1.get("inventory_writes", 0) - m0.get("inventory_writes", 0),
+        }
+    try:
+        sums = metric_sums(scrape(port + 1))
+        out["reconcile_seconds"] = {
+            "p50": _round(quantile(sums, 0.5)),
+            "p99": _round(quantile(sums, 0.99)),
+            "passes": sums.get("passes"),
+        }
+        out["api_requests"] = {"reads": sums.get("reads"), "writes": sums.get("writes")}
+    except OSError as exc:  # an older operator may expose fewer figures
+        out["reconcile_seconds"] = {"error": str(exc)}
+    sampler.sample()
+    out["peak_rss_mb"] = {k: round(v / 2**20, 1) for k, v in sampler.peak_rss.items()}
+    f.stop_extra(name)
+    return out
+
+
+def apiserver_requests(f: Factory) -> dict[str, float]:
+    """apiserver_request_total summed by verb and resource (and subresource)."""
+    import ssl
+
+    ctx = ssl.create_default_context(cafile=str(f.pki.ca_crt))
+    ctx.load_cert_chain(str(f.pki.admin_crt), str(f.pki.admin_key))
+    out: dict[str, float] = {}
+    try:
+        with urllib.request.urlopen(f"{f.apiserver_url}/metrics", timeout=30, context=ctx) as r:
+            text = r.read().decode()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        name, _, value = line.rpartition(" ")
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', name))
+        key = f"{labels.get('verb')} {labels.get('resource')}" + (
+            f"/{labels['subresource']}" if labels.get("subresource") else ""
+        )
+        out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
+def top_requests(before: dict[str, float], after: dict[str, float], n: int = 15) -> dict[str, float]:
+    delta = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    return dict(sorted(((k, round(v)) for k, v in delta.items() if v > 0), key=lambda kv: -kv[1])[:n])
+
+
+def _round(v: float | None) -> float | None:
+    return None if v is None else round(v, 4)
+
+
+def _healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def plain_floor(f: Factory, docs: list[dict[str, Any]], cap: float) -> dict[str, Any]:
+    """The same worker pods as plain Deployments (one per ModelDeployment, GPUs per pod as its groups'),
+    no operator: the control plane's own time to run them."""
+    from e2e.fleetmix import wanted_groups
+
+    by_dep: dict[str, list[int]] = {}
+    for w in wanted_groups(docs):
+        by_dep.setdefault(w.deployment, []).extend([min(w.gpus, 4)] * -(-w.gpus // 4))
+    plain = []
+    for dep, pods in by_dep.items():
+        for gpus in sorted(set(pods)):
+            n = pods.count(gpus)
+            app = f"{dep}-g{gpus}"
+            plain.append(
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "Deployment",
+                    "metadata": {"name": app, "namespace": NS},
+                    "spec": {
+                        "replicas": n,
+                        "selector": {"matchLabels": {"app": app}},
+                        "template": {
+                            "metadata": {"labels": {"app": app}},
+                            "spec": {
+                                "containers": [
+                                    {
+                                        "name": "w",
+                                        "image": "worker",
+                                        "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+                                    }
+                                ]
+                            },
+                        },
+                    },
+                }
+            )
+    t0 = time.monotonic()
+    kubectl(f, "apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(plain))
+
+    def available() -> bool:
+        items = get_json(f, "deployments", "-n", NS)["items"]
+        return len(items) == len(plain) and all(
+            (d.get("status") or {}).get("availableReplicas") == d["spec"]["replicas"] for d in items
+        )
+
+    try:
+        wait("plain Deployments available", available, timeout=cap)
+        took: float | None = round(time.monotonic() - t0, 1)
+    except TimeoutError:
+        took = None
+    return {
+        "deployments": len(plain),
+        "pods": sum(d["spec"]["replicas"] for d in plain),
+        "all_available_seconds": took,
+    }
+
+
+def baseline_checkout(ref: str) -> Path:
+    path = Path(tempfile.gettempdir()) / f"tokenfab-baseline-{ref}"
+    if not (path / "operator" / "tokenfab").exists():
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--force", "--detach", str(path), ref], check=True
+        )
+    return path
+
+
+def run(
+    racks: int,
+    deployments: int,
+    port_base: int,
+    run_dir: Path,
+    baseline_ref: str | None,
+    baseline_cap: float,
+    floor: bool,
+    idle: float,
+    cap: float,
+    seed: int = 7,
+) -> dict[str, Any]:
+    f = Factory(FactoryConfig(run_dir=run_dir, racks=racks, port_base=port_base), say=print)
+    t0 = time.monotonic()
+    state = f.up(timeout=900)
+    result: dict[str, Any] = {
+        "benchmark": "scale",
+        "racks": racks,
+        "nodes": racks * 18,
+        "gpus": racks * 72,
+        "factory_ready_seconds": state.ready_seconds,
+    }
+    try:
+        kubectl(f, "apply", "--server-side", "-f", str(ROOT / "crds"))
+        kubectl(
+            f, "wait", "--for=condition=Established", "crd/modeldeployments.tokenfab.dev", "--timeout=60s"
+        )
+        kubectl(f, "create", "namespace", NS, check=False)
+        docs = fleet(deployments, NS, seed=seed, prefix="s", mix=SCALE_MIX)
+        result["fleet"] = {
+            "deployments": len(docs),
+            "gpus": asked_gpus(docs),
+            "worker_pods": worker_pods(docs),
+        }
+        port = port_base + 20
+        runs: dict[str, Any] = {}
+        if baseline_ref:
+            path = baseline_checkout(baseline_ref)
+            print(f"baseline: the operator of {baseline_ref} ({path}), capped at {baseline_cap:.0f} s")
+            runs["baseline_operator"] = {
+                "ref": baseline_ref,
+                **run_operator(f, docs, "baseline-operator", port, baseline_cap, 0, str(path / "operator")),
+            }
+            clean(f)
+        print("tokenfab (this checkout)")
+        runs["tokenfab"] = run_operator(f, docs, "operator", port, cap, idle)
+        clean(f)
+        if floor:
+            print("control-plane floor: plain Deployments of the same pods")
+            runs["plain_deployments"] = plain_floor(f, docs, cap)
+            clean(f)
+        result["runs"] = runs
+    finally:
+        f.down()
+    result["total_seconds"] = round(time.monotonic() - t0, 1)
+    return result
+
+
+def report(result: dict[str, Any]) -> str:
+    lines = [
+        f"{result['racks']} racks ({result['nodes']} nodes, {result['gpus']} GPUs); fleet: "
+        f"{result['fleet']['deployments']} deployments, {result['fleet']['gpus']} GPUs, "
+        f"{result['fleet']['worker_pods']} worker pods"
+    ]
+    for name, r in result["runs"].items():
+        if name == "plain_deployments":
+            lines.append(f"  {name:18} all available after {r['all_available_seconds']} s ({r['pods']} pods)")
+            continue
+        steady = r.get("steady", {})
+        lines.append(
+            f"  {name:18} all Ready after {r['all_ready_seconds']} s (Ready at end: {r['ready_at_end']}); "
+            f"peak RSS {r['peak_rss_mb'].get('operator')} MB; reconcile p50/p99 "
+            f"{r.get('reconcile_seconds', {}).get('p50')}/{r.get('reconcile_seconds', {}).get('p99')} s; "
+            f"steady CPU {steady.get('cpu_share')}; writes/idle pass {steady.get('writes_per_pass')}; "
+            f"reads/idle pass {steady.get('reads_per_pass')}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--racks", type=int, default=64)
+    ap.add_argument("--deployments", type=int, default=200)
+    ap.add_argument("--port-base", type=int, default=30000)  # below the ephemeral range (32768-)
+    ap.add_argument("--run-dir", type=Path, default=None)
+    ap.add_argument("--baseline-ref", default="fc4c33c", help="an earlier commit's operator to compare with")
+    ap.add_argument("--no-baseline-ref", action="store_true")
+    ap.add_argument("--baseline-cap", type=float, default=360.0)
+    ap.add_argument("--no-floor", action="store_true")
+    ap.add_argument("--idle", type=float, default=60.0)
+    ap.add_argument("--cap", type=float, default=600.0)
+    ap.add_argument("--out", type=Path, default=RESULTS / "scale.json")
+    args = ap.parse_args(argv)
+    run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="tokenfab-scale-"))
+    result = run(
+        args.racks,
+        args.deployments,
+        args.port_base,
+        run_dir,
+        None if args.no_baseline_ref else args.baseline_ref,
+        args.baseline_cap,
+        not args.no_floor,
+        args.idle,
+        args.cap,
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(report(result))
+    print(f"saved {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,37 @@
+"""The scale benchmark's smoke version (the full one: `python -m e2e.bench.scale_bench`, 64 racks and 200
+deployments, about 15 minutes): 8 racks (144 simulated nodes) and 25 mixed ModelDeployments applied in
+one `kubectl apply`, on a factory of its own, with the control-plane floor (plain Deployments of the same
+pods) measured in the same run. About 2 minutes. The report is printed and the JSON kept in the run
+directory (e2e/bench/results/scale.json holds the full run's).
+
+Asserted: every deployment became Ready, and an idle pass reads nothing from the API server and writes
+(almost) nothing. Times are printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from e2e.bench import scale_bench
+
+pytestmark = pytest.mark.slow
+
+
+def test_scale_benchmark_smoke(tmp_path: Path, capsys):
+    out = tmp_path / "scale-smoke.json"
+    argv = ["--racks", "8", "--deployments", "25", "--no-baseline-ref", "--idle", "20", "--cap", "300"]
+    scale_bench.main([*argv, "--run-dir", str(tmp_path / "run"), "--port-base", "30000", "--out", str(out)])
+    result = json.loads(out.read_text())
+    with capsys.disabled():
+        print("\nscale benchmark smoke\n" + scale_bench.report(result))
+    ours = result["runs"]["tokenfab"]
+    assert ours["ready_at_end"] == 25, ours["timeline"]
+    assert ours["all_ready_seconds"] is not None
+    assert result["runs"]["plain_deployments"]["all_available_seconds"] is not None
+    steady = ours["steady"]
+    assert steady["passes"] > 0
+    assert steady["reads_per_pass"] == 0, steady
+    assert steady["writes_per_pass"] < 0.5, steady
