@@ -165,18 +165,22 @@ def _lead(
             capacity = forecast.learn(memory.capacity, d.rate, groups, signal, cfg.target)
         mem = replace(memory, rates=rates, capacity=capacity)
         f = forecast.forecast(rates, now, cfg.forecast_window, cfg.forecast_horizon)
+        held = f.ahead  # the demand a scale-down must leave room for
         if memory.rates and not (prev is not None and forecast.jumped(prev, d.rate)):
             # Short of a jump, demand must hold for two decisions in a row (a noisy sample, or a chance run
             # of them that reads as a trend, rarely does): the forecast made one decision ago caps this one.
+            # For a scale-down the other way round: the higher of the two must fit the groups left (a
+            # single low sample at a group boundary must not take a group that the next one needs).
             before = forecast.forecast(
                 memory.rates, memory.rates[-1][0], cfg.forecast_window, cfg.forecast_horizon
             )
+            held = max(f.ahead, before.ahead)
             f = replace(f, ahead=min(f.ahead, before.ahead))
         per_group = d.capacity or capacity
         # The same band as the KV target's: a group more once the demand passes the groups' capacity by
         # the tolerance; one fewer only while the rest would still have the tolerance to spare.
         up = forecast.groups_for(f.ahead, None if per_group is None else per_group * (1 + cfg.tolerance))
-        keep = forecast.groups_for(f.ahead, None if per_group is None else per_group * (1 - cfg.tolerance))
+        keep = forecast.groups_for(held, None if per_group is None else per_group * (1 - cfg.tolerance))
         if up is not None and per_group is not None and up > rec:
             ahead = (
                 f" heading to {f.ahead:.2f}/s in {cfg.forecast_horizon:.0f} s" if f.ahead > f.rate_now else ""
@@ -185,7 +189,7 @@ def _lead(
             rec = up
         if keep is not None and rec < current and keep > rec:
             rec = min(current, keep)
-            notes.append(f"demand {f.ahead:.2f}/s keeps {rec}")
+            notes.append(f"demand {held:.2f}/s keeps {rec}")
     if waits and queued > cfg.queue_per_group and rec <= current and not d.starting:
         # (A group that is Ready but still warming up serves already: a queue that outlasts it needs more.)
         rec = current + max(1, min(cfg.max_step_up, math.floor(queued / (2 * cfg.queue_per_group))))
