@@ -236,6 +236,49 @@ def test_pod_events_wake_their_deployment_only():
     assert v.deployments() == set()  # deployments are ModelDeployments, not pod owners
 
 
+def test_a_pod_update_wakes_its_deployment_only_when_what_a_pass_reads_changed():
+    v = ClusterView()
+    v.on_pod("ADDED", k.pod("m-d-0-0"))
+    same = k.pod("m-d-0-0", status={"podIP": "10.0.0.7", "qosClass": "Burstable"})
+    same["metadata"]["resourceVersion"] = "2"
+    assert v.on_pod("MODIFIED", same) == Change()  # a status detail and a new resourceVersion
+    assert v.pods(M)[0].resource_version == "2"  # kept all the same
+    bound = k.pod("m-d-0-0", node="a-0")
+    assert v.on_pod("MODIFIED", bound) == Change({M})
+    assert v.on_pod("MODIFIED", k.pod("m-d-0-0", node="a-0", phase="Running", ready=True)) == Change({M})
+    assert v.on_pod("DELETED", k.pod("m-d-0-0", node="a-0", phase="Running", ready=True)).keys == {M}
+
+
+def test_a_child_update_wakes_its_deployment_only_when_what_a_pass_reads_changed():
+    v = ClusterView()
+    pdb = k.child("PodDisruptionBudget", "m-decode")
+    assert v.on_child("PodDisruptionBudget", "ADDED", pdb) == Change({M})
+    pdb = k.child("PodDisruptionBudget", "m-decode")
+    pdb["metadata"]["resourceVersion"] = "9"
+    pdb["status"] = {"currentHealthy": 3, "disruptionsAllowed": 1}
+    assert v.on_child("PodDisruptionBudget", "MODIFIED", pdb) == Change()  # the disruption controller's
+    dep = k.child("Deployment", "m-frontend")
+    assert v.on_child("Deployment", "ADDED", dep) == Change({M})
+    dep["status"] = {"availableReplicas": 1}
+    assert v.on_child("Deployment", "MODIFIED", dep) == Change({M})  # the frontend became available
+    dep["metadata"]["annotations"] = {c.ANN_APPLIED_HASH: "abc"}
+    assert v.on_child("Deployment", "MODIFIED", dep) == Change({M})
+    assert v.on_child("Deployment", "MODIFIED", dep) == Change()
+
+
+def test_a_model_deployment_whose_status_alone_changed_wakes_nothing():
+    v = ClusterView()
+    md = k.model_deployment()
+    assert v.on_model_deployment("ADDED", md) == Change({M})
+    written = {**md, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    assert v.on_model_deployment("MODIFIED", written) == Change()  # e.g. the operator's own write
+    assert v.model_deployment(M) == written  # but the view holds it
+    changed = {**written, "spec": {"x": 1}, "metadata": {**md["metadata"], "generation": 2}}
+    assert v.on_model_deployment("MODIFIED", changed) == Change({M})
+    deleting = {**changed, "metadata": {**changed["metadata"], "deletionTimestamp": k.T0}}
+    assert v.on_model_deployment("MODIFIED", deleting) == Change({M})
+
+
 def test_node_events_wake_the_deployments_with_pods_bound_or_pinned_there():
     v = view_with(
         ("Pod", k.pod("m-d-0-0", node="a-0")),

@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +31,7 @@ from tokenfab.fleet.ledger import Ledger
 from tokenfab.fleet.view import Change, ClusterView, Key
 from tokenfab.fleet.workqueue import WorkQueue
 from tokenfab.planning import contract as c
-from tokenfab.reconcile import reconcile
+from tokenfab.reconcile import begin
 from tokenfab.runtime import Context, Result, Settings
 
 log = logging.getLogger("tokenfab")
@@ -79,7 +80,9 @@ class Controller:
         self._threads: list[threading.Thread] = []
         self.informers = self._informers()
         self.passes = 0
-        self.busy: dict[str, float] = {}  # worker -> when its current pass started
+        self.busy: dict[str, float] = {}  # worker (or finisher) -> when its current pass started
+        # Passes whose writes the API server has answered are completed here (see process).
+        self._finisher = ThreadPoolExecutor(self.options.workers, thread_name_prefix="tokenfab-finish")
 
     # --------------------------------------------------------------------------------- sources
     def _informers(self) -> list[Informer]:
@@ -91,6 +94,10 @@ class Controller:
                     "ForeignPod",
                     "v1",
                     "Pod",
+                    # Serving every namespace, tokenfab's own pods come by the Pod watch only (each of
+                    # their updates would otherwise arrive twice); serving some, those of the others
+                    # count here as anyone's.
+                    label_selector="" if self.options.namespaces else f"{c.MANAGED_BY}!={c.MANAGED_BY_VALUE}",
                     field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed",
                 ),
                 self.view.on_foreign_pod,
@@ -183,6 +190,7 @@ class Controller:
     def stop(self) -> None:
         self._stop.set()
         self.queue.shutdown()
+        self._finisher.shutdown(wait=False)
         for inf in self.informers:
             inf.stop()
 
@@ -210,14 +218,16 @@ class Controller:
             if key is None:
                 continue
             self.busy[me] = time.monotonic()
+            handed_on = False
             try:
                 if self.leading.is_set():
-                    self.process(key)
+                    handed_on = self.process(key)
                 else:
                     self.queue.add_after(key, 1.0)
             finally:
                 self.busy.pop(me, None)
-                self.queue.done(key)
+                if not handed_on:  # (else the key is done once its writes are answered: see process)
+                    self.queue.done(key)
                 telemetry.QUEUE_DEPTH.set(len(self.queue))
 
     def health(self) -> dict[str, Any]:
@@ -231,22 +241,64 @@ class Controller:
             raise RuntimeError(f"reconcile workers stuck for more than {STUCK_SECONDS:.0f} s: {stuck}")
         return {"leading": self.leading.is_set(), "queue": len(self.queue), "passes": self.passes}
 
-    def process(self, key: Key) -> Result | None:
-        """One pass for one deployment, and what to do next with its key."""
+    def process(self, key: Key) -> bool:
+        """One pass for one deployment. A pass that handed writes to the writer returns at once (True):
+        a finisher thread completes it once the API server has answered them all (what the answers mean,
+        the status) and only then is the key done, so two passes of one deployment never overlap, while
+        this worker goes on with other deployments instead of waiting for the API server."""
         t0 = time.monotonic()
         now = self.clock()
         try:
-            result = reconcile(self.ctx, key, now)
+            result = begin(self.ctx, key, now)
         except Exception as exc:
-            telemetry.RECONCILES.labels(key[0], key[1], "error").inc()
-            telemetry.RECONCILE_ERRORS.labels(key[0], key[1], type(exc).__name__).inc()
-            delay = self.queue.add_rate_limited(key)
-            log.exception("reconcile of %s/%s failed; retrying in %.1f s", *key, delay)
-            self._surface(key, exc, now)
-            return None
-        finally:
+            self._failed(key, exc, now)
             telemetry.RECONCILE_SECONDS.labels(*key).observe(time.monotonic() - t0)
             self.passes += 1
+            return False
+        telemetry.RECONCILE_SECONDS.labels(*key).observe(time.monotonic() - t0)
+        self.passes += 1
+        if result is None or not result.pending:
+            self._complete(key, result, now, t0)
+            return False
+        submitted = time.monotonic()
+        self.busy[f"writes:{key[0]}/{key[1]}"] = submitted  # (a hang here fails liveness too)
+        left = [len(result.pending)]
+        lock = threading.Lock()
+
+        def answered(_: Any) -> None:
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                try:
+                    self._finisher.submit(self._finish, key, result, now, t0, submitted)
+                except RuntimeError:  # stopping
+                    self.busy.pop(f"writes:{key[0]}/{key[1]}", None)
+                    self.queue.done(key)
+
+        for fut in list(result.pending):
+            fut.add_done_callback(answered)
+        return True
+
+    def _finish(self, key: Key, result: Result, now: float, t0: float, submitted: float) -> None:
+        name = f"finish:{key[0]}/{key[1]}"
+        self.busy.pop(f"writes:{key[0]}/{key[1]}", None)
+        self.busy[name] = time.monotonic()
+        try:
+            self._complete(key, result, now, t0)
+        finally:
+            telemetry.WRITES_SECONDS.observe(time.monotonic() - submitted)
+            self.busy.pop(name, None)
+            self.queue.done(key)
+
+    def _complete(self, key: Key, result: Result | None, now: float, t0: float) -> None:
+        """The rest of a pass (its status), and what to do next with its key (`t0`: when it began)."""
+        try:
+            if result is not None:
+                result.complete()
+        except Exception as exc:
+            self._failed(key, exc, now)
+            return
         telemetry.RECONCILES.labels(key[0], key[1], "ok" if result else "gone").inc()
         with self._lock:
             if result is not None and result.waiting_for_capacity:
@@ -255,7 +307,7 @@ class Controller:
                 self.waiting_for_capacity.discard(key)
         if result is None:
             self.queue.forget(key)
-            return None
+            return
         record(key, result)
         took = time.monotonic() - t0
         if took > SLOW_PASS_SECONDS:
@@ -281,7 +333,13 @@ class Controller:
                 result.deleted,
                 result.conditions_changed,
             )
-        return result
+
+    def _failed(self, key: Key, exc: Exception, now: float) -> None:
+        telemetry.RECONCILES.labels(key[0], key[1], "error").inc()
+        telemetry.RECONCILE_ERRORS.labels(key[0], key[1], type(exc).__name__).inc()
+        delay = self.queue.add_rate_limited(key)
+        log.error("reconcile of %s/%s failed; retrying in %.1f s", *key, delay, exc_info=exc)
+        self._surface(key, exc, now)
 
     def _surface(self, key: Key, exc: Exception, now: float) -> None:
         """An unexpected failure is shown on the object too (one Event per distinct message)."""

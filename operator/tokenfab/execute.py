@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 from tokenfab.adapters import telemetry
@@ -79,6 +80,20 @@ def wait_all(futures: list[tuple[Future[Any], Any]], result: Result) -> list[Any
     return failed
 
 
+@dataclass
+class Submitted:
+    """The writes a pass handed to the writer, still in flight."""
+
+    shared: list[tuple[Future[Any], Any]]
+    deletes: list[tuple[Future[Any], Any]]
+    creates: list[tuple[Future[Any], Any]]
+    pending: list[tuple[RolePlan, Create, str, list[Obj]]]
+    gang: b.GangMode
+
+    def futures(self) -> list[Future[Any]]:
+        return [f for f, _ in (*self.shared, *self.deletes, *self.creates)]
+
+
 def act(
     ctx: Context,
     key: Key,
@@ -89,14 +104,36 @@ def act(
     result: Result,
     now: float,
 ) -> None:
-    """The pass's writes in two round trips: every apply and delete at once (shared children that differ,
-    groups to delete, every pod of every new group with its PodGroup), then the scheduling gates of the
-    groups that now exist whole, lifted together. A group that could not be created whole is removed
-    again and its room given back."""
+    """The pass's writes, submitted and then seen through (see `submit` and `complete`)."""
+    complete(ctx, key, body, spec, plans, result, now, submit(ctx, key, owner, spec, plans, now))
+
+
+def submit(
+    ctx: Context, key: Key, owner: b.Owner, spec: ModelDeploymentSpec, plans: list[RolePlan], now: float
+) -> Submitted:
+    """Every apply and delete of the pass at once (shared children that differ, groups to delete, every
+    pod of every new group with its PodGroup), handed to the writer's threads; nothing waits here."""
     shared = _submit_shared(ctx, key, owner, spec, plans, now)
     deletes = _submit_deletes(ctx, key, spec, plans)
     gang = gang_mode(ctx, spec) if any(p.create for p in plans) else "gates"
     creates, pending = _submit_creates(ctx, owner, spec, plans, gang)
+    return Submitted(shared, deletes, creates, pending, gang)
+
+
+def complete(
+    ctx: Context,
+    key: Key,
+    body: Obj,
+    spec: ModelDeploymentSpec,
+    plans: list[RolePlan],
+    result: Result,
+    now: float,
+    sub: Submitted,
+) -> None:
+    """Once the API server has answered every submitted write: what each answer means (room given back
+    for a group that could not be created whole, which is removed again; Events), then the second round
+    trip: the scheduling gates of the groups that now exist whole, lifted together, and routing."""
+    shared, deletes, creates, pending, gang = sub.shared, sub.deletes, sub.creates, sub.pending, sub.gang
     failed_shared = set(wait_all(shared, result))
     failed_deletes = {d.name for _, d in wait_all(deletes, result)}
     failed_groups = set(wait_all(creates, result))

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from tokenfab import execute as ex
 from tokenfab.adapters import metrics, telemetry
+from tokenfab.adapters.kube import Obj
 from tokenfab.api.errors import SpecError, parse_model_deployment
 from tokenfab.api.models import (
     Autoscaling,
@@ -366,7 +367,19 @@ def plan_all(
 
 
 def reconcile(ctx: Context, key: Key, now: float) -> Result | None:
-    """One pass. Returns None when the ModelDeployment is gone."""
+    """One pass, its writes seen through before it returns. Returns None when the ModelDeployment is
+    gone."""
+    result = begin(ctx, key, now)
+    if result is not None:
+        result.complete()
+    return result
+
+
+def begin(ctx: Context, key: Key, now: float) -> Result | None:
+    """One pass up to its writes: observe, plan, and hand the writes to the writer. The Result's
+    `pending` are the writes in flight and `complete()` the rest of the pass (what their answers mean,
+    then the status), to run once they are answered; a pass with nothing in flight may complete at once.
+    Returns None when the ModelDeployment is gone."""
     namespace, name = key
     body = ctx.view.model_deployment(key)
     if body is None or body["metadata"].get("deletionTimestamp"):
@@ -376,7 +389,7 @@ def reconcile(ctx: Context, key: Key, now: float) -> Result | None:
         if body is not None:
             ex.remove_legacy(ctx, body)
         return None
-    mem = ctx.mem(key)
+    ctx.mem(key)  # (this deployment's memory exists from its first pass on)
     ex.remove_legacy(ctx, body)
     try:
         md = parse_model_deployment(body)
@@ -450,10 +463,46 @@ def reconcile(ctx: Context, key: Key, now: float) -> Result | None:
         )
 
     clock.lap("plan")
-    # Act.
+    # Act: the writes go to the writer's threads; what their answers mean, and the status, follow once
+    # the API server has answered them all (`finish`, run by whoever waits for them).
     result = Result(plans=plans)
-    ex.act(ctx, key, body, owner, spec, plans, result, now)
+    sub = ex.submit(ctx, key, owner, spec, plans, now)
     clock.lap("act")
+    result.pending = sub.futures()
+    final_spec = spec
+
+    def finish() -> None:
+        _finish(
+            ctx, key, body, md, final_spec, owner, planning, outcome, plans, groups, health, result, sub,
+            clock, now,
+        )  # fmt: skip
+
+    result.finish = finish
+    return result
+
+
+def _finish(
+    ctx: Context,
+    key: Key,
+    body: Obj,
+    md: ModelDeployment,
+    spec: ModelDeploymentSpec,
+    owner: b.Owner,
+    planning: Planning,
+    outcome: Outcome | None,
+    plans: list[RolePlan],
+    groups: dict[RoleName, list[GroupView]],
+    health: Mapping[str, NodeHealth],
+    result: Result,
+    sub: ex.Submitted,
+    clock: Stopwatch,
+    now: float,
+) -> None:
+    """The rest of a pass once its writes are answered: act on the answers, then the status."""
+    namespace, name = key
+    mem = ctx.mem(key)
+    ex.complete(ctx, key, body, spec, plans, result, now, sub)
+    clock.lap("writes")
 
     # Status.
     frontend = ctx.view.child("Deployment", namespace, b.frontend_name(owner))
@@ -513,7 +562,6 @@ def reconcile(ctx: Context, key: Key, now: float) -> Result | None:
     if any(p.backoff > 0 for p in plans):
         wait = min(p.backoff for p in plans if p.backoff > 0) + 0.1
         result.requeue_after = min(result.requeue_after or wait, wait)
-    return result
 
 
 def _requeue_after(

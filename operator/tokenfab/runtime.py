@@ -7,6 +7,8 @@ never decides anything on its own, and losing it (a restart) costs at most one r
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +70,15 @@ class Result:
     waiting_for_capacity: bool = False
     waited: bool = False  # the pass only waited for the watch to show its last writes
     timings: dict[str, float] = field(default_factory=dict)  # seconds per phase of the pass
+    # Writes handed to the writer and not yet answered, and the rest of the pass to run once they are.
+    pending: list[Future[Any]] = field(default_factory=list)
+    finish: Callable[[], None] | None = None
+
+    def complete(self) -> None:
+        """Run the rest of the pass (once): its writes' answers wait here if they are still out."""
+        finish, self.finish = self.finish, None
+        if finish is not None:
+            finish()
 
     @property
     def wrote(self) -> bool:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -216,6 +216,13 @@ def child_facts(kind: str, obj: Obj) -> ChildFacts:
     )
 
 
+def _status_only(before: Obj, after: Obj) -> bool:
+    """Whether two versions of a ModelDeployment differ in their status only."""
+    keys = ("generation", "labels", "annotations", "deletionTimestamp", "finalizers", "uid")
+    b, a = before.get("metadata") or {}, after.get("metadata") or {}
+    return before.get("spec") == after.get("spec") and all(b.get(k) == a.get(k) for k in keys)
+
+
 @dataclass
 class Change:
     keys: set[Key] = field(default_factory=set)
@@ -292,6 +299,8 @@ class ClusterView:
             self._use(facts.usage_node, facts.requests, +1)
             self._index(facts)
             freed = before is not None and before.usage_node is not None and facts.usage_node is None
+            if before is not None and replace(before, resource_version=facts.resource_version) == facts:
+                wake = set()  # nothing a pass reads has changed (e.g. a kubelet's status detail)
             return Change(wake, freed)
 
     def _index(self, p: PodFacts) -> None:
@@ -371,9 +380,12 @@ class ClusterView:
         key = (kind, facts.namespace, facts.name)
         with self._lock:
             if type_ == "DELETED":
-                self._children.pop(key, None)
+                before = self._children.pop(key, None)
             else:
+                before = self._children.get(key)
                 self._children[key] = facts
+                if before is not None and replace(before, resource_version=facts.resource_version) == facts:
+                    return Change()  # nothing a pass reads has changed (e.g. a PDB's status)
         return Change({(facts.namespace, facts.deployment)} if facts.deployment else set())
 
     def child(self, kind: str, namespace: str, name: str) -> ChildFacts | None:
@@ -395,8 +407,11 @@ class ClusterView:
         with self._lock:
             if type_ == "DELETED":
                 self._mds.pop(key, None)
-            else:
-                self._mds[key] = body
+                return Change({key})
+            before = self._mds.get(key)
+            self._mds[key] = body
+        if before is not None and _status_only(before, body):
+            return Change()  # the operator's own status write coming back (a pass decides from it anyway)
         return Change({key})
 
     def model_deployment(self, key: Key) -> Obj | None:

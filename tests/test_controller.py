@@ -1,0 +1,104 @@
+"""The fleet controller: what it watches (every stream filtered at the API server, each pod event once),
+and how a pass hands its writes on without a worker waiting for them."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any
+
+from tokenfab.controller import Controller, Options
+from tokenfab.fleet.workqueue import WorkQueue
+from tokenfab.planning import contract as c
+from tokenfab.runtime import Result
+
+
+def sources(namespaces: list[str]) -> dict[str, Any]:
+    ctl = Controller(kube=None, options=Options(namespaces=namespaces))  # type: ignore[arg-type]
+    return {inf.source.name: inf.source for inf in ctl.informers}
+
+
+def test_serving_every_namespace_tokenfab_pods_come_by_one_watch_only():
+    s = sources([])
+    managed = f"{c.MANAGED_BY}={c.MANAGED_BY_VALUE}"
+    assert s["Pod"].label_selector == managed
+    assert s["ForeignPod"].label_selector == f"{c.MANAGED_BY}!={c.MANAGED_BY_VALUE}"
+    assert "spec.nodeName!=" in s["ForeignPod"].field_selector
+    for name in ("ConfigMap", "Service", "Deployment", "PodDisruptionBudget"):
+        assert s[name].label_selector == managed
+
+
+def test_serving_some_namespaces_tokenfab_pods_elsewhere_count_as_anyones():
+    s = sources(["ml", "serving"])
+    assert s["ForeignPod"].label_selector == ""  # those of other namespaces hold GPUs too
+    assert {n for n in s if n.startswith("Pod@")} == {"Pod@ml", "Pod@serving"}
+
+
+# ------------------------------------------------------------------ a pass hands its writes on
+
+
+class Pass:
+    """A stand-in for reconcile.begin: a pass whose writes are the futures the test completes."""
+
+    def __init__(self, writes: int, fail: bool = False) -> None:
+        self.writes = [Future[Any]() for _ in range(writes)]
+        self.completed = threading.Event()
+        self.fail = fail
+
+    def __call__(self, ctx: Any, key: Any, now: float) -> Result:
+        def finish() -> None:
+            assert all(f.done() for f in self.writes)  # only once the API server answered them all
+            if self.fail:
+                raise RuntimeError("boom")
+            self.completed.set()
+
+        return Result(pending=list(self.writes), finish=finish)
+
+
+def controller() -> Controller:
+    ctl = Controller(kube=None)  # type: ignore[arg-type]
+    ctl.queue = WorkQueue(base_delay=30.0)  # a failure's retry stays out of the way of the test
+    return ctl
+
+
+def test_a_worker_does_not_wait_for_the_writes_of_its_pass(monkeypatch):
+    ctl, key = controller(), ("ml", "m")
+    p = Pass(writes=2)
+    monkeypatch.setattr("tokenfab.controller.begin", p)
+    ctl.queue.add(key)
+    assert ctl.queue.get(timeout=0) == key
+    assert ctl.process(key) is True  # handed on: the worker is free
+    assert not p.completed.is_set()
+    assert f"writes:{key[0]}/{key[1]}" in ctl.busy
+    ctl.queue.add(key)  # an event meanwhile: no second pass of the same deployment yet
+    assert ctl.queue.get(timeout=0.05) is None
+    p.writes[0].set_result(None)
+    assert not p.completed.wait(0.1)
+    p.writes[1].set_result(None)
+    assert p.completed.wait(5)
+    assert ctl.queue.get(timeout=5) == key  # done, and queued again for the event
+    assert not ctl.busy
+
+
+def test_a_pass_without_writes_in_flight_completes_in_the_worker(monkeypatch):
+    ctl, key = controller(), ("ml", "m")
+    p = Pass(writes=0)
+    monkeypatch.setattr("tokenfab.controller.begin", p)
+    assert ctl.process(key) is False
+    assert p.completed.is_set()
+
+
+def test_a_pass_failing_after_its_writes_is_retried_with_backoff(monkeypatch):
+    ctl, key = controller(), ("ml", "m")
+    p = Pass(writes=1, fail=True)
+    monkeypatch.setattr("tokenfab.controller.begin", p)
+    ctl.queue.add(key)
+    ctl.queue.get(timeout=0)
+    assert ctl.process(key) is True
+    p.writes[0].set_exception(RuntimeError("refused"))
+    deadline = time.monotonic() + 5
+    while ctl.queue.failures(key) == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ctl.queue.failures(key) == 1  # retried later, not lost
+    ctl.stop()
