@@ -7,27 +7,34 @@
    domain affinity, placed by the real scheduler): how many groups end up split across NVLink domains.
 
 Figures are printed and saved to e2e/bench/results/operator.json; nothing passes or fails on a time.
+`python -m e2e.bench.operator_bench --compare-ref <commit>` measures (1) with this checkout's operator
+and with an earlier commit's, alternated on one factory (saved to results/operator_compare.json).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
+import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from e2e.helpers import apply_yaml, condition, get_json, kubectl, wait_for
+from e2e.bench.scale_bench import baseline_checkout
+from e2e.helpers import apply_yaml, condition, get_json, kubectl, start_operator, wait_for
 from tests.cases import EXAMPLES
 from tokenfab.fleet.view import node_facts
 from tokenfab.planning.capacity import Constraints, snapshot
 from tokenfab.planning.topology import GroupShape, first_fit, place_sequence
-from tokenfab_factory.factory import Factory
+from tokenfab_factory.factory import Factory, FactoryConfig
 from tokenfab_factory.racks import CLIQUE_LABEL, GPU_RESOURCE
 
 RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = RESULTS.parents[2]
 NS = "bench"
 
 
@@ -206,3 +213,74 @@ def run(f: Factory) -> dict[str, Any]:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "operator.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def compare(f: Factory, ref: str, rounds: int = 3, port: int = 31590) -> dict[str, Any]:
+    """Apply -> Ready with this checkout's operator and with the operator of `ref` (a git worktree),
+    alternated on one factory, `rounds` times each, each round 3 trials against the floor."""
+    kubectl(f, "apply", "--server-side", "-f", str(ROOT / "crds"))
+    kubectl(f, "wait", "--for=condition=Established", "crd/modeldeployments.tokenfab.dev", "--timeout=60s")
+    builds = {"this_checkout": ROOT / "operator", ref: baseline_checkout(ref) / "operator"}
+    out: dict[str, list[dict[str, Any]]] = {name: [] for name in builds}
+    for _ in range(rounds):
+        for name, path in builds.items():
+            start_operator(f, port, extra_env={"PYTHONPATH": str(path)})
+            wait_for("operator healthy", lambda: _healthy(port), timeout=60)
+            r = apply_to_ready(f)
+            print(f"  {name:14} tokenfab {r['tokenfab_seconds']} floor {r['plain_deployment_seconds']}")
+            out[name].append(r)
+            f.stop_extra("operator")
+    summary = {}
+    for name, rs in out.items():
+        ours = sorted(x for r in rs for x in r["tokenfab_seconds"])
+        floor = sorted(x for r in rs for x in r["plain_deployment_seconds"])
+        med = ours[len(ours) // 2], floor[len(floor) // 2]
+        summary[name] = {
+            "tokenfab_seconds": ours,
+            "plain_deployment_seconds": floor,
+            "median_tokenfab": med[0],
+            "median_plain": med[1],
+            "overhead_vs_floor": round(med[0] / med[1], 2),
+        }
+    return {"benchmark": "operator_compare", "ref": ref, "rounds": rounds, "trials_per_round": 3, **summary}
+
+
+def _healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description="Apply -> Ready of the DeepSeek-R1 example: this checkout's operator against an "
+        "earlier commit's, alternated on one 4-rack factory, each against the plain-Deployment floor."
+    )
+    ap.add_argument("--compare-ref", required=True, help="the earlier commit whose operator to compare with")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--port-base", type=int, default=31500)
+    ap.add_argument("--out", type=Path, default=RESULTS / "operator_compare.json")
+    args = ap.parse_args(argv)
+    run_dir = Path(tempfile.mkdtemp(prefix="tokenfab-operator-bench-"))
+    f = Factory(FactoryConfig(run_dir=run_dir, racks=4, port_base=args.port_base), say=print)
+    f.up()
+    try:
+        result = compare(f, args.compare_ref, args.rounds, port=args.port_base + 90)
+    finally:
+        f.down()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    for name in (k for k in result if isinstance(result[k], dict)):
+        r = result[name]
+        print(
+            f"{name:14} median {r['median_tokenfab']} s vs floor {r['median_plain']} s: "
+            f"{r['overhead_vs_floor']}x"
+        )
+    print(f"saved {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
