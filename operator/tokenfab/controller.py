@@ -3,8 +3,9 @@ deployments they concern, and a few worker threads reconcile one deployment at a
 
     informers (nodes, tokenfab's pods, others' bound pods, children) --> ClusterView --> WorkQueue
     kopf (ModelDeployment events) -----------------------------------------^               |
-                                                         workers: reconcile(key) <-----------+
-                                                                  asks the Ledger for capacity
+                                                         workers: begin(key) <---------------+
+                                   asks the Ledger for capacity, hands its writes to the writer
+                                   finishers: the rest of the pass once the writes are answered
 
 Workers wait until every informer has listed once (a pass never plans from an empty view) and run only
 while this replica leads (see tokenfab.leader). A failed pass is retried with per-deployment exponential

@@ -94,20 +94,6 @@ class Submitted:
         return [f for f, _ in (*self.shared, *self.deletes, *self.creates)]
 
 
-def act(
-    ctx: Context,
-    key: Key,
-    body: Obj,
-    owner: b.Owner,
-    spec: ModelDeploymentSpec,
-    plans: list[RolePlan],
-    result: Result,
-    now: float,
-) -> None:
-    """The pass's writes, submitted and then seen through (see `submit` and `complete`)."""
-    complete(ctx, key, body, spec, plans, result, now, submit(ctx, key, owner, spec, plans, now))
-
-
 def submit(
     ctx: Context, key: Key, owner: b.Owner, spec: ModelDeploymentSpec, plans: list[RolePlan], now: float
 ) -> Submitted:
