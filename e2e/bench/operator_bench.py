@@ -18,13 +18,12 @@ import json
 import random
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from e2e.bench.scale_bench import baseline_checkout
+from e2e.bench.scale_bench import baseline_checkout, healthy
 from e2e.helpers import apply_yaml, condition, get_json, kubectl, start_operator, wait_for
 from tests.cases import EXAMPLES
 from tokenfab.fleet.view import node_facts
@@ -93,10 +92,13 @@ def apply_to_ready(f: Factory, trials: int = 3) -> dict[str, Any]:
         plain_s.append(round(time.monotonic() - t0, 2))
         kubectl(f, "delete", "deployment", "bench-plain", "-n", NS, "--wait=true")
         _wait_gone(f, "app=bench-plain")
+    return {"pods": 20, "gpus": 80, **against_floor(tokenfab_s, plain_s)}
+
+
+def against_floor(tokenfab_s: list[float], plain_s: list[float]) -> dict[str, Any]:
+    """Trials of tokenfab and of the floor, their medians and the ratio."""
     med = sorted(tokenfab_s)[len(tokenfab_s) // 2], sorted(plain_s)[len(plain_s) // 2]
     return {
-        "pods": 20,
-        "gpus": 80,
         "tokenfab_seconds": tokenfab_s,
         "plain_deployment_seconds": plain_s,
         "median_tokenfab": med[0],
@@ -225,32 +227,19 @@ def compare(f: Factory, ref: str, rounds: int = 3, port: int = 31590) -> dict[st
     for _ in range(rounds):
         for name, path in builds.items():
             start_operator(f, port, extra_env={"PYTHONPATH": str(path)})
-            wait_for("operator healthy", lambda: _healthy(port), timeout=60)
+            wait_for("operator healthy", lambda: healthy(port), timeout=60)
             r = apply_to_ready(f)
             print(f"  {name:14} tokenfab {r['tokenfab_seconds']} floor {r['plain_deployment_seconds']}")
             out[name].append(r)
             f.stop_extra("operator")
-    summary = {}
-    for name, rs in out.items():
-        ours = sorted(x for r in rs for x in r["tokenfab_seconds"])
-        floor = sorted(x for r in rs for x in r["plain_deployment_seconds"])
-        med = ours[len(ours) // 2], floor[len(floor) // 2]
-        summary[name] = {
-            "tokenfab_seconds": ours,
-            "plain_deployment_seconds": floor,
-            "median_tokenfab": med[0],
-            "median_plain": med[1],
-            "overhead_vs_floor": round(med[0] / med[1], 2),
-        }
+    summary = {
+        name: against_floor(
+            [x for r in rs for x in r["tokenfab_seconds"]],
+            [x for r in rs for x in r["plain_deployment_seconds"]],
+        )
+        for name, rs in out.items()
+    }
     return {"benchmark": "operator_compare", "ref": ref, "rounds": rounds, "trials_per_round": 3, **summary}
-
-
-def _healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
-            return bool(r.status == 200)
-    except OSError:
-        return False
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -238,7 +238,7 @@ def run_operator(
     assert state is not None
     components = ("kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler", "kwok")
     sampler = Sampler({"operator": pid, **{c: state.pids[c] for c in components}})
-    wait(f"{name} healthy", lambda: _healthy(port), timeout=120, interval=1)
+    wait(f"{name} healthy", lambda: healthy(port), timeout=120, interval=1)
     time.sleep(3)
     text = yaml.safe_dump_all(docs)
     requests0 = apiserver_requests(f)
@@ -349,7 +349,7 @@ def _round(v: float | None) -> float | None:
     return None if v is None else round(v, 4)
 
 
-def _healthy(port: int) -> bool:
+def healthy(port: int) -> bool:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
             return bool(r.status == 200)

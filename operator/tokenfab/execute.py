@@ -97,16 +97,23 @@ class Submitted:
 def submit(
     ctx: Context, key: Key, owner: b.Owner, spec: ModelDeploymentSpec, plans: list[RolePlan], now: float
 ) -> Submitted:
-    """Every apply and delete of the pass at once (shared children that differ, groups to delete, every
-    pod of every new group with its PodGroup), handed to the writer's threads; nothing waits here."""
+    """Every apply and delete of the pass at once (the shared children that differ: the workers'
+    headless Service, the frontend Deployment and Service, the engine ConfigMaps of the current revisions,
+    a PodDisruptionBudget per role; groups to delete; every pod of every new group with its PodGroup),
+    handed to the writer's threads; nothing waits here."""
     # In the order of the longest chains to Ready: the frontend Deployment (its controller, ReplicaSet
     # and pod follow) with the Services (before the pods they select: the endpoints controller, seeing
     # pods and a new Service at once, may race itself), the new groups' pods (scheduler, kubelet), then
     # the rest.
-    frontend = _submit_shared(ctx, key, owner, spec, plans, now, frontend=True)
+    first = [b.frontend_deployment(owner, spec), b.workers_service(owner), b.frontend_service(owner)]
+    shared = _apply_changed(ctx, key, owner, first, now)
     gang = gang_mode(ctx, spec) if any(p.create for p in plans) else "gates"
     creates, pending = _submit_creates(ctx, owner, spec, plans, gang)
-    shared = frontend + _submit_shared(ctx, key, owner, spec, plans, now, frontend=False)
+    rest = [b.engine_configmap(owner, spec, role) for role, _ in spec.roles()]
+    rest += [
+        b.pod_disruption_budget(owner, p.role, p.desired * p.shape.nodes) for p in plans if spec.role(p.role)
+    ]
+    shared += _apply_changed(ctx, key, owner, rest, now) + _delete_stale(ctx, key, owner, spec)
     deletes = _submit_deletes(ctx, key, spec, plans)
     return Submitted(shared, deletes, creates, pending, gang)
 
@@ -294,30 +301,13 @@ def ctx_drain_seconds(body: Obj) -> int:
     return int(((body.get("spec") or {}).get("serving") or {}).get("drainSeconds", 600))
 
 
-def _submit_shared(
-    ctx: Context,
-    key: Key,
-    owner: b.Owner,
-    spec: ModelDeploymentSpec,
-    plans: list[RolePlan],
-    now: float,
-    frontend: bool,
+def _apply_changed(
+    ctx: Context, key: Key, owner: b.Owner, wanted: list[Obj], now: float
 ) -> list[tuple[Future[Any], Any]]:
-    """With `frontend`, the frontend Deployment and Service and the workers' headless Service; else the
-    engine ConfigMaps of the current revisions and a PodDisruptionBudget per role: applied only when their
-    manifest differs from what the cluster (or this process's last write) holds. Engine ConfigMaps of
-    revisions no group uses any more, and the budgets of roles that are gone, are deleted."""
+    """Apply each shared child only when its manifest differs from what the cluster (or this process's
+    last write) holds."""
     mem = ctx.mem(key)
     futures: list[tuple[Future[Any], Any]] = []
-    if frontend:
-        wanted = [b.frontend_deployment(owner, spec), b.workers_service(owner), b.frontend_service(owner)]
-    else:
-        wanted = [b.engine_configmap(owner, spec, role) for role, _ in spec.roles()]
-        wanted += [
-            b.pod_disruption_budget(owner, p.role, p.desired * p.shape.nodes)
-            for p in plans
-            if spec.role(p.role)
-        ]
     for manifest in wanted:
         m = b.with_applied_hash(manifest)
         h = m["metadata"]["annotations"][c.ANN_APPLIED_HASH]
@@ -329,8 +319,14 @@ def _submit_shared(
         if last is not None and last[0] == h and now - last[1] < ctx.settings.applied_grace:
             continue  # written moments ago; the watch has not shown it yet
         futures.append((ctx.kube.pool.submit(ctx.kube.apply, m), (ident, h)))
-    if frontend:
-        return futures
+    return futures
+
+
+def _delete_stale(
+    ctx: Context, key: Key, owner: b.Owner, spec: ModelDeploymentSpec
+) -> list[tuple[Future[Any], Any]]:
+    """Engine ConfigMaps of revisions no group uses any more, and the budgets of roles that are gone."""
+    futures: list[tuple[Future[Any], Any]] = []
     in_use = {(p.labels.get(c.LABEL_ROLE), p.labels.get(c.LABEL_REVISION)) for p in ctx.view.pods(key)}
     current = {(role, b.role_revision(spec, role)) for role, _ in spec.roles()}
     legacy_done = {role for role, rev in current if all(r == rev for ro, r in in_use if ro == role)}

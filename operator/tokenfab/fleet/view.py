@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -69,7 +69,7 @@ def _requests(spec: Obj) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class PodFacts:
-    """One pod, reduced to what the operator reads."""
+    """One pod, reduced to what the operator reads (equal facts: nothing a pass reads has changed)."""
 
     namespace: str
     name: str
@@ -86,7 +86,6 @@ class PodFacts:
     requests: Mapping[str, int] = field(hash=False)
     created: float | None
     exit_message: str
-    resource_version: str
     containers_ready: bool = False
     routable: bool | None = None  # the tokenfab.dev/routable readiness gate's condition (None: not set)
 
@@ -154,7 +153,6 @@ def pod_facts(obj: Obj) -> PodFacts:
         requests=_requests(spec),
         created=parse_time(meta.get("creationTimestamp")),
         exit_message=_exit_message(status) if status.get("phase") in ("Failed", "Succeeded") else "",
-        resource_version=str(meta.get("resourceVersion") or ""),
         containers_ready=conds.get("ContainersReady", {}).get("status") == "True",
         routable=None if routable is None else routable.get("status") == "True",
     )
@@ -194,7 +192,6 @@ class ChildFacts:
     deployment: str | None
     applied_hash: str
     available_replicas: int
-    resource_version: str
     role: str = ""
     revision: str = ""
 
@@ -210,7 +207,6 @@ def child_facts(kind: str, obj: Obj) -> ChildFacts:
         deployment=labels.get(c.LABEL_DEPLOYMENT),
         applied_hash=(meta.get("annotations") or {}).get(c.ANN_APPLIED_HASH, ""),
         available_replicas=int(status.get("availableReplicas") or 0),
-        resource_version=str(meta.get("resourceVersion") or ""),
         role=labels.get(c.LABEL_ROLE, ""),
         revision=labels.get(c.LABEL_REVISION, ""),
     )
@@ -299,7 +295,7 @@ class ClusterView:
             self._use(facts.usage_node, facts.requests, +1)
             self._index(facts)
             freed = before is not None and before.usage_node is not None and facts.usage_node is None
-            if before is not None and replace(before, resource_version=facts.resource_version) == facts:
+            if before == facts:
                 wake = set()  # nothing a pass reads has changed (e.g. a kubelet's status detail)
             return Change(wake, freed)
 
@@ -384,7 +380,7 @@ class ClusterView:
             else:
                 before = self._children.get(key)
                 self._children[key] = facts
-                if before is not None and replace(before, resource_version=facts.resource_version) == facts:
+                if before == facts:
                     return Change()  # nothing a pass reads has changed (e.g. a PDB's status)
         return Change({(facts.namespace, facts.deployment)} if facts.deployment else set())
 
