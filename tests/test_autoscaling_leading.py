@@ -100,6 +100,73 @@ def test_demand_leads_before_the_cache_fills():
     assert "demand 1.80/s" in d.message
 
 
+def test_requests_in_flight_size_a_burst_before_the_rate_window_fills():
+    """A step from 0.3 to 2 requests/s, 6 s in: the 10 s arrival rate reads 1.0/s (one group's worth at
+    the learned 1/s), the cache of the one group is at 0.3, but 12 requests are in flight already (about
+    1.3 before), and one group holds 4 at the target: three groups, at once (the step cap allows two)."""
+    cfg = leading()
+    samples, counted = kv_samples(1, 0.3)
+    quiet = ((85.0, 1.0), (90.0, 2.0), (95.0, 1.0))
+    mem = Memory(capacity=1.0, rates=((95.0, 0.3),), inflight=quiet, streams=4.0)
+    d = decide(samples, counted, 0, 1, cfg, mem, 100.0, Demand(rate=1.0, inflight=12.0))
+    assert d.desired == 3, d.message
+    assert "12 in flight at 4.0 per group needs 3" in d.message
+    assert d.memory.inflight[-1] == (100.0, 12.0)
+    without = decide(samples, counted, 0, 1, cfg, mem, 100.0, Demand(rate=1.0))
+    assert without.desired == 1, "the rate and the cache alone see one group's worth"
+    assert d.memory.streams == 4.0, "nothing learned in a step (the cache has not caught up yet)"
+
+
+def test_a_chance_cluster_in_flight_moves_nothing_and_the_level_keeps_groups():
+    """A light load (about 2 in flight) shows 6 once: a Poisson count of 2 reaches 6 in 1.7% of samples,
+    no step; 14 is one (2e-8). Scaling down, the mean count over the window keeps groups, not a high."""
+    cfg = leading()
+    samples, counted = kv_samples(1, 0.25)
+    quiet = ((85.0, 2.0), (90.0, 1.0), (95.0, 3.0))
+    mem = Memory(inflight=quiet, streams=4.0)
+    d = decide(samples, counted, 0, 1, cfg, mem, 100.0, Demand(inflight=6.0))
+    assert d.desired == 1, d.message
+    assert d.memory.streams == 4.0, "nothing learned while the count moves (the cache lags)"
+    d = decide(samples, counted, 0, 1, cfg, mem, 100.0, Demand(inflight=14.0))
+    assert d.desired == 3, d.message
+    assert "14 in flight at 4.0 per group needs 4" in d.message
+    samples3, counted3 = kv_samples(3, 0.2)
+    busy = ((85.0, 12.0), (90.0, 10.0), (95.0, 11.0))
+    mem = Memory(inflight=busy, streams=4.0, recommendations=((0.0, 3),))
+    down = replace(cfg, down_window=0.0)
+    d = decide(samples3, counted3, 0, 3, down, mem, 100.0, Demand(inflight=3.0))
+    assert d.desired == 3, d.message
+    assert "9 in flight keeps 3" in d.message
+    mem = Memory(inflight=((85.0, 2.0), (90.0, 30.0), (95.0, 1.0)), streams=4.0, recommendations=((0.0, 3),))
+    mem = replace(mem, inflight=((85.0, 2.0), (90.0, 1.0), (95.0, 4.0)))  # 2.5 in flight: 1 group's worth
+    d = decide(samples3, counted3, 0, 3, down, mem, 100.0, Demand(inflight=3.0))
+    assert d.desired == 2, d.message
+
+
+def test_what_a_group_holds_is_learned_from_a_light_load_but_not_while_warming_or_queued():
+    assert forecast.learn_streams(None, 1.0, 1, 0.15, 0.6) == pytest.approx(4.0)
+    assert forecast.learn_streams(4.0, 2.0, 1, 0.95, 0.6) == 4.0, "a saturated cache"
+    assert forecast.learn_streams(4.0, 1.0, 1, 0.01, 0.6) == 4.0, "too little to say"
+    assert forecast.learn_streams(4.0, 0.0, 1, 0.3, 0.6) == 4.0
+    assert forecast.learn_streams(4.0, 1.0, 0, 0.3, 0.6) == 4.0
+    quiet = [(0.0, 1.0), (5.0, 2.0), (10.0, 1.0)]
+    assert forecast.stepped(quiet, 12.0, 4.0)
+    assert not forecast.stepped(quiet, 8.0, 4.0), "a count of 1.3 reaches 8 once in 13,000 samples"
+    assert not forecast.stepped(quiet, 5.0, 4.0), "less than a group's worth more than the level"
+    assert not forecast.stepped(quiet, 6.0, 6.0)
+    assert not forecast.stepped([(0.0, 20.0), (5.0, 14.0)], 30.0, 4.0), "within 4 sigmas of 17"
+    assert forecast.stepped([(0.0, 20.0), (5.0, 14.0)], 45.0, 4.0)
+    assert not forecast.stepped([], 40.0, 4.0)
+    cfg = leading()
+    samples, counted = kv_samples(1, 0.15)
+    d = decide(samples, counted, 0, 1, cfg, Memory(), 100.0, Demand(inflight=1.0))
+    assert d.memory.streams == pytest.approx(cfg.target / 0.15)
+    d = decide(samples, counted, 1, 2, cfg, Memory(), 100.0, Demand(inflight=1.0))
+    assert d.memory.streams is None, "a group warming up: the load is spread over more than the counted"
+    d = decide(samples, counted, 0, 1, cfg, Memory(), 100.0, Demand(inflight=1.0, waiting={"g0": 3.0}))
+    assert d.memory.streams is None, "requests queue: in flight overstates what the groups hold"
+
+
 def test_forming_queues_add_a_group():
     cfg = leading()
     samples, counted = kv_samples(2, 0.65)  # within tolerance of the target
@@ -119,6 +186,13 @@ def test_a_long_queue_adds_up_to_the_step_and_waits_only_for_groups_not_ready_ye
     assert d.desired == 2, "a group on its way (not Ready yet): the queue waits for it"
     d = decide(samples, counted, 0, 1, cfg, Memory(), 100.0, Demand(waiting={"g0": 3.0}))
     assert d.desired == 2, d.message
+    # Just after a burst was sized (3 groups, two of them Ready but warming): the first group's backlog
+    # is part of the 12 in flight the three hold (4 each), so it adds nothing; 20 in flight would.
+    held = Memory(streams=4.0, inflight=((95.0, 12.0),))
+    d = decide(samples, counted, 2, 3, cfg, held, 100.0, Demand(waiting=queue, inflight=12.0))
+    assert d.desired == 3, d.message
+    d = decide(samples, counted, 2, 3, cfg, held, 100.0, Demand(waiting=queue, inflight=20.0))
+    assert d.desired == 5, d.message
 
 
 def test_the_kv_policy_ignores_demand():
@@ -209,11 +283,15 @@ def simulate(
     startup_steps: int = 4,
     noise: float = 0.0,
     seed: int = 0,
+    in_flight: str = "scaled",
 ) -> tuple[list[int], list[int]]:
     """A fleet in the loop: groups serve `per_group` requests/s at the KV target; a new group counts
-    after `startup_steps` decisions; the KV of each counted group is the load it carries. Returns the
-    desired count and the serving count per step."""
+    after `startup_steps` decisions; the KV of each counted group is the load it carries; a request stays
+    in flight DURATION seconds: the requests in flight at the frontend are rate x DURATION with the same
+    relative noise as the rest ("scaled"), or a Poisson count of that mean ("poisson"; drawn from a
+    generator of their own), or not read (""). Returns the desired count and the serving count per step."""
     rnd = random.Random(seed)
+    flight = random.Random(seed + 1)
     created = [-1000] * start
     mem = Memory()
     desired_counts, serving = [], []
@@ -227,7 +305,11 @@ def simulate(
             for i in range(len(warm))
         }
         queued = max(0.0, rate - len(warm) * per_group / cfg.target) * 4  # waiting once the groups saturate
-        demand = Demand(rate=rate, waiting=dict.fromkeys(samples, queued))
+        inflight = {
+            "scaled": max(0.0, rate * DURATION * (1 + flight.gauss(0, noise))),
+            "poisson": poisson(flight, rate * DURATION),
+        }.get(in_flight)
+        demand = Demand(rate=rate, waiting=dict.fromkeys(samples, queued), inflight=inflight)
         d = decide(samples, set(samples), len(created) - len(warm), len(created), cfg, mem, now, demand)
         mem = d.memory
         if d.desired > len(created):
@@ -237,6 +319,21 @@ def simulate(
         desired_counts.append(d.desired)
         serving.append(len(warm))
     return desired_counts, serving
+
+
+DURATION = 4.0  # seconds a request stays in flight in `simulate`
+
+
+def poisson(rnd: random.Random, mean: float) -> float:
+    """A Poisson draw (Knuth's method; a normal approximation above 30)."""
+    if mean > 30:
+        return float(max(0, round(rnd.gauss(mean, math.sqrt(mean)))))
+    k, p, limit = 0, 1.0, math.exp(-mean)
+    while True:
+        p *= rnd.random()
+        if p <= limit:
+            return float(k)
+        k += 1
 
 
 def reversals(counts: list[int]) -> int:
@@ -251,12 +348,16 @@ def noisy_cases(n: int, noise: float, seed: int) -> list[tuple[float, int, int]]
     return [(rnd.uniform(0.2, 6.0), rnd.randrange(10_000), rnd.randint(1, 8)) for _ in range(n)]
 
 
-def flaps(cfg: Config, cases: list[tuple[float, int, int]], noise: float) -> tuple[int, int, list[Any]]:
+def flaps(
+    cfg: Config, cases: list[tuple[float, int, int]], noise: float, in_flight: str = "scaled"
+) -> tuple[int, int, list[Any]]:
     """How many cases reverse once, and more than once, after the first scale-down window (or more than
     once from the start), with the first few of them."""
     once, more, seen = 0, 0, []
     for level, seed, start in cases:
-        counts, _ = simulate(cfg, lambda _t, lv=level: lv, 200, start=start, noise=noise, seed=seed)
+        counts, _ = simulate(
+            cfg, lambda _t, lv=level: lv, 200, start=start, noise=noise, seed=seed, in_flight=in_flight
+        )
         r = max(reversals(counts[int(cfg.down_window / INTERVAL) :]), reversals([start, *counts]) - 1)
         once += r == 1
         more += r > 1
@@ -283,6 +384,16 @@ def test_property_a_stationary_noisy_load_does_not_flap(noise, n):
     once, more, seen = flaps(cfg, cases, noise)
     assert more == 0, seen
     assert once <= (0 if noise < 0.05 else 0.02 * len(cases)), (once, seen)
+
+
+def test_property_requests_in_flight_counted_as_they_come_rarely_read_as_a_step():
+    """The requests in flight are a count: Poisson, far noisier than the tolerance band at low levels (2
+    in flight often read 0 or 5). Only a step beyond what the recent level reaches by chance adds groups,
+    so over 150 loads of 1,000 s each (30,000 decisions) at most 2 reverse once, and none twice."""
+    cases = noisy_cases(150, 0.01, seed=3)
+    once, more, seen = flaps(leading(), cases, 0.01, in_flight="poisson")
+    assert more == 0, seen
+    assert once <= 2, (once, seen)
 
 
 def test_the_flapping_check_catches_a_policy_without_a_tolerance_band():
@@ -386,13 +497,23 @@ class Prom:
     """Answers the autoscaler's queries: KV per decode group, waiting per group, arrivals."""
 
     def __init__(
-        self, kv: dict[str, float] | None, rate: float | None = 0.5, fail_rate: bool = False
+        self,
+        kv: dict[str, float] | None,
+        rate: float | None = 0.5,
+        fail_rate: bool = False,
+        inflight: float | None = None,
+        fail_inflight: bool = False,
     ) -> None:
         self.kv, self.rate, self.fail_rate = kv, rate, fail_rate
+        self.inflight, self.fail_inflight = inflight, fail_inflight
         self.asked: list[str] = []
 
     def __call__(self, _url: str, query: str) -> Reading:
         self.asked.append(query)
+        if "dynamo_frontend_inflight_requests" in query:
+            if self.fail_inflight:
+                return Reading(None, "TimeoutError: read timed out", query)
+            return Reading({} if self.inflight is None else {"": Sample(self.inflight, 1.0)}, "", query)
         if "dynamo_frontend_requests_started_total" in query:
             if self.fail_rate:
                 return Reading(None, "TimeoutError: read timed out", query)
@@ -445,6 +566,36 @@ def test_a_failed_arrival_read_blocks_scale_down_and_is_shown():
     out = autoscale(md, groups, healthy(groups), lambda _r: domains(400), NOW, Prom(prom.kv, rate=None))
     assert out.desired["decode"] == 2
     assert conditions(out)["MetricsUnavailable"][0] == "False"
+
+
+def test_requests_in_flight_are_read_learned_and_kept_in_status():
+    md = with_status(deployment(), {"desired": {"decode": 2}})
+    groups = serving_decode(2)
+    prom = Prom({g.name: 0.2 for g in groups["decode"]}, rate=0.5, inflight=3.0)
+    out = autoscale(md, groups, healthy(groups), lambda _r: domains(400), NOW, prom)
+    assert any("dynamo_frontend_inflight_requests" in q for q in prom.asked)
+    assert out.status.concurrency["decode"] == pytest.approx(5.25)  # 1.5 per group at 0.2 -> 5.25 at 0.7
+    assert out.status.arrivals[-1] == [NOW, 0.5, 0.0, 3.0]  # (input tokens: not read here)
+    assert out.desired["decode"] == 1, "3 in flight are one group's worth (no scale-down window here)"
+    # the next evaluation reads it back: 30 in flight need 30 / (5.25 * 1.1) -> 6 groups (3 with the cap)
+    md = with_status(deployment(), out.status.model_dump(by_alias=True, exclude_none=True))
+    prom = Prom({g.name: 0.2 for g in groups["decode"]}, rate=0.5, inflight=30.0)
+    out = autoscale(md, groups, healthy(groups), lambda _r: domains(400), NOW + 5, prom)
+    assert out.desired["decode"] == 3, out.decisions[0][2].message
+    assert "30 in flight at 5.2 per group needs 6" in out.decisions[0][2].message
+
+
+def test_a_failed_in_flight_read_blocks_scale_down_and_is_shown():
+    md = with_status(
+        deployment(), {"desired": {"decode": 3}, "recommendations": {"decode": [[NOW - 100, 3]]}}
+    )
+    groups = serving_decode(3)
+    prom = Prom({g.name: 0.05 for g in groups["decode"]}, fail_inflight=True)
+    out = autoscale(md, groups, healthy(groups), lambda _r: domains(400), NOW, prom)
+    assert out.desired["decode"] == 3, out.decisions[0][2].message
+    assert out.decisions[0][2].reason == "MetricsIncomplete"
+    assert "the requests in flight could not be read" in out.decisions[0][2].message
+    assert "requests in flight at the frontend: TimeoutError" in conditions(out)["MetricsUnavailable"][2]
 
 
 def test_the_capacity_check_counts_the_prefill_groups_the_ratio_adds():

@@ -9,8 +9,9 @@ learned capacity per group and startup time) lives in status too, so a restart k
 
 Signals (all read before the placement ledger is taken, one bounded attempt per query):
 - per group: KV-cache utilization (decode, aggregated workers) or waiting requests (prefill, independent);
-- with the leading policy: the waiting requests per decode/worker group, and the requests/s arriving at
-  the frontend (and input tokens/s, for independent prefill and for the frontend's own size).
+- with the leading policy: the waiting requests per decode/worker group, the requests in flight at the
+  frontend, and the requests/s arriving there (and input tokens/s, for independent prefill and for the
+  frontend's own size).
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ def _shared_queries(md: ModelDeployment) -> dict[str, str]:
         for role, _, metric in scaled_roles(md):
             if metric == "kv_cache_utilization" and spec.role(role) is not None:
                 out[f"waiting:{role}"] = metrics.queue_query(namespace, name, role)
+                out["inflight"] = metrics.frontend_inflight_query(namespace, name)
     return out
 
 
@@ -226,6 +228,7 @@ def autoscale(
     blind: set[str] = set()  # leading signals whose read failed or came back bad
     rate: float | None = None
     tokens: float | None = None
+    inflight: float | None = None
     since = max(old.last_evaluation.values(), default=None)
     startup = learned_startup(groups, old.startup_seconds, since)
     status.startup_seconds = None if startup is None else round(startup, 1)
@@ -256,6 +259,10 @@ def autoscale(
             if why:
                 unavailable.append(f"input tokens at the frontend: {why}")
                 blind.add("tokens")
+            inflight, why = _one(shared.get("inflight"))
+            if why:
+                unavailable.append(f"requests in flight at the frontend: {why}")
+                blind.add("inflight")
         counted, warming, starting = set(), 0, 0
         for g in groups.get(role, []):
             state, _ = classify(g, health, now, tol)
@@ -282,6 +289,8 @@ def autoscale(
             last_scale_time=_parse(old.last_scale_time.get(role)),
             rates=tuple((float(t), float(v)) for t, v in history),
             capacity=old.capacity.get(role),
+            inflight=tuple((float(x[0]), float(x[3])) for x in old.arrivals if len(x) >= 4) if kv else (),
+            streams=old.concurrency.get(role),
         )
         waiting: dict[str, float] | None = None
         if kv and shared.get(f"waiting:{role}") is not None:
@@ -292,15 +301,18 @@ def autoscale(
             waiting=waiting,
             capacity=profile_capacity(md, role),
             starting=starting,
+            inflight=inflight if kv else None,
         )
         decision = decide(reading.samples, counted, warming, current, cfg, memory, now, demand)
-        if cfg.leading and ("requests" if kv else "tokens") in blind and decision.desired < current:
+        unread = {"requests", "inflight"} & blind if kv else {"tokens"} & blind
+        if cfg.leading and unread and decision.desired < current:
             # The demand ahead is unknown: never a scale-down on missing data.
+            what = "the arrival rate" if unread & {"requests", "tokens"} else "the requests in flight"
             decision = replace(
                 decision,
                 desired=current,
                 reason="MetricsIncomplete",
-                message=f"{decision.message}; the arrival rate could not be read: no scale-down",
+                message=f"{decision.message}; {what} could not be read: no scale-down",
                 memory=replace(decision.memory, last_scale_time=memory.last_scale_time),
             )
         if not decision.metrics_ok:
@@ -325,6 +337,8 @@ def autoscale(
         status.recommendations[role] = [[t, float(n)] for t, n in decision.memory.recommendations]
         if decision.memory.capacity is not None:
             status.capacity[role] = round(decision.memory.capacity, 6)
+        if decision.memory.streams is not None:
+            status.concurrency[role] = round(decision.memory.streams, 4)
         if decision.memory.last_scale_time is not None:
             status.last_scale_time[role] = rfc3339(decision.memory.last_scale_time)
         status.last_evaluation[role] = now
@@ -347,6 +361,8 @@ def autoscale(
         status.desired.pop(stale)
     for stale in [r for r in status.capacity if r not in scaled]:
         status.capacity.pop(stale)
+    for stale in [r for r in status.concurrency if r not in scaled]:
+        status.concurrency.pop(stale)
     frontend = old.frontend_replicas if a.frontend is not None else None
     if not evaluated:  # nothing was due: the last conditions still stand
         return Outcome(desired, status, [], decisions, frontend)
@@ -354,7 +370,8 @@ def autoscale(
     keep = max(30.0, 3.0 * a.interval_seconds)
     if rate is not None or tokens is not None:
         kept = [x for x in old.arrivals if len(x) >= 3 and now - x[0] <= keep and x[0] < now]
-        status.arrivals = [*kept, [now, round(rate or 0.0, 6), round(tokens or 0.0, 3)]]
+        sample = [now, round(rate or 0.0, 6), round(tokens or 0.0, 3)]
+        status.arrivals = [*kept, sample + ([round(inflight, 3)] if inflight is not None else [])]
     if a.frontend is not None:
         frontend = _size_frontend(md, status, rate, tokens, now)
     conditions = [

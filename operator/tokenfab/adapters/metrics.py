@@ -51,6 +51,7 @@ def inflight_query(namespace: str, deployment: str) -> str:
 
 FRONTEND_REQUESTS = "dynamo_frontend_requests_started_total"
 FRONTEND_INPUT_TOKENS = "dynamo_frontend_input_sequence_tokens_sum"
+FRONTEND_INFLIGHT = "dynamo_frontend_inflight_requests"
 
 
 def _frontend(namespace: str, deployment: str) -> str:
@@ -60,6 +61,12 @@ def _frontend(namespace: str, deployment: str) -> str:
 def arrival_query(namespace: str, deployment: str, window_seconds: int) -> str:
     """PromQL returning the requests/s arriving at a deployment's frontend (every replica), one sample."""
     return f"sum(rate({FRONTEND_REQUESTS}{_frontend(namespace, deployment)}[{window_seconds}s]))"
+
+
+def frontend_inflight_query(namespace: str, deployment: str) -> str:
+    """PromQL returning the requests in flight at a deployment's frontend (every replica; queued, in
+    prefill or decoding), one sample: a gauge that rises with the first requests of a burst."""
+    return f"sum({FRONTEND_INFLIGHT}{_frontend(namespace, deployment)})"
 
 
 def input_tokens_query(namespace: str, deployment: str, window_seconds: int) -> str:

@@ -931,13 +931,18 @@ class AutoscalingStatus(_Status):
     )
     arrivals: list[list[float]] = Field(
         default_factory=list,
-        description="Recent arrivals at the frontend as [unix time, requests/s, input tokens/s] (the "
-        "forecast's window).",
+        description="Recent arrivals at the frontend as [unix time, requests/s, input tokens/s, requests in "
+        "flight] (the forecast's window).",
     )
     capacity: dict[str, float] = Field(
         default_factory=dict,
         description="Requests/s one group of each role serves at the target, learned from the load it "
         "served (or from the profile's plan).",
+    )
+    concurrency: dict[str, float] = Field(
+        default_factory=dict,
+        description="Requests in flight one group of each role holds at the target, learned from the "
+        "requests in flight at the frontend and the groups' KV-cache utilization.",
     )
     startup_seconds: float | None = Field(
         default=None, description="Learned seconds from a group's creation to Ready (the forecast horizon)."

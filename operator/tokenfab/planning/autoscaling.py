@@ -15,9 +15,11 @@ data. That includes partial data: while a group that counts has no fresh sample 
 
 Leading signals (Config.leading, the default): the KV recommendation is a guard, and the demand ahead
 leads. The arrival rate at the frontend is forecast a little ahead (tokenfab.planning.forecast) and
-divided by a capacity per group (from the plan, or learned from the load being served); queues forming
-in the groups (waiting requests above `queue_per_group`) add a group at once. The recommendation is the
-largest of the three, so a burst scales up on its first samples, before KV saturates; scale-down still
+divided by a capacity per group (from the plan, or learned from the load being served); the requests in
+flight at the frontend, divided by what one group holds at the target (learned from the cache), size the
+groups for the load already there, a burst's first requests included; queues forming in the groups
+(waiting requests above `queue_per_group`) add a group at once. The recommendation is the largest of the
+four, so a burst scales up on its first samples, before KV saturates; scale-down still
 waits out the long window, which also keeps the forecast's recent peak in view. Bad samples (a
 utilization outside [0, 1], anything not finite, a negative count) are no data.
 """
@@ -68,6 +70,8 @@ class Memory:
     last_scale_time: float | None = None
     rates: tuple[tuple[float, float], ...] = ()  # (time, arrival requests/s) at the frontend
     capacity: float | None = None  # learned requests/s one group serves at the target
+    inflight: tuple[tuple[float, float], ...] = ()  # (time, requests in flight) at the frontend
+    streams: float | None = None  # learned requests in flight one group holds at the target
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,7 @@ class Demand:
     waiting: Mapping[str, float] | None = None  # waiting requests per group (counted groups only)
     capacity: float | None = None  # requests/s one group serves at the SLO, from a plan (beats learning)
     starting: int = 0  # groups on their way (created, not Ready yet): a queue waits for them
+    inflight: float | None = None  # requests in flight at the frontend now (queued, prefilling, decoding)
 
 
 @dataclass(frozen=True)
@@ -143,14 +148,20 @@ def _lead(
     memory: Memory,
     d: Demand,
     now: float,
+    warming: int = 0,
 ) -> tuple[int, str, Memory]:
-    """The recommendation raised by the demand ahead and by forming queues (while no group is on its way:
-    created, not Ready yet); the memory with the new rate sample and the learned capacity. Returns
-    (recommendation, what led it, memory)."""
+    """The recommendation raised by the demand ahead, by the requests in flight and by forming queues
+    (while no group is on its way: created, not Ready yet); the memory with the new samples and what was
+    learned from them. Returns (recommendation, what led it, memory)."""
     notes = []
     mem = memory
     waits = [w for w in (d.waiting or {}).values() if forecast.valid_count(w)]
     queued = sum(waits) / len(waits) if waits else 0.0
+    holds = None  # the groups that hold every request in flight now, the queued ones included
+    if d.inflight is not None and forecast.valid_count(d.inflight):
+        rec, note, mem = _in_flight(rec, current, groups, signal, cfg, mem, d.inflight, queued, warming, now)
+        notes += note
+        holds = forecast.groups_for(d.inflight, mem.streams)
     if d.rate is not None and forecast.valid_count(d.rate):
         rates = forecast.observe(memory.rates, now, d.rate, cfg.forecast_window)
         capacity = memory.capacity
@@ -163,7 +174,7 @@ def _lead(
             and (prev is None or not forecast.jumped(prev, d.rate))
         ):
             capacity = forecast.learn(memory.capacity, d.rate, groups, signal, cfg.target)
-        mem = replace(memory, rates=rates, capacity=capacity)
+        mem = replace(mem, rates=rates, capacity=capacity)
         f = forecast.forecast(rates, now, cfg.forecast_window, cfg.forecast_horizon)
         held = f.ahead  # the demand a scale-down must leave room for
         if memory.rates and not (prev is not None and forecast.jumped(prev, d.rate)):
@@ -190,11 +201,63 @@ def _lead(
         if keep is not None and rec < current and keep > rec:
             rec = min(current, keep)
             notes.append(f"demand {held:.2f}/s keeps {rec}")
-    if waits and queued > cfg.queue_per_group and rec <= current and not d.starting:
-        # (A group that is Ready but still warming up serves already: a queue that outlasts it needs more.)
+    if (
+        waits
+        and queued > cfg.queue_per_group
+        and rec <= current
+        and not d.starting
+        and (holds is None or holds > current)
+    ):
+        # (A group that is Ready but still warming up serves already: a queue that outlasts it needs more.
+        # But a backlog the groups there hold once the new ones take their share is no reason for more.)
         rec = current + max(1, min(cfg.max_step_up, math.floor(queued / (2 * cfg.queue_per_group))))
         notes.append(f"queues forming ({queued:.1f} waiting per group)")
     return rec, ("; " + "; ".join(notes)) if notes else "", mem
+
+
+def _in_flight(
+    rec: int,
+    current: int,
+    groups: int,
+    signal: float,
+    cfg: Config,
+    memory: Memory,
+    inflight: float,
+    queued: float,
+    warming: int,
+    now: float,
+) -> tuple[int, list[str], Memory]:
+    """The recommendation raised by the requests in flight at the frontend: the most immediate load
+    signal (a burst's first requests count at once; the arrival rate needs its window to fill, and the
+    cache fills only as requests get in). Groups needed = in flight / what one group holds at the target,
+    learned from the cache (forecast.learn_streams) while no group is warming and nothing queues. Only a
+    step leads (forecast.stepped: a burst's first requests, beyond what the recent level reaches by
+    chance); a steady count's own noise must not add groups, and the cache and the rate size them once it
+    settles. Its mean over the window keeps groups from a scale-down."""
+    prev = memory.inflight[-1][1] if memory.inflight else None
+    streams = memory.streams
+    step = streams is not None and forecast.stepped(memory.inflight, inflight, streams)
+    # Learned only from a steady count: while it moves, the cache has not caught up with the requests yet.
+    steady = prev is None or not forecast.jumped(prev, inflight)
+    if cfg.utilization and not warming and steady and queued <= cfg.queue_per_group / 2:
+        streams = forecast.learn_streams(memory.streams, inflight, groups, signal, cfg.target)
+    seen = forecast.observe(memory.inflight, now, inflight, cfg.forecast_window)
+    mem = replace(memory, inflight=seen, streams=streams)
+    if streams is None:
+        return rec, [], mem
+    notes = []
+    if step:  # (only a step leads: short of one, the cache and the rate size the groups)
+        up = forecast.groups_for(inflight, streams * (1 + cfg.tolerance))
+        if up is not None and up > rec:
+            notes.append(f"{inflight:.0f} in flight at {streams:.1f} per group needs {up}")
+            rec = up
+    recent = mem.inflight
+    held = sum(v for _, v in recent) / len(recent)  # the level over the window, not a noisy high
+    keep = forecast.groups_for(held, streams * (1 - cfg.tolerance))
+    if keep is not None and rec < current and keep > rec:
+        rec = min(current, keep)
+        notes.append(f"{held:.0f} in flight keeps {rec}")
+    return rec, notes, mem
 
 
 def decide(
@@ -257,7 +320,7 @@ def decide(
     leads = ""
     mem = memory
     if cfg.leading and demand is not None:
-        rec, leads, mem = _lead(rec, current, len(fresh), signal, cfg, memory, demand, now)
+        rec, leads, mem = _lead(rec, current, len(fresh), signal, cfg, memory, demand, now, warming)
     rec = _clamp(rec, cfg)  # the windows compare recommendations; the step caps come after them
     history = (*history, (now, rec))
     mem = replace(mem, recommendations=history)

@@ -22,6 +22,8 @@ JUMP_SLACK = 0.1  # requests/s: a jump must exceed this too (a few requests more
 TREND_AGREEMENT = 0.85  # share of pairwise slopes that must agree in sign for a trend to count
 MAX_GROWTH = 2.0  # the forecast never more than doubles the last measured rate
 MIN_LIFT = 0.05  # a trend counts only once the rate rose by this share of its level over the window
+MIN_STREAM_UTILIZATION = 0.05  # in-flight requests vs cache: a request holds its blocks whatever the
+# batch, so even a light load says what a group holds (below this, one request more or less is all it says)
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,53 @@ def learn(capacity: float | None, rate: float, groups: int, utilization: float, 
     if not math.isfinite(sample) or sample <= 0:
         return capacity
     return sample if capacity is None else (1 - alpha) * capacity + alpha * sample
+
+
+def learn_streams(streams: float | None, inflight: float, groups: int, utilization: float, target: float,
+                  alpha: float = 0.3) -> float | None:  # fmt: skip
+    """Requests in flight one group holds at the target, smoothed (EWMA): from the requests in flight
+    over `groups` groups at `utilization`. Unlike requests/s, this barely depends on the load (each
+    request holds its prompt and output in the cache whatever the batch), so a quiet period teaches it
+    before the first burst. Unchanged when the sample says too little or the cache is saturated."""
+    if (
+        groups <= 0
+        or inflight <= 0
+        or target <= 0
+        or not MIN_STREAM_UTILIZATION <= utilization <= MAX_UTILIZATION
+    ):
+        return streams
+    sample = inflight / groups * target / utilization
+    if not math.isfinite(sample) or sample <= 0:
+        return streams
+    return sample if streams is None else (1 - alpha) * streams + alpha * sample
+
+
+STEP_CHANCE = 1e-6  # a step in a count: a steady count of the recent level reaches it less often than this
+
+
+def poisson_tail(k: float, mean: float) -> float:
+    """P(X >= k) for a Poisson count X of this mean (a normal approximation above a mean of 100)."""
+    if k <= 0:
+        return 1.0
+    if mean <= 0:
+        return 0.0
+    if mean > 100:
+        return 0.5 * math.erfc((math.ceil(k) - 0.5 - mean) / math.sqrt(2 * mean))
+    term = total = math.exp(-mean)  # P(X = 0), then the terms below k summed
+    for i in range(1, math.ceil(k)):
+        term *= mean / i
+        total += term
+    return max(0.0, 1.0 - total)
+
+
+def stepped(history: Sequence[tuple[float, float]], now: float, per_group: float) -> bool:
+    """Whether the requests in flight stand well above their recent level (the mean of `history`): by
+    half, by more than a group holds, and beyond what a steady count of that level reaches by chance
+    (a Poisson count: less than STEP_CHANCE). A burst's first requests, not a chance cluster."""
+    if not history:
+        return False
+    level = max(0.0, sum(v for _, v in history) / len(history))
+    return now > 1.5 * level and now - level > per_group and poisson_tail(now, level) < STEP_CHANCE
 
 
 def jumped(before: float, now: float) -> bool:
