@@ -144,11 +144,18 @@ def test_a_chance_cluster_in_flight_moves_nothing_and_the_level_keeps_groups():
 
 
 def test_what_a_group_holds_is_learned_from_a_light_load_but_not_while_warming_or_queued():
-    assert forecast.learn_streams(None, 1.0, 1, 0.15, 0.6) == pytest.approx(4.0)
-    assert forecast.learn_streams(4.0, 2.0, 1, 0.95, 0.6) == 4.0, "a saturated cache"
-    assert forecast.learn_streams(4.0, 1.0, 1, 0.01, 0.6) == 4.0, "too little to say"
-    assert forecast.learn_streams(4.0, 0.0, 1, 0.3, 0.6) == 4.0
-    assert forecast.learn_streams(4.0, 1.0, 0, 0.3, 0.6) == 4.0
+    floor = forecast.MIN_STREAM_UTILIZATION
+    assert forecast.learn(None, 1.0, 1, 0.15, 0.6, floor=floor) == pytest.approx(4.0)
+    assert forecast.learn(None, 1.0, 1, 0.15, 0.6) is None, "requests/s need the higher floor"
+    assert forecast.learn(4.0, 2.0, 1, 0.95, 0.6, floor=floor) == 4.0, "a saturated cache"
+    assert forecast.learn(4.0, 1.0, 1, 0.01, 0.6, floor=floor) == 4.0, "too little to say"
+    assert forecast.learn(4.0, 0.0, 1, 0.3, 0.6, floor=floor) == 4.0
+    assert forecast.learn(4.0, 1.0, 0, 0.3, 0.6, floor=floor) == 4.0
+    assert forecast.poisson_tail(12, 4 / 3) == pytest.approx(1.934e-8, rel=1e-3)
+    exact = 1 - sum(math.exp(-120.0 + i * math.log(120.0) - math.lgamma(i + 1)) for i in range(150))
+    assert forecast.poisson_tail(150, 120.0) == pytest.approx(exact, rel=0.3), "the normal approximation"
+    assert forecast.poisson_tail(1e12, 2.0) == 0.0, "a huge count answers at once (no loop up to it)"
+    assert forecast.stepped([(0.0, 1.0)], 1e15, 4.0)
     quiet = [(0.0, 1.0), (5.0, 2.0), (10.0, 1.0)]
     assert forecast.stepped(quiet, 12.0, 4.0)
     assert not forecast.stepped(quiet, 8.0, 4.0), "a count of 1.3 reaches 8 once in 13,000 samples"
@@ -550,18 +557,30 @@ def test_autoscale_holds_on_bad_samples_and_says_so(bad):
     assert "bad samples" in message
 
 
-def test_a_failed_arrival_read_blocks_scale_down_and_is_shown():
+@pytest.mark.parametrize(
+    ("failing", "shown", "why"),
+    [
+        ({"fail_rate": True}, "arrivals at the frontend: TimeoutError", "the arrival rate"),
+        (
+            {"fail_inflight": True},
+            "requests in flight at the frontend: TimeoutError",
+            "the requests in flight",
+        ),
+    ],
+)
+def test_a_failed_leading_read_blocks_scale_down_and_is_shown(failing, shown, why):
     md = with_status(
         deployment(), {"desired": {"decode": 3}, "recommendations": {"decode": [[NOW - 100, 3]]}}
     )
     groups = serving_decode(3)
-    prom = Prom({g.name: 0.05 for g in groups["decode"]}, fail_rate=True)
+    prom = Prom({g.name: 0.05 for g in groups["decode"]}, **failing)
     out = autoscale(md, groups, healthy(groups), lambda _r: domains(400), NOW, prom)
     assert out.desired["decode"] == 3, out.decisions[0][2].message
     assert out.decisions[0][2].reason == "MetricsIncomplete"
+    assert f"{why} could not be read: no scale-down" in out.decisions[0][2].message
     status, _, message = conditions(out)["MetricsUnavailable"]
     assert status == "True"
-    assert "arrivals at the frontend: TimeoutError" in message
+    assert shown in message
     # the same with no frontend series at all (not scraped): KV alone decides, nothing is unavailable
     out = autoscale(md, groups, healthy(groups), lambda _r: domains(400), NOW, Prom(prom.kv, rate=None))
     assert out.desired["decode"] == 2
@@ -583,19 +602,6 @@ def test_requests_in_flight_are_read_learned_and_kept_in_status():
     out = autoscale(md, groups, healthy(groups), lambda _r: domains(400), NOW + 5, prom)
     assert out.desired["decode"] == 3, out.decisions[0][2].message
     assert "30 in flight at 5.2 per group needs 6" in out.decisions[0][2].message
-
-
-def test_a_failed_in_flight_read_blocks_scale_down_and_is_shown():
-    md = with_status(
-        deployment(), {"desired": {"decode": 3}, "recommendations": {"decode": [[NOW - 100, 3]]}}
-    )
-    groups = serving_decode(3)
-    prom = Prom({g.name: 0.05 for g in groups["decode"]}, fail_inflight=True)
-    out = autoscale(md, groups, healthy(groups), lambda _r: domains(400), NOW, prom)
-    assert out.desired["decode"] == 3, out.decisions[0][2].message
-    assert out.decisions[0][2].reason == "MetricsIncomplete"
-    assert "the requests in flight could not be read" in out.decisions[0][2].message
-    assert "requests in flight at the frontend: TimeoutError" in conditions(out)["MetricsUnavailable"][2]
 
 
 def test_the_capacity_check_counts_the_prefill_groups_the_ratio_adds():

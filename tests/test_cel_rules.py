@@ -184,7 +184,15 @@ def test_generated_specs_exercise_both_outcomes_of_every_rule():
     """Guard against a strategy that never breaks (or never satisfies) a rule."""
     seen: dict[str, set[bool]] = {r.name: set() for r in SPEC_RULES}
 
-    @settings(max_examples=400, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+    # Derandomized (a fixed seed): a rule the strategy breaks in a few percent of specs was once missed
+    # by 400 random examples.
+    @settings(
+        max_examples=800,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
     @given(specs)
     def collect(data):
         spec = unchecked_spec(data)

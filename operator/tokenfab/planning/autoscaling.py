@@ -230,17 +230,18 @@ def _in_flight(
     """The recommendation raised by the requests in flight at the frontend: the most immediate load
     signal (a burst's first requests count at once; the arrival rate needs its window to fill, and the
     cache fills only as requests get in). Groups needed = in flight / what one group holds at the target,
-    learned from the cache (forecast.learn_streams) while no group is warming and nothing queues. Only a
-    step leads (forecast.stepped: a burst's first requests, beyond what the recent level reaches by
-    chance); a steady count's own noise must not add groups, and the cache and the rate size them once it
-    settles. Its mean over the window keeps groups from a scale-down."""
+    learned from the cache (forecast.learn, with a lower floor) while no group is warming and nothing
+    queues. Only a step leads (forecast.stepped: a burst's first requests, beyond what the recent level
+    reaches by chance); a steady count's own noise must not add groups, and the cache and the rate size
+    them once it settles. Its mean over the window keeps groups from a scale-down."""
     prev = memory.inflight[-1][1] if memory.inflight else None
     streams = memory.streams
     step = streams is not None and forecast.stepped(memory.inflight, inflight, streams)
     # Learned only from a steady count: while it moves, the cache has not caught up with the requests yet.
     steady = prev is None or not forecast.jumped(prev, inflight)
     if cfg.utilization and not warming and steady and queued <= cfg.queue_per_group / 2:
-        streams = forecast.learn_streams(memory.streams, inflight, groups, signal, cfg.target)
+        floor = forecast.MIN_STREAM_UTILIZATION
+        streams = forecast.learn(memory.streams, inflight, groups, signal, cfg.target, floor=floor)
     seen = forecast.observe(memory.inflight, now, inflight, cfg.forecast_window)
     mem = replace(memory, inflight=seen, streams=streams)
     if streams is None:

@@ -75,36 +75,21 @@ def forecast(history: Sequence[tuple[float, float]], now: float, window: float, 
     return Forecast(rate_now, trend, max(rate_now, ahead), max(r for _, r in recent))
 
 
-def learn(capacity: float | None, rate: float, groups: int, utilization: float, target: float,
-          alpha: float = 0.3) -> float | None:  # fmt: skip
-    """Requests/s one group serves at the target, smoothed (EWMA): from the rate the `groups` groups
-    serve at `utilization`. Unchanged when the sample says too little (no load, no groups) or the cache
-    is saturated (the groups then serve less than arrives, and the sample would overstate them)."""
-    if groups <= 0 or rate <= 0 or not MIN_UTILIZATION <= utilization <= MAX_UTILIZATION or target <= 0:
+def learn(capacity: float | None, load: float, groups: int, utilization: float, target: float,
+          alpha: float = 0.3, floor: float = MIN_UTILIZATION) -> float | None:  # fmt: skip
+    """What one group takes at the target, smoothed (EWMA), from the `load` (requests/s, or requests in
+    flight) its `groups` carry at `utilization`: load / groups x target / utilization. Unchanged when the
+    sample says too little (no load, no groups, utilization under `floor`) or the cache is saturated (the
+    groups then serve less than arrives, and the sample would overstate them). Requests/s need the
+    default floor (a lightly loaded engine runs short batches); requests in flight do not
+    (MIN_STREAM_UTILIZATION: a request holds its blocks whatever the batch, so a quiet period teaches
+    what a group holds before the first burst)."""
+    if groups <= 0 or load <= 0 or not floor <= utilization <= MAX_UTILIZATION or target <= 0:
         return capacity
-    sample = rate / groups * target / utilization
+    sample = load / groups * target / utilization
     if not math.isfinite(sample) or sample <= 0:
         return capacity
     return sample if capacity is None else (1 - alpha) * capacity + alpha * sample
-
-
-def learn_streams(streams: float | None, inflight: float, groups: int, utilization: float, target: float,
-                  alpha: float = 0.3) -> float | None:  # fmt: skip
-    """Requests in flight one group holds at the target, smoothed (EWMA): from the requests in flight
-    over `groups` groups at `utilization`. Unlike requests/s, this barely depends on the load (each
-    request holds its prompt and output in the cache whatever the batch), so a quiet period teaches it
-    before the first burst. Unchanged when the sample says too little or the cache is saturated."""
-    if (
-        groups <= 0
-        or inflight <= 0
-        or target <= 0
-        or not MIN_STREAM_UTILIZATION <= utilization <= MAX_UTILIZATION
-    ):
-        return streams
-    sample = inflight / groups * target / utilization
-    if not math.isfinite(sample) or sample <= 0:
-        return streams
-    return sample if streams is None else (1 - alpha) * streams + alpha * sample
 
 
 STEP_CHANCE = 1e-6  # a step in a count: a steady count of the recent level reaches it less often than this
@@ -118,6 +103,8 @@ def poisson_tail(k: float, mean: float) -> float:
         return 0.0
     if mean > 100:
         return 0.5 * math.erfc((math.ceil(k) - 0.5 - mean) / math.sqrt(2 * mean))
+    if k > mean + 20 * math.sqrt(mean) + 40:  # far past any threshold (< 1e-30): no loop to k
+        return 0.0
     term = total = math.exp(-mean)  # P(X = 0), then the terms below k summed
     for i in range(1, math.ceil(k)):
         term *= mean / i
