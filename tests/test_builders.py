@@ -28,7 +28,7 @@ from tokenfab.api.errors import parse_model_deployment
 from tokenfab.api.models import ModelDeploymentSpec
 from tokenfab.planning import builders as b
 from tokenfab.planning import contract as c
-from tokenfab.planning.engine import engine_config
+from tokenfab.planning.engine import engine_config, render
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 UPDATE = os.environ.get("TOKENFAB_UPDATE_GOLDEN") == "1"
@@ -528,6 +528,20 @@ def test_first_class_fields_win_over_extra_engine_args():
 def test_user_defaults_of_a_role_do_not_leak_into_another_role():
     spec = spec_of("deepseek-r1-disaggregated.yaml")
     assert "cuda_graph_config" not in engine_config(spec, "prefill")
+
+
+def test_render_gives_the_text_of_its_config_also_once_kept():
+    """The engine YAML is kept by the config's content: an equal config gets the same text, a config
+    changed in place gets its own, and the text is PyYAML's safe_dump of the config."""
+    cfg = engine_config(spec_of("deepseek-r1-disaggregated.yaml"), "decode")
+    cfg["note"] = "ünïcode, 1e-5 and a: colon"
+    cfg["fraction"] = 1e-5
+    first = render(cfg)
+    assert first == yaml.safe_dump(cfg, sort_keys=True)
+    assert render(dict(reversed(list(cfg.items())))) == first
+    cfg["max_batch_size"] = 7
+    assert render(cfg) != first
+    assert yaml.safe_load(render(cfg))["max_batch_size"] == 7
 
 
 def test_engine_configmap_holds_the_rendered_engine_config_under_its_revisions_name():

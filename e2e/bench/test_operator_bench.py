@@ -16,6 +16,8 @@ def test_operator_benchmark(operator, capsys):
         print("\n" + report(result))
     a = result["apply_to_ready"]
     assert len(a["tokenfab_seconds"]) == len(a["plain_deployment_seconds"]) == 3
+    # The factory serves the gang API: the floor of whole-gang binding is measured too.
+    assert len(a["gang_floor_seconds"]) == 3
     p = result["placement"]
     assert p["total_multi_node_groups"] > 0
     for r in p["runs"]:

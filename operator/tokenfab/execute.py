@@ -101,15 +101,16 @@ def submit(
     headless Service, the frontend Deployment and Service, the engine ConfigMaps of the current revisions,
     a PodDisruptionBudget per role; groups to delete; every pod of every new group with its PodGroup),
     handed to the writer's threads; nothing waits here."""
-    # In the order of the longest chains to Ready: the frontend Deployment (its controller, ReplicaSet
-    # and pod follow) with the Services (before the pods they select: the endpoints controller, seeing
-    # pods and a new Service at once, may race itself), the new groups' pods (scheduler, kubelet), then
-    # the rest.
-    first = [b.frontend_deployment(owner, spec), b.workers_service(owner), b.frontend_service(owner)]
-    shared = _apply_changed(ctx, key, owner, first, now)
+    # In the order of the longest chains to Ready: the new groups' PodGroups and pods (the scheduler
+    # binds none of a group before it has seen every one, then kubelets start them), after the workers'
+    # headless Service that selects them (the endpoints controller, seeing pods and a new Service at
+    # once, may race itself); then the frontend Deployment and Service (its controller, ReplicaSet and
+    # pod follow, ready well before a gang) and the rest.
+    shared = _apply_changed(ctx, key, owner, [b.workers_service(owner)], now)
     gang = gang_mode(ctx, spec) if any(p.create for p in plans) else "gates"
     creates, pending = _submit_creates(ctx, owner, spec, plans, gang)
-    rest = [b.engine_configmap(owner, spec, role) for role, _ in spec.roles()]
+    rest = [b.frontend_deployment(owner, spec), b.frontend_service(owner)]
+    rest += [b.engine_configmap(owner, spec, role) for role, _ in spec.roles()]
     rest += [
         b.pod_disruption_budget(owner, p.role, p.desired * p.shape.nodes) for p in plans if spec.role(p.role)
     ]
