@@ -39,7 +39,8 @@ _SUFFIX = {
     "Pi": Decimal(2**50),
     "Ei": Decimal(2**60),
 }
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([a-zA-Z]{0,2})$")
+# A number with either a decimal exponent ("1e3") or a suffix ("500m", "4Gi"), never both ("1e3Mi").
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+)(?:([a-zA-Z]{0,2})|[eE]([+-]?[0-9]+))$")
 
 
 def parse_quantity(value: str | int | float) -> Decimal:
@@ -52,9 +53,11 @@ def parse_quantity(value: str | int | float) -> Decimal:
             raise ValueError(f"not a quantity: {value!r}")
         return q
     match = _QUANTITY.match(value.strip())
-    if not match or match.group(2) not in _SUFFIX:
+    if not match or (match.group(2) or "") not in _SUFFIX:
         raise ValueError(f"not a quantity: {value!r}")
     try:
+        if match.group(3) is not None:
+            return Decimal(match.group(1)).scaleb(int(match.group(3)))
         return Decimal(match.group(1)) * _SUFFIX[match.group(2)]
     except InvalidOperation:
         raise ValueError(f"not a quantity: {value!r}") from None
