@@ -168,6 +168,10 @@ class Controller:
 
     # ------------------------------------------------------------------------------------ run
     def start(self, leading: bool = True) -> None:
+        # The writer's threads run, and which optional kinds the cluster serves is known, before the
+        # first pass needs them.
+        self.kube.start_writers()
+        self.kube.warm_kinds([(c.POD_GROUP_API, "PodGroup"), (c.COMPUTE_DOMAIN_API, "ComputeDomain")])
         for inf in self.informers:
             inf.start()
         if leading:
