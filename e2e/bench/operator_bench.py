@@ -30,7 +30,7 @@ import yaml
 from kubernetes import client, watch
 
 from e2e.bench.scale_bench import baseline_checkout, healthy
-from e2e.helpers import apply_yaml, get_json, kubectl, start_operator, wait_for
+from e2e.helpers import apply_yaml, condition, get_json, kubectl, start_operator, wait_for
 from tests.cases import EXAMPLES
 from tokenfab.fleet.view import node_facts
 from tokenfab.planning import contract as c
@@ -51,10 +51,8 @@ def _wait_gone(f: Factory, selector: str) -> None:
 
 
 def _ready(obj: dict[str, Any]) -> bool:
-    return any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in (obj.get("status") or {}).get("conditions") or []
-    )
+    cond = condition(obj, "Ready")
+    return bool(cond and cond["status"] == "True")
 
 
 def _watch_until(
@@ -172,8 +170,8 @@ def apply_to_ready(f: Factory, trials: int = 3) -> dict[str, Any]:
                 if any(p["spec"].get("schedulingGroup") for p in workers["items"]):
                     groups = get_json(f, "podgroups.scheduling.k8s.io", "-n", NS)["items"]
                     gang = gang_copy(workers["items"], groups)
-            custom.delete_namespaced_custom_object(*md[:3], md[3], "bench-ds")
-            _wait_gone(f, "tokenfab.dev/deployment=bench-ds")
+            custom.delete_namespaced_custom_object(*md, "bench-ds")
+            _wait_gone(f, f"{c.LABEL_DEPLOYMENT}=bench-ds")
 
             t0 = time.monotonic()
             apps.create_namespaced_deployment(NS, plain)
@@ -206,28 +204,31 @@ def apply_to_ready(f: Factory, trials: int = 3) -> dict[str, Any]:
     finally:
         writer.shutdown()
         api.close()
-    out = {"pods": 20, "gpus": 80, **against_floor(tokenfab_s, plain_s)}
-    if gang_s:
-        out["gang_floor_seconds"] = gang_s
-        out["median_gang_floor"] = _median(gang_s)
-        out["overhead_vs_gang_floor"] = round(out["median_tokenfab"] / out["median_gang_floor"], 2)
-    return out
+    return {"pods": 20, "gpus": 80, **against_floor(tokenfab_s, plain_s, gang_s)}
 
 
 def _median(xs: list[float]) -> float:
     return sorted(xs)[len(xs) // 2]
 
 
-def against_floor(tokenfab_s: list[float], plain_s: list[float]) -> dict[str, Any]:
-    """Trials of tokenfab and of the floor, their medians and the ratio."""
+def against_floor(tokenfab_s: list[float], plain_s: list[float], gang_s: list[float]) -> dict[str, Any]:
+    """Trials of tokenfab and of the floors (the gang floor when measured), their medians and ratios."""
     med = _median(tokenfab_s), _median(plain_s)
-    return {
+    out = {
         "tokenfab_seconds": tokenfab_s,
         "plain_deployment_seconds": plain_s,
         "median_tokenfab": med[0],
         "median_plain": med[1],
         "overhead_vs_floor": round(med[0] / med[1], 2) if med[1] else None,
     }
+    if gang_s:
+        gang = _median(gang_s)
+        out |= {
+            "gang_floor_seconds": gang_s,
+            "median_gang_floor": gang,
+            "overhead_vs_gang_floor": round(med[0] / gang, 2) if gang else None,
+        }
+    return out
 
 
 def mixed_sequence(seed: int, budget: int) -> list[int]:
@@ -366,19 +367,14 @@ def compare(f: Factory, ref: str, rounds: int = 3, port: int = 31590) -> dict[st
             )
             out[name].append(r)
             f.stop_extra("operator")
-    summary = {}
-    for name, rs in out.items():
-        summary[name] = against_floor(
+    summary = {
+        name: against_floor(
             [x for r in rs for x in r["tokenfab_seconds"]],
             [x for r in rs for x in r["plain_deployment_seconds"]],
+            [x for r in rs for x in r.get("gang_floor_seconds", [])],
         )
-        gang = [x for r in rs for x in r.get("gang_floor_seconds", [])]
-        if gang:
-            summary[name]["gang_floor_seconds"] = gang
-            summary[name]["median_gang_floor"] = _median(gang)
-            summary[name]["overhead_vs_gang_floor"] = round(
-                summary[name]["median_tokenfab"] / _median(gang), 2
-            )
+        for name, rs in out.items()
+    }
     return {"benchmark": "operator_compare", "ref": ref, "rounds": rounds, "trials_per_round": 3, **summary}
 
 
