@@ -32,7 +32,15 @@ from tokenfab.api.models import (
 )
 from tokenfab.planning import builders as b
 from tokenfab.planning import forecast
-from tokenfab.planning.autoscaling import Decision, Demand, Memory, config_for, decide, initial_groups
+from tokenfab.planning.autoscaling import (
+    CLOCK_SKEW_SECONDS,
+    Decision,
+    Demand,
+    Memory,
+    config_for,
+    decide,
+    initial_groups,
+)
 from tokenfab.planning.lifecycle import GroupView, NodeHealth, classify
 from tokenfab.planning.status import rfc3339
 from tokenfab.planning.topology import Domain, GroupShape, place_sequence
@@ -54,7 +62,47 @@ class Outcome:
 
 
 def _parse(ts: str | None) -> float | None:
-    return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp() if ts else None
+    """An RFC 3339 time from status, or None when it is missing or unreadable (status is only memory)."""
+    try:
+        return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp() if ts else None
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+def _finite(*xs: object) -> bool:
+    return all(isinstance(x, (int, float)) and math.isfinite(x) for x in xs)
+
+
+def sane(old: AutoscalingStatus, now: float) -> AutoscalingStatus:
+    """The autoscaler's memory as status holds it, with what cannot be used dropped: rows of the wrong
+    length or with non-finite numbers (status is writable by hand and by older versions), times in the
+    future (a clock that ran ahead, or another replica's), and learned figures that are not positive and
+    finite. Dropped memory is relearned; a pass never fails on it."""
+    ahead = now + CLOCK_SKEW_SECONDS
+
+    def rows(xs: list[list[float]], n: int) -> list[list[float]]:
+        return [list(x) for x in xs if len(x) >= n and _finite(*x) and x[0] <= ahead]
+
+    return old.model_copy(
+        update={
+            "recommendations": {r: rows(xs, 2) for r, xs in old.recommendations.items()},
+            "frontend_recommendations": rows(old.frontend_recommendations, 2),
+            "arrivals": [x for x in rows(old.arrivals, 3) if min(x[1:]) >= 0],
+            "last_evaluation": {r: t for r, t in old.last_evaluation.items() if _finite(t) and t <= ahead},
+            "last_scale_time": {r: t for r, t in old.last_scale_time.items() if _parse(t) is not None},
+            "capacity": {r: v for r, v in old.capacity.items() if _finite(v) and v > 0},
+            "concurrency": {r: v for r, v in old.concurrency.items() if _finite(v) and v > 0},
+            "startup_seconds": old.startup_seconds
+            if _finite(old.startup_seconds) and (old.startup_seconds or 0) >= 0
+            else None,
+        },
+        deep=True,
+    )
+
+
+def _due(old: AutoscalingStatus, role: RoleName, now: float, interval: float) -> bool:
+    last = old.last_evaluation.get(role)
+    return last is None or now - last >= interval
 
 
 def scaled_roles(md: ModelDeployment) -> list[tuple[RoleName, RoleBounds, str]]:
@@ -101,11 +149,10 @@ def _shared_queries(md: ModelDeployment) -> dict[str, str]:
 def due_queries(md: ModelDeployment, now: float) -> list[str]:
     """The Prometheus queries the next `autoscale` call will ask (read them before taking the ledger)."""
     a = md.spec.autoscaling
-    old = (md.status.autoscaling if md.status else None) or AutoscalingStatus()
+    old = sane((md.status.autoscaling if md.status else None) or AutoscalingStatus(), now)
     out = []
     for role, _, metric in scaled_roles(md):
-        last = old.last_evaluation.get(role)
-        if last is not None and now - last < a.interval_seconds:
+        if not _due(old, role, now, a.interval_seconds):
             continue
         out.append(_signal_query(md, role, metric))
     if out:
@@ -118,7 +165,7 @@ def next_due(md: ModelDeployment, now: float) -> float | None:
     a = md.spec.autoscaling
     if not a.enabled:
         return None
-    old = (md.status.autoscaling if md.status else None) or AutoscalingStatus()
+    old = sane((md.status.autoscaling if md.status else None) or AutoscalingStatus(), now)
     waits = [
         max(0.0, a.interval_seconds - (now - old.last_evaluation[r]))
         for r, _, _ in scaled_roles(md)
@@ -172,6 +219,8 @@ def learned_startup(
             ready = max(r for r in readies if r is not None)
             if since is not None and ready <= since:
                 continue
+            if ready - g.created_at > WARMING_BOUND_SECONDS:
+                continue  # it waited for room (or a retry), not for its engine: no startup sample
             out = forecast.learn_startup(out, ready - g.created_at)
     return out
 
@@ -215,7 +264,7 @@ def autoscale(
     """One autoscaling step. `domains_for(role)` is the free capacity for that role's groups (read under
     the placement ledger's lock); `reader` answers a Prometheus query."""
     spec, a = md.spec, md.spec.autoscaling
-    old = (md.status.autoscaling if md.status else None) or AutoscalingStatus()
+    old = sane((md.status.autoscaling if md.status else None) or AutoscalingStatus(), now)
     status = old.model_copy(deep=True)
     desired: dict[RoleName, int] = {}
     decisions: list[tuple[RoleName, str, Decision]] = []
@@ -230,7 +279,10 @@ def autoscale(
     tokens: float | None = None
     inflight: float | None = None
     since = max(old.last_evaluation.values(), default=None)
-    startup = learned_startup(groups, old.startup_seconds, since)
+    startup = old.startup_seconds
+    if any(_due(old, role, now, a.interval_seconds) for role, _, _ in scaled_roles(md)):
+        # Learned at evaluations only: `since` moves on with them, so each group is one sample.
+        startup = learned_startup(groups, old.startup_seconds, since)
     status.startup_seconds = None if startup is None else round(startup, 1)
     bound = max(WARMING_BOUND_SECONDS, 2.0 * (startup or 0.0))
 
@@ -246,7 +298,7 @@ def autoscale(
             status.desired[role] = current
         desired[role] = current
         last = old.last_evaluation.get(role)
-        if last is not None and now - last < a.interval_seconds:
+        if not _due(old, role, now, a.interval_seconds):
             continue  # not due: keep the last decision
 
         if shared is None:
@@ -279,13 +331,20 @@ def autoscale(
         reading = reader(url, _signal_query(md, role, metric))
         evaluated = True
         remembered = old.recommendations.get(role)
-        if remembered is None:
+        paused = last is None or now - last > max(
+            2.0 * a.interval_seconds, a.scale_down_stabilization_seconds
+        )
+        if remembered is None or (
+            paused and not any(now - x[0] <= a.scale_down_stabilization_seconds for x in remembered)
+        ):
             # The first evaluation starts the windows at the current count (as the HPA does), so turning
-            # the autoscaler on does not shed groups before a whole scale-down window has been observed.
+            # the autoscaler on does not shed groups before a whole scale-down window has been observed;
+            # so does the first after a pause longer than the window (the operator was down, or the role
+            # had no evaluations), which has no recommendation of that window to go by.
             remembered = [[now, float(current)]]
         history = [(x[0], x[1] if kv else x[2]) for x in old.arrivals if len(x) >= 3]
         memory = Memory(
-            recommendations=tuple((float(t), int(n)) for t, n in remembered),
+            recommendations=tuple((float(x[0]), max(0, int(x[1]))) for x in remembered),
             last_scale_time=_parse(old.last_scale_time.get(role)),
             rates=tuple((float(t), float(v)) for t, v in history),
             capacity=old.capacity.get(role),
@@ -293,9 +352,11 @@ def autoscale(
             streams=old.concurrency.get(role),
         )
         waiting: dict[str, float] | None = None
-        if kv and shared.get(f"waiting:{role}") is not None:
-            samples = shared[f"waiting:{role}"].samples or {}
-            waiting = {g: s.value for g, s in samples.items() if g in counted}
+        queue = shared.get(f"waiting:{role}") if kv else None
+        if queue is not None and queue.samples is None:
+            unavailable.append(f"{role}: waiting requests: {queue.error or 'the query failed'}")
+        elif queue is not None and queue.samples is not None:
+            waiting = {g: s.value for g, s in queue.samples.items() if g in counted}
         demand = Demand(
             rate=rate if kv else tokens,
             waiting=waiting,
@@ -305,12 +366,13 @@ def autoscale(
         )
         decision = decide(reading.samples, counted, warming, current, cfg, memory, now, demand)
         unread = {"requests", "inflight"} & blind if kv else {"tokens"} & blind
-        if cfg.leading and unread and decision.desired < current:
+        floor = max(cfg.min_groups, min(cfg.max_groups, current))  # a bound still moves the count
+        if cfg.leading and unread and decision.desired < floor:
             # The demand ahead is unknown: never a scale-down on missing data.
             what = "the arrival rate" if unread & {"requests", "tokens"} else "the requests in flight"
             decision = replace(
                 decision,
-                desired=current,
+                desired=floor,
                 reason="MetricsIncomplete",
                 message=f"{decision.message}; {what} could not be read: no scale-down",
                 memory=replace(decision.memory, last_scale_time=memory.last_scale_time),
@@ -329,6 +391,10 @@ def autoscale(
                     decision,
                     desired=fit,
                     reason="CapacityLimited" if fit == current else decision.reason,
+                    # Nothing changed when nothing fits: the last scale time stands.
+                    memory=decision.memory
+                    if fit > current
+                    else replace(decision.memory, last_scale_time=memory.last_scale_time),
                 )
                 target_n = fit
 
@@ -368,12 +434,14 @@ def autoscale(
         return Outcome(desired, status, [], decisions, frontend)
 
     keep = max(30.0, 3.0 * a.interval_seconds)
-    if rate is not None or tokens is not None:
-        kept = [x for x in old.arrivals if len(x) >= 3 and now - x[0] <= keep and x[0] < now]
+    kept = [x for x in old.arrivals if len(x) >= 3 and now - x[0] <= keep and x[0] < now]
+    status.arrivals = kept
+    if (rate is not None or tokens is not None) and not {"requests", "tokens"} & blind:
+        # A read that failed is no sample (not a zero); no series at all is nothing arriving.
         sample = [now, round(rate or 0.0, 6), round(tokens or 0.0, 3)]
         status.arrivals = [*kept, sample + ([round(inflight, 3)] if inflight is not None else [])]
     if a.frontend is not None:
-        frontend = _size_frontend(md, status, rate, tokens, now)
+        frontend = _size_frontend(md, status, rate, tokens, now, partial=bool({"requests", "tokens"} & blind))
     conditions = [
         Condition(
             type="MetricsUnavailable",
@@ -392,11 +460,17 @@ def autoscale(
 
 
 def _size_frontend(
-    md: ModelDeployment, status: AutoscalingStatus, rate: float | None, tokens: float | None, now: float
+    md: ModelDeployment,
+    status: AutoscalingStatus,
+    rate: float | None,
+    tokens: float | None,
+    now: float,
+    partial: bool = False,
 ) -> int:
     """Frontend replicas for the forecast ingress: requests/s and input tokens/s over what one replica
     should take, within the bounds; up at once, down only to the highest recommendation of the
-    scale-down window. Without a reading the count holds."""
+    scale-down window. Without a reading the count holds; with one of the two reads failed (`partial`)
+    it may rise but not fall."""
     a = md.spec.autoscaling
     fs = a.frontend
     assert fs is not None
@@ -417,9 +491,12 @@ def _size_frontend(
     )
     rec = max(fs.min_replicas, min(fs.max_replicas, need))
     down = float(a.scale_down_stabilization_seconds)
-    recs = [(x[0], x[1]) for x in status.frontend_recommendations if len(x) >= 2 and now - x[0] <= down]
+    recs = [(x[0], x[1]) for x in status.frontend_recommendations if len(x) >= 2 and 0 <= now - x[0] <= down]
     recs.append((now, float(rec)))
-    status.frontend_recommendations = [[t, n] for t, n in recs]
+    # Only the maximum of the window is read: an entry with a later one at least as high never is.
+    status.frontend_recommendations = [[t, n] for t, n in recs if not any(m >= n for u, m in recs if u > t)]
     out = rec if rec >= current else min(current, int(max(n for _, n in recs)))
+    if partial:
+        out = max(out, current)
     status.frontend_replicas = out
     return out

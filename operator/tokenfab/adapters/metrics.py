@@ -10,6 +10,7 @@ come back as a message, never as an exception into the reconcile.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 
@@ -79,6 +80,31 @@ def queue_query(namespace: str, deployment: str, role: str) -> str:
     return f"sum by ({c.PROM_LABEL_GROUP}) ({_selector(QUEUE_METRICS, namespace, deployment, role)})"
 
 
+_AGGREGATION = re.compile(r"^\s*(?:max|min|sum|avg|count)\s+by\s*\(([\w\s,]*)\)\s*\((.*)\)\s*$", re.S)
+
+
+def _balanced(expr: str) -> bool:
+    depth = 0
+    for ch in expr:
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth < 0:
+            return False
+    return depth == 0
+
+
+def freshness_query(query: str) -> str:
+    """PromQL for when each series of `query` was scraped. Prometheus stamps the result of an aggregation
+    (and of any function) with the evaluation time, not the scrape time, and keeps answering a series for
+    5 minutes after its last scrape: `timestamp(max by (g) (x))` is always "now" and a dead engine's last
+    value would count as fresh. For an aggregation by labels this asks the oldest scrape among each
+    group's series, `min by (g) (timestamp(x))`; anything else (a query from spec.autoscaling.query of
+    another shape) falls back to `timestamp(query)`."""
+    m = _AGGREGATION.match(query)
+    if m and _balanced(m.group(2)):
+        return f"min by ({m.group(1).strip()}) (timestamp({m.group(2).strip()}))"
+    return f"timestamp({query})"
+
+
 @dataclass(frozen=True)
 class Reading:
     """Per-group samples, or the error that prevented reading them."""
@@ -89,7 +115,7 @@ class Reading:
 
 
 def read(url: str, query: str, timeout: float = 5.0, now: float | None = None) -> Reading:
-    """Run `query` and its `timestamp()` twin; a sample's age is now minus its scrape time."""
+    """Run `query` and its freshness twin; a sample's age is now minus its scrape time."""
     now = time.time() if now is None else now
     try:
         # One bounded attempt per query (the client retries 3 times by default): a slow Prometheus costs a
@@ -101,7 +127,7 @@ def read(url: str, query: str, timeout: float = 5.0, now: float | None = None) -
             retry=Retry(total=0, raise_on_status=False),
         )
         values = prom.custom_query(query)
-        stamps = prom.custom_query(f"timestamp({query})")
+        stamps = prom.custom_query(freshness_query(query))
     except Exception as exc:  # connection refused, timeout, bad query: all mean "no data"
         return Reading(None, f"{type(exc).__name__}: {str(exc)[:200]}", query)
     ages: dict[str, float] = {}

@@ -62,6 +62,11 @@ class Config:
     utilization: bool = True  # the signal is a utilization in [0, 1] (else a count >= 0)
 
 
+# Times in the autoscaler's memory this far ahead of the clock of the pass are taken as written by a
+# clock that ran ahead (another replica's, or this one's before it was stepped back) and are not used.
+CLOCK_SKEW_SECONDS = 5.0
+
+
 @dataclass(frozen=True)
 class Memory:
     """What the policy remembers between decisions (kept in the resource's status)."""
@@ -277,7 +282,7 @@ def decide(
     their samples count). warming: groups that exist but are not ready or still warming up.
     """
     keep = max(cfg.up_window, cfg.down_window)
-    history = tuple((t, n) for t, n in memory.recommendations if now - t <= keep)
+    history = in_window(memory.recommendations, now, keep)
 
     def hold(reason: str, message: str, metrics_ok: bool, signal: float | None = None) -> Decision:
         desired = _clamp(current, cfg)
@@ -286,7 +291,9 @@ def decide(
                 "OutOfBounds",
                 f"{current} groups is outside [{cfg.min_groups}, {cfg.max_groups}]",
             )
-        mem = replace(memory, recommendations=history)
+        # Without data the count that runs is the recommendation: once samples come back, a scale-down
+        # still waits for a whole window of them.
+        mem = replace(memory, recommendations=history if metrics_ok else prune((*history, (now, desired))))
         if desired != current:
             mem = replace(mem, last_scale_time=now)
         return Decision(desired, current, reason, message, signal, None, mem, metrics_ok)
@@ -294,7 +301,8 @@ def decide(
     if samples is None:
         return hold("MetricsUnavailable", "the metrics query failed: holding the current groups", False)
     valid = forecast.valid_utilization if cfg.utilization else forecast.valid_count
-    bad = {g: s.value for g, s in samples.items() if not valid(s.value)}
+    # Only the groups that count can spoil a decision: a bad sample of a warming group is ignored.
+    bad = {g: s.value for g, s in samples.items() if g in counted and not valid(s.value)}
     if bad:
         shown = ", ".join(f"{g}={v!r}" for g, v in sorted(bad.items())[:3])
         return hold("MetricsUnavailable", f"bad samples ({shown}): holding the current groups", False)
@@ -324,7 +332,7 @@ def decide(
         rec, leads, mem = _lead(rec, current, len(fresh), signal, cfg, memory, demand, now, warming)
     rec = _clamp(rec, cfg)  # the windows compare recommendations; the step caps come after them
     history = (*history, (now, rec))
-    mem = replace(mem, recommendations=history)
+    mem = replace(mem, recommendations=prune(history))
 
     if rec > current:
         window = [n for t, n in history if now - t <= cfg.up_window] if cfg.up_window > 0 else [rec]
@@ -354,6 +362,29 @@ def decide(
             ": no scale-down" if rec < current else ""
         )
     return Decision(desired, current, reason, message, signal, rec, mem, metrics_ok=not missing)
+
+
+def in_window(
+    entries: tuple[tuple[float, int], ...], now: float, seconds: float
+) -> tuple[tuple[float, int], ...]:
+    """The entries of the last `seconds` (an entry stamped further in the future than CLOCK_SKEW_SECONDS,
+    by a clock that ran ahead, is dropped: it would otherwise stay in every window for as long as the
+    clock was ahead)."""
+    return tuple((t, n) for t, n in entries if -CLOCK_SKEW_SECONDS <= now - t <= seconds)
+
+
+def prune(entries: tuple[tuple[float, int], ...]) -> tuple[tuple[float, int], ...]:
+    """The recommendations a stabilization window can still need, oldest first: an entry with a later one
+    at least as high (for the scale-down window's maximum) and a later one at least as low (for the
+    scale-up window's minimum) never decides either, since every window that holds it holds the later
+    ones too. What is left is bounded by the range of counts, not by window / interval."""
+    kept: list[tuple[float, int]] = []
+    hi, lo = -math.inf, math.inf
+    for t, n in reversed(entries):
+        if n > hi or n < lo:
+            kept.append((t, n))
+        hi, lo = max(hi, n), min(lo, n)
+    return tuple(reversed(kept))
 
 
 def initial_groups(replicas: int | None, cfg: Config) -> int:

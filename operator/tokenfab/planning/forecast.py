@@ -131,7 +131,10 @@ def groups_for(rate: float, capacity: float | None) -> int | None:
     """Groups that serve `rate` at `capacity` each (None: capacity unknown)."""
     if capacity is None or capacity <= 0 or not math.isfinite(rate) or not math.isfinite(capacity):
         return None
-    return max(0, math.ceil(rate / capacity - 1e-9))
+    groups = rate / capacity
+    if not math.isfinite(groups):  # a tiny capacity (a hand-edited status) overflows the quotient
+        return None
+    return max(0, math.ceil(groups - 1e-9))
 
 
 def learn_startup(startup: float | None, sample: float, alpha: float = 0.5) -> float | None:
