@@ -13,7 +13,8 @@ from tests.cases import load_example, merge_patch
 from tokenfab.api import models as m
 from tokenfab.api.crd import model_deployment_crd
 from tokenfab.api.errors import SpecError, parse_model_deployment
-from tokenfab.api.rules import NAME_RULE, SOURCE_RULE
+from tokenfab.api.rules import NAME_RULE, NAME_SUFFIX_RULE, RESERVED_ENV, SOURCE_RULE
+from tokenfab.planning import contract
 
 
 def manifest(base: str, patch: dict[str, Any] | None = None, name: str | None = None) -> dict[str, Any]:
@@ -58,7 +59,20 @@ def test_the_crd_constrains_only_metadata_name():
     root = model_deployment_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     meta = root["properties"]["metadata"]
     assert set(meta["properties"]) == {"name"}
-    assert meta["properties"]["name"]["x-kubernetes-validations"] == [NAME_RULE.x_kubernetes_validation()]
+    assert meta["properties"]["name"]["x-kubernetes-validations"] == [
+        NAME_RULE.x_kubernetes_validation(),
+        NAME_SUFFIX_RULE.x_kubernetes_validation(),
+    ]
+
+
+def test_the_reserved_env_names_are_those_tokenfab_sets():
+    """The API layer cannot import the contract (it is below it): the two lists are kept equal here."""
+    set_on_workers = {
+        v
+        for k, v in vars(contract).items()
+        if k.startswith("ENV_") and k not in ("ENV_PEER_WAIT_SECONDS", "ENV_DYN_SYSTEM_HOST")
+    }
+    assert set(RESERVED_ENV) == set_on_workers
 
 
 # ------------------------------------------------------------------------------------ extraEngineArgs

@@ -20,9 +20,12 @@ from tests.cases import example_paths, load_example
 from tokenfab.api import models as m
 from tokenfab.api.rules import (
     ENV_ONE_SOURCE,
+    ENV_RESERVED_RULE,
     ENV_VALUE_OR_VALUE_FROM,
+    IMAGE_RULE,
     MIN_REPLICAS_RULE,
     NAME_RULE,
+    NAME_SUFFIX_RULE,
     NODE_SELECTOR_KEYS_RULE,
     PRIORITY_CLASS_RULE,
     QUERY_PATTERN,
@@ -246,6 +249,24 @@ VALUE_TABLE: list[tuple[ValueRule, Any, bool]] = [
             ("", False),
             ("llama-8b\n", False),
         ]
+    ],
+    *[
+        (NAME_SUFFIX_RULE, v, ok)
+        for v, ok in [
+            ("llama-workers", False),
+            ("workers", True),
+            ("llama-workers2", True),
+            ("llama-worker", True),
+            ("-workers", False),
+        ]
+    ],
+    *[
+        (IMAGE_RULE, v, ok)
+        for v, ok in [("ghcr.io/a/b:1", True), ("a b", False), ("a\n", False), (" a", False)]
+    ],
+    *[
+        (ENV_RESERVED_RULE, v, ok)
+        for v, ok in [("TOKENFAB_RANK", False), ("DYN_NAMESPACE", False), ("HF_TOKEN", True)]
     ],
     *[
         (SOURCE_RULE, v, ok)

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from tokenfab.api import models as m
-from tokenfab.api.rules import NAME_RULE
+from tokenfab.api.rules import NAME_RULE, NAME_SUFFIX_RULE
 
 JSON = dict[str, Any]
 
@@ -242,7 +242,10 @@ def model_deployment_metadata() -> JSON:
             "name": {
                 "type": "string",
                 "description": "Name of the deployment; its pods, Services and labels are named after it.",
-                "x-kubernetes-validations": [NAME_RULE.x_kubernetes_validation()],
+                "x-kubernetes-validations": [
+                    NAME_RULE.x_kubernetes_validation(),
+                    NAME_SUFFIX_RULE.x_kubernetes_validation(),
+                ],
             }
         },
     }

@@ -27,7 +27,9 @@ from pydantic_core import PydanticCustomError, PydanticKnownError
 from tokenfab.api.rules import (
     BOUNDS_RULE,
     ENV_ONE_SOURCE,
+    ENV_RESERVED_RULE,
     ENV_VALUE_OR_VALUE_FROM,
+    IMAGE_RULE,
     LABEL_KEY_MAX,
     LABEL_VALUE_PATTERN,
     MIN_REPLICAS_RULE,
@@ -223,8 +225,13 @@ class EnvVar(_Model):
         json_schema_extra=_cel_rules([ENV_VALUE_OR_VALUE_FROM.x_kubernetes_validation()])
     )
 
-    name: str = Field(
-        min_length=1, max_length=253, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", description="Variable name."
+    name: Annotated[str, AfterValidator(ENV_RESERVED_RULE)] = Field(
+        min_length=1,
+        max_length=253,
+        pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$",
+        description="Variable name (not one tokenfab sets on every worker: TOKENFAB_RANK, DYN_NAMESPACE, "
+        "...).",
+        json_schema_extra=_cel_of(ENV_RESERVED_RULE),
     )
     value: str | None = Field(default=None, max_length=32768, description="Literal value (at most 32 KiB).")
     value_from: EnvVarSource | None = Field(
@@ -273,8 +280,17 @@ RESERVED_ENGINE_KEYS: dict[str, str] = {
     "max_batch_size": "the role's maxBatchSize",
     "max_num_tokens": "the role's maxNumTokens",
     "speculative_config": "spec.speculativeDecoding.mtpDepth",
+    # Not a first-class field (yet): it multiplies a group's GPUs, which tokenfab derives from parallelism.
+    "context_parallel_size": "",
 }
-RESERVED_KEY_RULES = tuple(reserved_key_rule(k, f) for k, f in RESERVED_ENGINE_KEYS.items())
+_UNSUPPORTED_KEYS = {
+    "context_parallel_size": "context_parallel_size multiplies the GPUs of a group, which tokenfab derives "
+    "from parallelism (tensor x pipeline, or expert): context parallelism is not supported yet; remove it "
+    "from extraEngineArgs",
+}
+RESERVED_KEY_RULES = tuple(
+    reserved_key_rule(k, f, _UNSUPPORTED_KEYS.get(k)) for k, f in RESERVED_ENGINE_KEYS.items()
+)
 
 
 def _refuse_reserved_keys(args: dict[str, Any]) -> dict[str, Any]:
@@ -345,11 +361,13 @@ EngineArgs = Annotated[
 class Runtime(_Model):
     """The worker container: image, engine, environment and resources."""
 
-    image: str = Field(
+    image: Annotated[str, AfterValidator(IMAGE_RULE)] = Field(
         default="ghcr.io/tokenfab/worker:0.1.0",
         min_length=1,
         max_length=1024,
-        description="Worker image: NVIDIA's Dynamo TensorRT-LLM runtime plus tokenfab's launcher.",
+        description="Worker image: NVIDIA's Dynamo TensorRT-LLM runtime plus tokenfab's launcher (no "
+        "whitespace).",
+        json_schema_extra=_cel_of(IMAGE_RULE),
     )
     engine: Engine = Field(
         default="trtllm", description="Inference engine. Only trtllm (TensorRT-LLM) today."

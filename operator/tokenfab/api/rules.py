@@ -489,10 +489,10 @@ BOUNDS_RULE = ObjectRule(
 )
 
 
-def reserved_key_rule(key: str, field: str) -> ObjectRule:
+def reserved_key_rule(key: str, field: str, message: str | None = None) -> ObjectRule:
     return ObjectRule(
         f"!has(self.{key})",
-        f"{key} is set by tokenfab from {field}: remove it from extraEngineArgs and set {field}",
+        message or f"{key} is set by tokenfab from {field}: remove it from extraEngineArgs and set {field}",
     )
 
 
@@ -545,6 +545,17 @@ NAME_RULE = _regex_rule(
     max_len=NAME_MAX,
 )
 
+# The headless Service of a deployment's worker pods is <name>-workers: a deployment named <x>-workers
+# would give its frontend Service the name of deployment <x>'s workers Service (both applied by tokenfab).
+WORKERS_SUFFIX = "-workers"
+NAME_SUFFIX_RULE = ValueRule(
+    f"!self.endsWith({cel_string(WORKERS_SUFFIX)})",
+    f"metadata.name must not end with '{WORKERS_SUFFIX}': tokenfab names the Service of a deployment's "
+    f"worker pods <name>{WORKERS_SUFFIX}, so this name would take the Service of the deployment named "
+    f"without the suffix: choose a name without the '{WORKERS_SUFFIX}' ending",
+    lambda v: isinstance(v, str) and not v.endswith(WORKERS_SUFFIX),
+)
+
 # What the API server itself says of a name that is no DNS subdomain (before tokenfab's rule).
 _SUBDOMAIN_TEXT = (
     "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must "
@@ -556,9 +567,11 @@ _SUBDOMAIN_TEXT = (
 def name_errors(name: str) -> list[str]:
     """The API server's lines for a ModelDeployment's metadata.name: its own DNS-subdomain check on every
     object's name, then tokenfab's NAME_RULE."""
-    if NAME_RULE.check(name):
-        return []
     quoted = go_quote(name)
+    if NAME_RULE.check(name):
+        if not NAME_SUFFIX_RULE.check(name):
+            return [f"metadata.name: Invalid value: {quoted}: {NAME_SUFFIX_RULE.message}"]
+        return []
     out = []
     if len(name) > 253:
         out.append(f"metadata.name: Invalid value: {quoted}: must be no more than 253 characters")
@@ -567,6 +580,43 @@ def name_errors(name: str) -> list[str]:
     out.append(f"metadata.name: Invalid value: {quoted}: {NAME_RULE.message}")
     return out
 
+
+# The variables tokenfab sets on every worker (tokenfab.planning.contract.ENV_*; a unit test keeps the two
+# lists equal). A user variable of the same name comes later in the container's env and would win: a rank,
+# group or Dynamo namespace of the user's breaks discovery and the groups' wiring.
+RESERVED_ENV = (
+    "TOKENFAB_ROLE",
+    "TOKENFAB_GROUP",
+    "TOKENFAB_RANK",
+    "TOKENFAB_WORLD_SIZE",
+    "TOKENFAB_GPUS_PER_POD",
+    "TOKENFAB_LEADER_ADDRESS",
+    "TOKENFAB_WORKERS_SERVICE",
+    "TOKENFAB_NAMESPACE",
+    "TOKENFAB_ENGINE_CONFIG",
+    "TOKENFAB_MODEL_NAME",
+    "TOKENFAB_MODEL_SOURCE",
+    "TOKENFAB_MODEL_REVISION",
+    "TOKENFAB_MODEL_PATH",
+    "TOKENFAB_DISAGGREGATION_MODE",
+    "TOKENFAB_MPI_SSH_DIR",
+    "DYN_NAMESPACE",
+    "DYN_SYSTEM_PORT",
+    "DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS",
+    "DYN_RUNTIME_GRACEFUL_SHUTDOWN_TIMEOUT_SECS",
+)
+ENV_RESERVED_RULE = ValueRule(
+    "!(self in [" + ", ".join(cel_string(n) for n in RESERVED_ENV) + "])",
+    "runtime.env may not set a variable tokenfab sets on every worker (" + ", ".join(RESERVED_ENV) + "): "
+    "they come from the spec (model, parallelism, serving.drainSeconds) and the group's place; remove it",
+    lambda v: v not in RESERVED_ENV,
+)
+
+IMAGE_RULE = _regex_rule(
+    r"^\S+$",
+    "runtime.image must be an image reference with no whitespace (e.g. ghcr.io/org/worker:1.2 or "
+    "registry.example.com/worker@sha256:<digest>): remove the spaces or line breaks",
+)
 
 SOURCE_RULE = _regex_rule(
     SOURCE_PATTERN,
