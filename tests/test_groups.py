@@ -880,3 +880,52 @@ def test_plan_role_invariants(scenario):
         p.largest_block,
         p.rollout_blocked,
     )
+
+
+# ------------------------------------------------------------------ a role that left the spec (mode change)
+
+
+def retired_plan(groups, nodes, *, other_roles_ready, others_short=False):
+    """plan_role for a role no longer in the spec, as plan_all calls it (desired 0, no revision)."""
+    return plan_role(
+        "decode",
+        0,
+        "",
+        SHAPE,
+        groups,
+        domains_of(nodes, groups),
+        "pack",
+        healthy(nodes),
+        NOW,
+        TOL,
+        BIND,
+        other_roles_ready=other_roles_ready,
+        retired=True,
+        others_short=others_short,
+    )
+
+
+def test_a_role_that_left_the_spec_serves_until_the_new_roles_serve():
+    nodes = cluster(a=6)
+    old = [group(0, "a-0", "a-1"), group(1, "a-2", "a-3")]
+    p, _ = retired_plan(old, nodes, other_roles_ready=False)
+    assert p.delete == []
+    assert p.drain == []
+    p, _ = retired_plan(old, nodes, other_roles_ready=True)
+    assert sorted(d.name for d in p.delete) == ["m-decode-0", "m-decode-1"]
+
+
+def test_a_role_that_left_the_spec_makes_room_one_group_at_a_time_keeping_one_serving():
+    nodes = cluster(a=6)
+    old = [group(0, "a-0", "a-1"), group(1, "a-2", "a-3"), group(2, "a-4", "a-5")]
+    p, _ = retired_plan(old, nodes, other_roles_ready=False, others_short=True)
+    assert [d.name for d in p.delete] == ["m-decode-2"]
+    p, _ = retired_plan(old[:1], nodes, other_roles_ready=False, others_short=True)
+    assert p.delete == [], "the last serving group stays: the new roles report that they wait for room"
+
+
+def test_replicas_zero_of_a_role_in_the_spec_still_removes_its_groups():
+    nodes = cluster(a=6)
+    old = [group(0, "a-0", "a-1", revision=OLD), group(1, "a-2", "a-3", revision=OLD)]
+    p, _ = plan(old, 0, nodes, other_roles_ready=False)
+    assert sorted(d.name for d in p.delete) == ["m-decode-0", "m-decode-1"]

@@ -161,7 +161,12 @@ def telemetry_hook(namespace: str, name: str, role: str, metric: str, d: Decisio
 
 
 def _observed_shape(groups: list[GroupView], spec: ModelDeploymentSpec) -> GroupShape:
-    return GroupShape(gpus=max(g.gpus for g in groups) or 1, gpus_per_node=spec.topology.gpus_per_node)
+    """The shape of a role that left the spec, from its groups as they were made (the spec's
+    topology.gpusPerNode may have changed since)."""
+    g = max(groups, key=lambda g: g.gpus)
+    gpus = max(1, g.gpus)
+    per_node = gpus // g.size if g.size > 1 and gpus % g.size == 0 else max(gpus, spec.topology.gpus_per_node)
+    return GroupShape(gpus=gpus, gpus_per_node=per_node)
 
 
 class LazyDomains(Mapping[str, Domain]):
@@ -322,7 +327,7 @@ def plan_all(
     """Plan every role present in the spec or in the cluster (a removed role plans 0 groups). `capacity`
     gives a role's free domains; `commit` reserves a role's new pods before the next role is planned;
     `drain` says how groups leave."""
-    plans = []
+    plans: list[RolePlan] = []
     ready_roles = {
         role
         for role, gs in groups.items()
@@ -333,7 +338,10 @@ def plan_all(
             for g in gs
         )
     }
-    for role in PLAN_ORDER:
+    # Roles that left the spec (serving.mode changed) are planned last: their groups serve until every
+    # role of the spec has a serving group, and make room when the spec's new groups find none.
+    order = sorted(PLAN_ORDER, key=lambda r: spec.role(r) is None)
+    for role in order:
         if role not in desired and role not in groups:
             continue
         in_spec = spec.role(role) is not None
@@ -355,6 +363,8 @@ def plan_all(
             (holds or {}).get(role, 0.0),
             drain,
             all(r in ready_roles for r, _ in spec.roles() if r != role),
+            retired=not in_spec,
+            others_short=any(p.unplaced or p.rollout_blocked for p in plans),
         )
         why = blocked(role) if blocked is not None and in_spec and plan.create else ""
         if why:

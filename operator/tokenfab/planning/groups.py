@@ -163,6 +163,8 @@ def plan_role(
     hold_seconds: float | Callable[[list[str]], float] = 0.0,
     drain: DrainPolicy | None = None,
     other_roles_ready: bool = True,
+    retired: bool = False,
+    others_short: bool = False,
 ) -> tuple[RolePlan, dict[str, Domain]]:
     """Plan one role. Returns the plan and the domains with this plan's new pods taken out.
 
@@ -174,7 +176,11 @@ def plan_role(
     generation) wherever capacity allows; once the generation is ready (every role of the deployment has
     a serving group of it) the old groups are drained: all of them when the new ones all serve, or as
     many as new groups could not be placed (making room, batch by batch). `other_roles_ready` says whether
-    the deployment's other roles have a serving group of the new generation."""
+    the deployment's other roles have a serving group of the new generation.
+
+    A `retired` role (it left the spec: serving.mode changed) keeps its groups serving until every role
+    of the spec has a serving group (`other_roles_ready`); while the spec's new groups find no room
+    (`others_short`) it gives up one group at a time, as long as another of its groups still serves."""
     policy_drain = drain or DrainPolicy()
     plan = RolePlan(role=role, desired=desired, revision=revision, shape=shape)
     alive: list[GroupView] = []
@@ -314,7 +320,11 @@ def plan_role(
                 remove(g, "Surplus")
         serving_new = [g for g in new if states[g.name] == "serving"]
         generation_ready = bool(serving_new) and other_roles_ready
-        if desired == 0 or (generation_ready and len(new) >= desired and new_all_ready):
+        if retired and not other_roles_ready:
+            serving_old = [g for g in old if states[g.name] == "serving"]
+            if others_short and not leaving and len(serving_old) > 1:
+                remove(_order_for_removal(old, states)[0], "Rollout")
+        elif desired == 0 or (generation_ready and len(new) >= desired and new_all_ready):
             for g in _order_for_removal(old, states):
                 remove(g, "Rollout")
         elif generation_ready and plan.unplaced > leaving:
