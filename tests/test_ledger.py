@@ -410,3 +410,37 @@ def test_concurrent_sessions_never_promise_the_same_room_twice():
     assert sum(u.get(GPU, 0) for u in promised(view, ledger).values()) == given
     # And the cluster was contended: some placements found no room.
     assert len(placed) < 8 * 12
+
+
+# ------------------------------------------------------------------- a pod arriving while a plan reads
+
+
+class DeliveringView(ClusterView):
+    """A view whose watch thread tries to deliver `deliver` while a plan reads the usage (it gets 0.3 s:
+    a view that holds its lock across the read makes it wait until the read is done)."""
+
+    deliver = None
+
+    def used(self):  # type: ignore[no-untyped-def]
+        snap = super().used()
+        if self.deliver is not None:
+            d, self.deliver = self.deliver, None
+            t = threading.Thread(target=d)
+            t.start()
+            t.join(0.3)
+        return snap
+
+
+def test_a_pod_seen_while_the_ledger_reads_is_counted_once_not_never():
+    """The reserved pod's watch event lands while the next plan reads capacity: it must count either as
+    the view's (the pod) or the ledger's (the reservation), never as neither."""
+    view = DeliveringView()
+    view.on_node("ADDED", k.node("a-0", "a", 4))
+    ledger = Ledger(view)
+    req = {k.GPU: 4}
+    with ledger.session() as s:
+        s.reserve(("ml", "m"), "m-w-0", {"m-w-0-0": ("a-0", req)}, 0.0)
+    view.deliver = lambda: view.on_pod("ADDED", k.pod("m-w-0-0", "m", pinned="a-0", gpus=4, group="m-w-0"))
+    with ledger.session() as s:  # another deployment's pass
+        free = s.domains(req, Constraints())["a"].free.get("a-0", 0)
+    assert free == 0, f"a-0 is full, but a plan saw {free} GPUs free there"

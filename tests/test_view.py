@@ -414,3 +414,31 @@ def test_a_child_relist_deletes_vanished_children_and_wakes_their_owner():
     assert v.child("Deployment", "ml", "n-frontend") is not None
     # The frontend of m was deleted while the watch was down: m must apply it again.
     assert M in change.keys
+
+
+def test_a_relist_of_one_namespace_keeps_a_pod_another_namespace_adds_meanwhile():
+    import threading
+
+    threads: list[threading.Thread] = []
+
+    class Delivering(ClusterView):
+        deliver = None
+
+        def _keys_of(self, kind):  # type: ignore[no-untyped-def]
+            keys = super()._keys_of(kind)
+            if self.deliver is not None:
+                d, self.deliver = self.deliver, None
+                threads.append(threading.Thread(target=d))
+                threads[0].start()
+                threads[0].join(0.3)
+            return keys
+
+    view = Delivering(["ml", "team-b"])
+    view.on_node("ADDED", k.node("a-0", "a", 8))
+    view.deliver = lambda: view.on_pod(
+        "ADDED", k.pod("x-w-0-0", "x", "team-b", pinned="a-0", gpus=8, group="x-w-0")
+    )
+    view.replace("Pod", [], namespace="ml")  # the Pod@ml stream relists (after a 410 Gone, say)
+    threads[0].join(5)
+    assert view.pod("team-b", "x-w-0-0") is not None
+    assert view.used()["a-0"][k.GPU] == 8

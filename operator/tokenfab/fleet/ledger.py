@@ -80,9 +80,11 @@ class Ledger:
             yield Session(self)
 
     def _usage(self) -> dict[str, dict[str, int]]:
-        used = self.view.used()
+        # The view's usage and the pods it holds are read together: a pod whose watch event lands in
+        # between would otherwise count neither as used nor as reserved, and its room be promised again.
+        used, present = self.view.used_and_present(list(self._reserved))
         for key, r in list(self._reserved.items()):
-            if self.view.pod(*key) is not None:  # the pod exists: it holds the room itself now
+            if key in present:  # the pod exists: it holds the room itself now
                 del self._reserved[key]
                 continue
             used[r.node] = add(used.get(r.node, {}), r.requests)

@@ -370,6 +370,14 @@ class ClusterView:
         with self._lock:
             return {n: dict(v) for n, v in self._used.items()}
 
+    def used_and_present(
+        self, keys: Iterable[tuple[str, str]]
+    ) -> tuple[dict[str, dict[str, int]], set[tuple[str, str]]]:
+        """`used()` and which of the pods `keys` the view holds, read at one moment: a pod that arrives
+        between two separate reads would be in neither (not yet in the usage, already not reserved)."""
+        with self._lock:
+            return self.used(), {k for k in keys if k in self._pods}
+
     # --------------------------------------------------------------------------------- children
     def on_child(self, kind: str, type_: str, obj: Obj) -> Change:
         facts = child_facts(kind, obj)
@@ -425,9 +433,10 @@ class ClusterView:
         objs = list(objs)
         change = Change()
         names = {((o["metadata"].get("namespace") or ""), o["metadata"]["name"]) for o in objs}
-        if namespace is not None:  # a stream of one namespace speaks for that namespace only
-            names |= {k for k in self._keys_of(kind) if k[0] != namespace}
         with self._lock:
+            if namespace is not None:  # a stream of one namespace speaks for that namespace only
+                # (read under the lock: another namespace's watch may add a pod meanwhile)
+                names |= {k for k in self._keys_of(kind) if k[0] != namespace}
             if kind == "Node":
                 gone = [{"metadata": {"name": n}} for n in self._nodes if ("", n) not in names]
                 handler: Any = self.on_node
