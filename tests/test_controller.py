@@ -102,3 +102,40 @@ def test_a_pass_failing_after_its_writes_is_retried_with_backoff(monkeypatch):
         time.sleep(0.01)
     assert ctl.queue.failures(key) == 1  # retried later, not lost
     ctl.stop()
+
+
+def test_a_graceful_stop_lets_started_writes_finish_and_drops_the_queued_ones():
+    """Before the Lease is handed back: a write the API server is answering finishes, one not started
+    yet never goes out (the next leader rebuilds from the cluster), and stop() returns within its bound."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    class Kube:
+        pool = ThreadPoolExecutor(1)
+
+    ctl = Controller(kube=Kube())  # type: ignore[arg-type]
+    done: list[str] = []
+
+    def write(name: str, seconds: float) -> None:
+        time.sleep(seconds)
+        done.append(name)
+
+    Kube.pool.submit(write, "in flight", 0.5)
+    queued = Kube.pool.submit(write, "queued", 0.0)
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    ctl.stop(drain_seconds=5.0)
+    assert done == ["in flight"]
+    assert queued.cancelled()
+    assert time.monotonic() - t0 < 3.0
+
+
+def test_a_deleted_deployment_keeps_its_reservations_while_its_creates_may_be_in_flight():
+    from tests import kube_objects as k
+
+    ctl = Controller(kube=None)  # type: ignore[arg-type]
+    body = k.model_deployment("m", "ml")
+    ctl.on_model_deployment("ADDED", body)
+    with ctl.ledger.session() as s:
+        s.reserve(("ml", "m"), "m-worker-0", {"m-worker-0-0": ("a-0", {k.GPU: 4})}, time.time())
+    ctl.on_model_deployment("DELETED", body)
+    assert [r.group for r in ctl.ledger.reservations()] == ["m-worker-0"]

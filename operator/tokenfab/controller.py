@@ -150,8 +150,10 @@ class Controller:
         """A ModelDeployment event (from kopf's watch)."""
         change = self.view.on_model_deployment(type_, body)
         if type_ == "DELETED":
+            # Its reservations stay: creates of its last pass may still be in flight, and their pods
+            # would land on room handed to another deployment. They end as any do: the pods appear
+            # (and hold the room until garbage collection removes them), or the reservations expire.
             for key in change.keys:
-                self.ctx.ledger.release(key)
                 with self._lock:
                     self.waiting_for_capacity.discard(key)
             change = Change(change.keys, True)  # its groups' room will be freed
@@ -192,10 +194,28 @@ class Controller:
         t.start()
         self._threads.append(t)
 
-    def stop(self) -> None:
+    def stop(self, drain_seconds: float = 0.0) -> None:
+        """Stop passes and watches. With `drain_seconds` (a graceful stop, before the Lease is handed
+        back) wait that long at most for the passes in flight and for the writes already handed to the
+        writer; writes not started yet are dropped (the next leader rebuilds from the cluster and
+        completes or replaces a group left unfinished). Nothing is written once another replica may
+        lead."""
         self._stop.set()
         self.queue.shutdown()
-        self._finisher.shutdown(wait=False)
+        deadline = time.monotonic() + drain_seconds
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(max(0.0, deadline - time.monotonic()))
+        self._finisher.shutdown(wait=False, cancel_futures=True)
+        pool = getattr(self.kube, "pool", None)
+        if pool is not None and drain_seconds > 0:
+            drained = threading.Thread(
+                target=pool.shutdown, kwargs={"wait": True, "cancel_futures": True}, daemon=True
+            )
+            drained.start()
+            drained.join(max(0.0, deadline - time.monotonic()))
+            if drained.is_alive():
+                log.warning("stopping with writes still in flight after %.0f s", drain_seconds)
         for inf in self.informers:
             inf.stop()
 

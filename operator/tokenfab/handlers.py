@@ -5,6 +5,7 @@ the operator and its children go by their owner references."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from typing import Any
@@ -17,6 +18,10 @@ from tokenfab.api.models import GROUP, PLURAL, VERSION
 from tokenfab.controller import Controller, Options
 from tokenfab.leader import Elector
 from tokenfab.runtime import Settings
+
+# A graceful stop waits this long at most for the passes and writes in flight (the pod's grace period is
+# longer) before it hands the Lease back.
+GRACEFUL_STOP_SECONDS = 10.0
 
 log = logging.getLogger("tokenfab")
 
@@ -79,12 +84,13 @@ def _stop_writing(controller: Controller) -> Any:
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     controller = memo.get("controller")
     if controller is not None:
+        # No pass starts from now on; the passes and writes in flight finish (bounded) before the Lease
+        # is handed back, so the next leader never plans while this replica still writes.
         controller.leading.clear()
+        await asyncio.get_running_loop().run_in_executor(None, controller.stop, GRACEFUL_STOP_SECONDS)
     elector = memo.get("elector")
     if elector is not None:
         elector.release()
-    if controller is not None:
-        controller.stop()
     planner = memo.get("planner")
     if planner is not None:
         planner.shutdown()

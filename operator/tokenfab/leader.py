@@ -6,8 +6,8 @@ passes and writes. The leader renews the Lease every `retry` seconds; if it cann
 seconds it stops writing and exits (a fresh process rejoins as a follower), so a partitioned replica never
 keeps acting. A follower takes the Lease once it has seen no renewal for `duration` seconds, counted from
 when it last saw one (it looks every `retry` seconds): a SIGKILLed leader is replaced 13 to 19 seconds
-later. A leader stopped gracefully hands the Lease back
-at once (it clears the holder), so a rolling update fails over without waiting.
+later. A leader stopped gracefully finishes the writes it handed out, stops competing and hands the Lease
+back (it clears the holder), so a rolling update fails over without waiting.
 """
 
 from __future__ import annotations
@@ -55,9 +55,10 @@ class _Timed:
     """An API object whose every call carries a timeout, and whose transport failures (no answer) come
     back as an ApiException, which the election treats as a failed attempt to retry."""
 
-    def __init__(self, api: Any, timeout: float) -> None:
+    def __init__(self, api: Any, timeout: float, stopping: threading.Event | None = None) -> None:
         self._api = api
         self._timeout = timeout
+        self._stopping = stopping or threading.Event()
 
     def __getattr__(self, name: str) -> Any:
         fn = getattr(self._api, name)
@@ -66,6 +67,8 @@ class _Timed:
 
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
+            if self._stopping.is_set():  # handed back: the election may not take the Lease again
+                raise ApiException(status=0, reason="this replica is stopping")
             kwargs.setdefault("_request_timeout", self._timeout)
             try:
                 return fn(*args, **kwargs)
@@ -91,7 +94,9 @@ class Elector:
     ) -> None:
         self.identity = identity()
         self.lock = LeaseLock(name, namespace or lease_namespace(), self.identity)
-        self.lock.api_instance = _Timed(client.CoordinationV1Api(api_client), timeout=max(1.0, retry))
+        self._stopping = threading.Event()
+        self._api = _Timed(client.CoordinationV1Api(api_client), timeout=max(1.0, retry))
+        self.lock.api_instance = _Timed(client.CoordinationV1Api(api_client), max(1.0, retry), self._stopping)
         self.leading = threading.Event()
         self._on_started = on_started
         self._on_stopped = on_stopped
@@ -125,18 +130,23 @@ class Elector:
         was = self.leading.is_set()
         self.leading.clear()
         telemetry.IS_LEADER.set(0)
+        if self._stopping.is_set():
+            return  # handed back on a graceful stop: nothing to do
         if was:
             log.error("leader election: %s could not renew the Lease; it stops writing", self.identity)
         self._on_stopped()
 
     def release(self) -> bool:
-        """Hand the Lease back (graceful stop): a follower takes it at once instead of after `duration`."""
+        """Hand the Lease back (graceful stop): a follower takes it at once instead of after `duration`.
+        The election stops first, so this replica does not take the empty Lease again on its next
+        renewal (a renewal already in flight fails on the changed resourceVersion)."""
+        self._stopping.set()
         if not self.leading.is_set():
             return False
         self.leading.clear()
         telemetry.IS_LEADER.set(0)
         try:
-            api = self.lock.api_instance
+            api = self._api
             lease = api.read_namespaced_lease(self.lock.name, self.lock.namespace)
             if lease.spec is None or lease.spec.holder_identity != self.identity:
                 return False

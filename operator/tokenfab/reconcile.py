@@ -393,7 +393,7 @@ def begin(ctx: Context, key: Key, now: float) -> Result | None:
     namespace, name = key
     body = ctx.view.model_deployment(key)
     if body is None or body["metadata"].get("deletionTimestamp"):
-        ctx.ledger.release(key)
+        # (its reservations stay until its pods appear or they expire: see Controller.on_model_deployment)
         ctx.expectations.forget(key)
         ctx.memory.pop(key, None)
         if body is not None:

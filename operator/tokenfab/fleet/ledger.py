@@ -8,10 +8,11 @@ are reserved before the lock is released. Decisions for different deployments in
 room is never promised twice.
 
 A reservation lives until its pod appears in the view (the pod then holds the room itself, on the node
-it is pinned to) or its group is given up (creation failed, the deployment went away). A reservation
-whose pod never appears (a lost write) expires after `ttl` seconds. Nothing here survives a restart, and
-nothing needs to: pods are pinned to their nodes from the moment they exist, so a restarted operator
-rebuilds the same picture from the cluster.
+it is pinned to) or its group is given up (its creation failed). A deployment that goes away keeps its
+reservations: creates of its last pass may still be in flight, and their pods must not land on room
+promised to another. A reservation whose pod never appears (a lost write) expires after `ttl` seconds.
+Nothing here survives a restart, and nothing needs to: pods are pinned to their nodes from the moment
+they exist, so a restarted operator rebuilds the same picture from the cluster.
 """
 
 from __future__ import annotations
