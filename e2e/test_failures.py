@@ -64,6 +64,9 @@ def test_a_refused_write_is_shown_in_a_condition_and_one_event_and_deletion_work
         assert ready["status"] == "False"
         assert ready["reason"] == "ReconcileError"
         assert "exceeded quota" in ready["message"]
+        placed = condition(md, "Placed")  # no group exists: never "every group is bound whole"
+        assert (placed["status"], placed["reason"]) == ("False", "CreateRefused"), placed
+        assert "exceeded quota: no-pods" in placed["message"]
         row = kubectl(f, "get", "mdep", "starved", "-n", ns, "-o", "wide").stdout
         assert "ReconcileError" in row
         time.sleep(8)  # several retries (with backoff) later: still one Event for the one refusal

@@ -565,3 +565,12 @@ def test_plan_role_records_why_a_pod_waits():
         message(conds, "Placed")
         == "1 group(s) placed but not bound yet: m-decode-0 (0/4 nodes are available)"
     )
+
+
+def test_a_group_the_api_server_refused_is_not_placed():
+    """A refused create leaves no group: Placed is False with the API server's words, never True."""
+    words = 'pods "m-decode-1-0" is forbidden: exceeded quota: gpu, requested: nvidia.com/gpu=4'
+    plan = role_plan(ready=1, refused={"m-decode-1": words})
+    conds = conditions([plan], OBS)
+    assert summary(conds)["Placed"] == ("False", "CreateRefused")
+    assert words in message(conds, "Placed")

@@ -68,6 +68,15 @@ def compute_domain_block(ctx: Context, spec: ModelDeploymentSpec) -> Callable[[R
     return why
 
 
+def _errors_of(futures: list[tuple[Future[Any], Any]]) -> list[ApiError | None]:
+    """The refusal of each answered write (None: it succeeded)."""
+    out: list[ApiError | None] = []
+    for fut, _ in futures:
+        exc = fut.exception() if fut.done() else None
+        out.append(exc if isinstance(exc, ApiError) else None)
+    return out
+
+
 def wait_all(futures: list[tuple[Future[Any], Any]], result: Result) -> list[Any]:
     """Wait for submitted writes; returns the tags of the ones that failed (errors go to the result)."""
     failed = []
@@ -158,12 +167,14 @@ def complete(
             f"GroupDeleted{d.reason}",
             f"deleted group {d.name} ({d.reason.lower()}" + (f": {why})" if why else ")"),
         )
+    refusals = {tag: exc for (_, tag), exc in zip(creates, _errors_of(creates), strict=True) if exc}
     for plan, cr, group, pods in pending:
         if group in failed_groups:
-            # Not whole: take back what was made, and the room promised to it.
+            # Not whole: take back what was made (its ComputeDomain too), and the room promised to it.
             ctx.ledger.release(key, group)
+            plan.refused[group] = str(refusals.get(group, "refused"))[:300]
             try:
-                ctx.kube.delete_group(key[0], group)
+                ctx.kube.delete_group(key[0], group, b.uses_compute_domain(spec, cr.role))
             except ApiError as exc:
                 result.errors.append(exc)
             continue

@@ -110,6 +110,9 @@ class RolePlan:
     broken_reasons: dict[str, str] = field(default_factory=dict)
     waiting: dict[str, str] = field(default_factory=dict)  # starting group -> why its first stuck pod waits
     unbound: dict[str, str] = field(default_factory=dict)  # alive group not fully bound yet -> why
+    refused: dict[str, str] = field(
+        default_factory=dict
+    )  # group whose creation the API server refused -> why
     backoff: float = 0.0  # seconds until a new group may be created (the role's groups keep failing)
     drain: list[Drain] = field(default_factory=list)  # serving groups to take out of routing now
     undrain: list[str] = field(default_factory=list)  # draining groups needed again: back into routing

@@ -65,8 +65,17 @@ def conditions(plans: Sequence[RolePlan], obs: Observed) -> list[Condition]:
     ]
 
     held = [p for p in plans if p.blocked]
+    refused = [f"{g}: {why}" for p in plans for g, why in sorted(p.refused.items())]
     if held:
         placed = _cond("Placed", False, "ComputeDomainUnavailable", "; ".join(p.blocked for p in held))
+    elif refused:
+        placed = _cond(
+            "Placed",
+            False,
+            "CreateRefused",
+            f"{len(refused)} group(s) not created, the API server refused them (tried again with backoff): "
+            + "; ".join(refused)[:600],
+        )
     elif unplaced:
         placed = _cond(
             "Placed",
