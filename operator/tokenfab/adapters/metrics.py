@@ -122,7 +122,7 @@ def read(url: str, query: str, timeout: float = 5.0, now: float | None = None) -
         # pass at most `timeout` seconds per query, and the next pass asks again.
         prom = PrometheusConnect(
             url=url,
-            disable_ssl=True,
+            disable_ssl=False,  # an https:// Prometheus must show a certificate the system trusts
             timeout=int(max(1, timeout)),
             retry=Retry(total=0, raise_on_status=False),
         )
