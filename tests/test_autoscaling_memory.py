@@ -278,3 +278,41 @@ def test_pruning_keeps_every_window_maximum_and_minimum(counts, down, up):
         short = [n for t, n in kept if now - t <= w]
         assert (max(full), min(full)) == (max(short), min(short))
     assert len(kept) <= 2 * len(set(counts))
+
+
+def test_an_unreachable_prometheus_costs_a_pass_one_timeout():
+    """Once a read finds no Prometheus, the pass's other reads fail at once with the same words (each
+    would wait out the same timeout), and the deployment holds with MetricsUnavailable."""
+    from tokenfab.autoscale import one_timeout_per_pass
+
+    asked: list[str] = []
+
+    def dead(_url: str, query: str) -> Reading:
+        asked.append(query)
+        return Reading(None, "ConnectTimeout: timed out after 5 s", query)
+
+    read = one_timeout_per_pass(dead)
+    first, second = read("http://p", "a"), read("http://p", "b")
+    assert asked == ["a"]
+    assert second.error == first.error
+    assert second.query == "b"
+    # a bad query is no outage: the next read is asked
+    bad: list[str] = []
+
+    def refusing(_url: str, query: str) -> Reading:
+        bad.append(query)
+        return Reading(None, "PrometheusApiClientException: HTTP 400: parse error", query)
+
+    read = one_timeout_per_pass(refusing)
+    read("http://p", "a")
+    read("http://p", "b")
+    assert bad == ["a", "b"]
+    md = with_status(
+        deployment({"frontend": {"minReplicas": 1, "maxReplicas": 4}}), {"desired": {"decode": 2}}
+    )
+    groups = serving_decode(2)
+    asked.clear()
+    out = run(md, groups, dead)
+    assert len(asked) == 1
+    assert out.desired["decode"] == 2
+    assert "ConnectTimeout" in conditions(out)["MetricsUnavailable"][2]

@@ -100,6 +100,30 @@ def sane(old: AutoscalingStatus, now: float) -> AutoscalingStatus:
     )
 
 
+# A read that failed with one of these (the error text starts with the exception's name) could not
+# reach Prometheus at all: the pass's other reads would wait out the same connect timeout, one after the
+# other. (A read that timed out waiting for an answer may be one heavy query: the others are still asked.)
+UNREACHABLE = ("ConnectionError", "ConnectTimeout", "NewConnectionError", "MaxRetryError")
+
+
+def one_timeout_per_pass(reader: Reader) -> Reader:
+    """`reader`, except that once a read finds Prometheus unreachable, the pass's remaining reads fail at
+    once with the same words: an unreachable Prometheus costs a pass one connect timeout, not one per query
+    (six for an autoscaled disaggregated deployment with a frontend), and the passes of other deployments
+    are not held up behind it."""
+    down: list[str] = []
+
+    def read(url: str, query: str) -> metrics.Reading:
+        if down:
+            return metrics.Reading(None, down[0], query)
+        reading = reader(url, query)
+        if reading.samples is None and reading.error.startswith(UNREACHABLE):
+            down.append(reading.error)
+        return reading
+
+    return read
+
+
 def _due(old: AutoscalingStatus, role: RoleName, now: float, interval: float) -> bool:
     last = old.last_evaluation.get(role)
     return last is None or now - last >= interval
@@ -263,6 +287,7 @@ def autoscale(
 ) -> Outcome:
     """One autoscaling step. `domains_for(role)` is the free capacity for that role's groups (read under
     the placement ledger's lock); `reader` answers a Prometheus query."""
+    reader = one_timeout_per_pass(reader)
     spec, a = md.spec, md.spec.autoscaling
     old = sane((md.status.autoscaling if md.status else None) or AutoscalingStatus(), now)
     status = old.model_copy(deep=True)

@@ -34,7 +34,7 @@ from tokenfab.api.models import (
     RoleFailures,
     RoleName,
 )
-from tokenfab.autoscale import Outcome, autoscale, due_queries, next_due
+from tokenfab.autoscale import Outcome, autoscale, due_queries, next_due, one_timeout_per_pass
 from tokenfab.fleet.ledger import Session
 from tokenfab.fleet.view import Key, parse_time
 from tokenfab.observe import group_views, node_health
@@ -436,7 +436,7 @@ def begin(ctx: Context, key: Key, now: float) -> Result | None:
     # What needs the API (discovery, Prometheus) is read before the ledger is taken.
     blocked = ex.compute_domain_block(ctx, spec)
     readings: dict[str, metrics.Reading] = {}
-    read = ctx.reader or _default_reader
+    read = one_timeout_per_pass(ctx.reader or _default_reader)
     if spec.autoscaling.enabled:
         for q in due_queries(md, now):
             readings[q] = read(spec.autoscaling.prometheus_url or "", q)

@@ -402,8 +402,9 @@ SPEC_RULES: tuple[Rule, ...] = (
         "|| !has(self.serving.frontendReplicas) "
         "|| (self.serving.frontendReplicas >= self.autoscaling.frontend.minReplicas "
         "&& self.serving.frontendReplicas <= self.autoscaling.frontend.maxReplicas)",
-        "spec.serving.frontendReplicas (1 when not set) must lie within autoscaling.frontend.minReplicas and "
-        "maxReplicas when autoscaling is enabled: set frontendReplicas within the bounds, or change the bounds",
+        "spec.serving.frontendReplicas (1 when not set) must lie within autoscaling.frontend.minReplicas "
+        "and maxReplicas when autoscaling is enabled: set frontendReplicas within the bounds, or change the "
+        "bounds",
         lambda s: (
             not s.autoscaling.enabled
             or s.autoscaling.frontend is None
