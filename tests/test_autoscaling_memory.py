@@ -312,7 +312,7 @@ def test_an_unreachable_prometheus_costs_a_pass_one_timeout():
     )
     groups = serving_decode(2)
     asked.clear()
-    out = run(md, groups, dead)
+    out = run(md, groups, one_timeout_per_pass(dead))  # as reconcile reads before the ledger
     assert len(asked) == 1
     assert out.desired["decode"] == 2
     assert "ConnectTimeout" in conditions(out)["MetricsUnavailable"][2]

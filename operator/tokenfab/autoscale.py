@@ -287,7 +287,6 @@ def autoscale(
 ) -> Outcome:
     """One autoscaling step. `domains_for(role)` is the free capacity for that role's groups (read under
     the placement ledger's lock); `reader` answers a Prometheus query."""
-    reader = one_timeout_per_pass(reader)
     spec, a = md.spec, md.spec.autoscaling
     old = sane((md.status.autoscaling if md.status else None) or AutoscalingStatus(), now)
     status = old.model_copy(deep=True)

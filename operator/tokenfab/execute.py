@@ -68,15 +68,6 @@ def compute_domain_block(ctx: Context, spec: ModelDeploymentSpec) -> Callable[[R
     return why
 
 
-def _errors_of(futures: list[tuple[Future[Any], Any]]) -> list[ApiError | None]:
-    """The refusal of each answered write (None: it succeeded)."""
-    out: list[ApiError | None] = []
-    for fut, _ in futures:
-        exc = fut.exception() if fut.done() else None
-        out.append(exc if isinstance(exc, ApiError) else None)
-    return out
-
-
 def wait_all(futures: list[tuple[Future[Any], Any]], result: Result) -> list[Any]:
     """Wait for submitted writes; returns the tags of the ones that failed (errors go to the result)."""
     failed = []
@@ -167,12 +158,15 @@ def complete(
             f"GroupDeleted{d.reason}",
             f"deleted group {d.name} ({d.reason.lower()}" + (f": {why})" if why else ")"),
         )
-    refusals = {tag: exc for (_, tag), exc in zip(creates, _errors_of(creates), strict=True) if exc}
+    refusals: dict[str, str] = {}  # a failed group's first refusal, in the API server's words
+    for fut, tag in creates:  # (all answered by now)
+        if tag in failed_groups and fut.exception() is not None:
+            refusals.setdefault(tag, str(fut.exception())[:300])
     for plan, cr, group, pods in pending:
         if group in failed_groups:
             # Not whole: take back what was made (its ComputeDomain too), and the room promised to it.
             ctx.ledger.release(key, group)
-            plan.refused[group] = str(refusals.get(group, "refused"))[:300]
+            plan.refused[group] = refusals.get(group, "refused")
             try:
                 ctx.kube.delete_group(key[0], group, b.uses_compute_domain(spec, cr.role))
             except ApiError as exc:

@@ -95,8 +95,9 @@ class Elector:
         self.identity = identity()
         self.lock = LeaseLock(name, namespace or lease_namespace(), self.identity)
         self._stopping = threading.Event()
-        self._api = _Timed(client.CoordinationV1Api(api_client), timeout=max(1.0, retry))
-        self.lock.api_instance = _Timed(client.CoordinationV1Api(api_client), max(1.0, retry), self._stopping)
+        leases = client.CoordinationV1Api(api_client)
+        self._api = _Timed(leases, timeout=max(1.0, retry))  # release() only
+        self.lock.api_instance = _Timed(leases, max(1.0, retry), self._stopping)  # the election's
         self.leading = threading.Event()
         self._on_started = on_started
         self._on_stopped = on_stopped
