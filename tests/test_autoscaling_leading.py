@@ -110,11 +110,28 @@ def test_requests_in_flight_size_a_burst_before_the_rate_window_fills():
     mem = Memory(capacity=1.0, rates=((95.0, 0.3),), inflight=quiet, streams=4.0)
     d = decide(samples, counted, 0, 1, cfg, mem, 100.0, Demand(rate=1.0, inflight=12.0))
     assert d.desired == 3, d.message
-    assert "12 in flight at 4.0 per group needs 3" in d.message
+    assert "12 in flight, rising: 24 at 4.0 per group needs 6" in d.message
     assert d.memory.inflight[-1] == (100.0, 12.0)
     without = decide(samples, counted, 0, 1, cfg, mem, 100.0, Demand(rate=1.0))
     assert without.desired == 1, "the rate and the cache alone see one group's worth"
     assert d.memory.streams == 4.0, "nothing learned in a step (the cache has not caught up yet)"
+
+
+def test_a_step_is_sized_for_twice_what_it_shows_so_far():
+    """A step seen on its first samples is still rising (arrivals at the new rate, departures at the old,
+    for a request's duration): 11 in flight over a level of about 1.3, at 4 per group (4.4 with the
+    tolerance), is 3 groups' worth now and 5 groups' worth once it settles. With room in the step cap, all
+    5 come at once; a count that does not step up is sized as it is (the cache and the rate size it)."""
+    cfg = leading(max_step_up=8)
+    samples, counted = kv_samples(1, 0.3)
+    quiet = ((85.0, 1.0), (90.0, 2.0), (95.0, 1.0))
+    mem = Memory(capacity=None, rates=(), inflight=quiet, streams=4.0)
+    d = decide(samples, counted, 0, 1, cfg, mem, 100.0, Demand(inflight=11.0))
+    assert d.desired == 5, d.message
+    assert d.reason == "ScaleUp"
+    steady = ((85.0, 10.0), (90.0, 11.0), (95.0, 10.0))
+    same = decide(samples, counted, 0, 1, cfg, replace(mem, inflight=steady), 100.0, Demand(inflight=11.0))
+    assert same.desired < 5, same.message
 
 
 def test_a_chance_cluster_in_flight_moves_nothing_and_the_level_keeps_groups():
@@ -129,7 +146,7 @@ def test_a_chance_cluster_in_flight_moves_nothing_and_the_level_keeps_groups():
     assert d.memory.streams == 4.0, "nothing learned while the count moves (the cache lags)"
     d = decide(samples, counted, 0, 1, cfg, mem, 100.0, Demand(inflight=14.0))
     assert d.desired == 3, d.message
-    assert "14 in flight at 4.0 per group needs 4" in d.message
+    assert "14 in flight, rising: 28 at 4.0 per group needs 7" in d.message
     samples3, counted3 = kv_samples(3, 0.2)
     busy = ((85.0, 12.0), (90.0, 10.0), (95.0, 11.0))
     mem = Memory(inflight=busy, streams=4.0, recommendations=((0.0, 3),))
@@ -596,12 +613,12 @@ def test_requests_in_flight_are_read_learned_and_kept_in_status():
     assert out.status.concurrency["decode"] == pytest.approx(5.25)  # 1.5 per group at 0.2 -> 5.25 at 0.7
     assert out.status.arrivals[-1] == [NOW, 0.5, 0.0, 3.0]  # (input tokens: not read here)
     assert out.desired["decode"] == 1, "3 in flight are one group's worth (no scale-down window here)"
-    # the next evaluation reads it back: 30 in flight need 30 / (5.25 * 1.1) -> 6 groups (3 with the cap)
+    # read back: 30 in flight, rising, are sized as 60: 60 / (5.25 * 1.1) -> 11 groups (3 with the cap)
     md = with_status(deployment(), out.status.model_dump(by_alias=True, exclude_none=True))
     prom = Prom({g.name: 0.2 for g in groups["decode"]}, rate=0.5, inflight=30.0)
     out = autoscale(md, groups, healthy(groups), lambda _r: domains(400), NOW + 5, prom)
     assert out.desired["decode"] == 3, out.decisions[0][2].message
-    assert "30 in flight at 5.2 per group needs 6" in out.decisions[0][2].message
+    assert "30 in flight, rising: 60 at 5.2 per group needs 11" in out.decisions[0][2].message
 
 
 def test_the_capacity_check_counts_the_prefill_groups_the_ratio_adds():
@@ -669,3 +686,91 @@ def test_the_startup_time_is_learned_from_groups_that_became_ready():
     md = with_status(deployment(), {"desired": {"decode": 2}})
     out = autoscale(md, groups, healthy(groups), lambda _r: domains(400), 1300.0, Prom({"a": 0.7, "c": 0.7}))
     assert out.status.startup_seconds == pytest.approx(90.0)
+
+
+# ------------------------------------------------------------------------------------------ burst watch
+
+
+def watched_body(arrivals: list[list[float]], last: float, streams: float | None = 4.0) -> dict[str, Any]:
+    """A raw ModelDeployment as the view holds it, with the autoscaler's memory in status."""
+    md = deployment()
+    body = md.model_dump(by_alias=True, exclude_none=True, mode="json")
+    status: dict[str, Any] = {"lastEvaluation": {"decode": last}, "arrivals": arrivals}
+    if streams is not None:
+        status["concurrency"] = {"decode": streams}
+    body["status"] = {"autoscaling": status}
+    return body
+
+
+QUIET = [[NOW - 15, 0.3, 0.0, 1.0], [NOW - 10, 0.3, 0.0, 2.0], [NOW - 5, 0.3, 0.0, 1.0]]
+
+
+def test_the_burst_watch_wakes_a_deployment_whose_requests_in_flight_step_up():
+    """About 1.3 in flight over the window; 14 is a burst (a Poisson count of 1.3 reaches it less than once
+    in a million); 4 is not; the same 14 right after an evaluation waits (URGENT_GAP_SECONDS)."""
+    from tokenfab.autoscale import URGENT_GAP_SECONDS, burst_watch
+
+    body = watched_body(QUIET, NOW - 5)
+    assert burst_watch(body, 14.0, NOW)
+    assert not burst_watch(body, 4.0, NOW)
+    assert not burst_watch(watched_body(QUIET, NOW - URGENT_GAP_SECONDS / 2), 14.0, NOW)
+    assert not burst_watch(watched_body(QUIET, NOW - 5, streams=None), 14.0, NOW), "nothing learned yet"
+    kv = watched_body(QUIET, NOW - 5)
+    kv["spec"]["autoscaling"]["policy"] = "kv"
+    assert not burst_watch(kv, 14.0, NOW), "the kv policy reads no leading signal"
+    broken = watched_body(QUIET, NOW - 5)
+    broken["status"]["autoscaling"]["arrivals"] = "nonsense"
+    assert not burst_watch(broken, 14.0, NOW), "an unreadable status is no burst (and no exception)"
+    assert not burst_watch(body, math.inf, NOW)
+
+
+def test_an_urgent_evaluation_comes_before_the_interval_and_not_sooner_than_the_gap():
+    """Evaluated 3 s ago with an interval of 5 s: a pass evaluates only when the burst watch asked for it;
+    1 s after the last evaluation, not even then."""
+    from tokenfab.autoscale import due_queries
+
+    md = with_status(deployment(), {"desired": {"decode": 2}, "lastEvaluation": {"decode": NOW - 3}})
+    groups = serving_decode(2)
+    prom = Prom({g.name: 0.2 for g in groups["decode"]}, rate=0.5, inflight=30.0)
+    assert due_queries(md, NOW) == []
+    assert due_queries(md, NOW, urgent=True)
+    out = autoscale(md, groups, healthy(groups), lambda _r: domains(400), NOW, prom)
+    assert out.decisions == [], "not due yet"
+    out = autoscale(md, groups, healthy(groups), lambda _r: domains(400), NOW, prom, urgent=True)
+    assert out.decisions
+    assert out.status.last_evaluation["decode"] == NOW
+    soon = with_status(deployment(), {"desired": {"decode": 2}, "lastEvaluation": {"decode": NOW - 1}})
+    assert due_queries(soon, NOW, urgent=True) == []
+
+
+def test_the_controller_asks_one_query_per_prometheus_and_wakes_only_the_stepped():
+    from tokenfab.controller import Controller
+
+    asked: list[tuple[str, str]] = []
+
+    def reader(url: str, query: str) -> tuple[dict[tuple[str, str], float] | None, str]:
+        asked.append((url, query))
+        if url == "http://down:9090":
+            return None, "ConnectionError: refused"
+        return {("ml", "a"): 14.0, ("ml", "b"): 1.0}, ""
+
+    ctl = Controller(kube=None, fleet_reader=reader)  # type: ignore[arg-type]
+    for name in ("a", "b", "c"):
+        body = watched_body(QUIET, NOW - 5)
+        body["metadata"] = {"name": name, "namespace": "ml", "uid": name}
+        ctl.on_model_deployment("ADDED", body)
+    off = watched_body(QUIET, NOW - 5)
+    off["metadata"] = {"name": "off", "namespace": "ml", "uid": "off"}
+    off["spec"]["autoscaling"]["enabled"] = False
+    ctl.on_model_deployment("ADDED", off)
+    elsewhere = watched_body(QUIET, NOW - 5)
+    elsewhere["metadata"] = {"name": "a", "namespace": "other", "uid": "x"}
+    elsewhere["spec"]["autoscaling"]["prometheusUrl"] = "http://down:9090"
+    ctl.on_model_deployment("ADDED", elsewhere)
+    while (queued := ctl.queue.get(timeout=0.01)) is not None:  # (each event queued its deployment)
+        ctl.queue.done(queued)
+    assert ctl.watch_bursts(NOW) == [("ml", "a")]
+    assert sorted(u for u, _ in asked) == ["http://down:9090", "http://prometheus:9090"]
+    assert all("dynamo_frontend_inflight_requests" in q for _, q in asked)
+    assert ctl.ctx.urgent == {("ml", "a")}
+    assert ctl.queue.get(timeout=0.1) == ("ml", "a")

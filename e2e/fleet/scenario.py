@@ -22,6 +22,7 @@ import os
 import sys
 import threading
 import time
+import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,7 @@ class Config:
     planner_up: float = 1.0
     planner_down: float = 0.6
     kv_tokens_per_gpu: int = 48 * 16  # the runner's KV blocks per GPU x block size
+    oracle_lead_s: float = 0.0  # the oracle bound (OracleController): how far ahead of the trace it acts
 
     @property
     def total_s(self) -> float:
@@ -217,9 +219,50 @@ class PlannerBaseline(Controller):
         return None
 
 
+class OracleController(Controller):
+    """A bound, not a policy: it knows the trace and sets the decode count for each phase the moment the
+    phase starts (`oracle_lead_s` earlier if positive): max_decode while the offered load is above the
+    midpoint of quiet and burst, 1 otherwise. Its clock starts at the first request the frontend counts
+    after the warm-up (read from the frontend's own /metrics every 0.2 s). No policy that learns of a burst
+    from the burst itself can react sooner, so its goodput bounds what any of them reaches at the same
+    group start-up time."""
+
+    period_s = 0.2
+
+    def __init__(self, f: Factory, cfg: Config) -> None:
+        super().__init__(f, cfg)
+        self.url = fleet.frontend_url(f, cfg.namespace, cfg.name)
+        self.baseline: float | None = None
+        self.t0: float | None = None
+
+    def started(self) -> float:
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=2) as r:
+            text = r.read().decode()
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("dynamo_frontend_requests_started_total")
+        )
+
+    def want(self) -> tuple[int, dict[str, Any]] | None:
+        c = self.cfg
+        if self.t0 is None:
+            n = self.started()
+            if self.baseline is None:
+                self.baseline = n
+                return None
+            if n <= self.baseline:
+                return None
+            self.t0 = time.monotonic()
+        t = time.monotonic() - self.t0 + c.oracle_lead_s
+        high = load.rate_at(c.trace(), t) > (c.quiet_qps + c.burst_qps) / 2
+        return (c.max_decode if high else 1), {"t": round(t, 2)}
+
+
 CONTROLLERS: dict[str, type[Controller]] = {
     "threshold": ThresholdController,
     "planner_baseline": PlannerBaseline,
+    "oracle": OracleController,
 }
 
 

@@ -20,6 +20,9 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
 
 from tokenfab.adapters import metrics
 from tokenfab.api.models import (
@@ -124,9 +127,41 @@ def one_timeout_per_pass(reader: Reader) -> Reader:
     return read
 
 
-def _due(old: AutoscalingStatus, role: RoleName, now: float, interval: float) -> bool:
+# An early evaluation (the burst watch saw the requests in flight step up between evaluations) comes no
+# sooner than this after the last one: about a Prometheus scrape, the most often the signal can change.
+URGENT_GAP_SECONDS = 2.0
+
+
+def _due(old: AutoscalingStatus, role: RoleName, now: float, interval: float, urgent: bool = False) -> bool:
     last = old.last_evaluation.get(role)
-    return last is None or now - last >= interval
+    return last is None or now - last >= (min(interval, URGENT_GAP_SECONDS) if urgent else interval)
+
+
+def burst_watch(body: Mapping[str, Any], inflight: float, now: float) -> bool:
+    """Whether the requests in flight at a deployment's frontend (`inflight`, from the burst watch's one
+    fleet-wide query) stand well above what its evaluations saw over the forecast window: a burst has begun
+    (forecast.stepped, with the requests one group holds as learned), and its next evaluation should not
+    wait out the interval. Only for the leading policy with a learned group size and an evaluation at
+    least URGENT_GAP_SECONDS old. It reads the raw object (hundreds of deployments every scrape): anything
+    it cannot read is no burst, and the pass that follows reads and decides everything again."""
+    try:
+        spec_a = (body.get("spec") or {}).get("autoscaling") or {}
+        if not spec_a.get("enabled") or spec_a.get("policy", "leading") != "leading":
+            return False
+        raw = ((body.get("status") or {}).get("autoscaling")) or {}
+        st = sane(AutoscalingStatus.model_validate(raw), now)
+        interval = float(spec_a.get("intervalSeconds", 15))
+    except (ValidationError, AttributeError, TypeError, ValueError):
+        return False
+    streams = st.concurrency.get("decode") or st.concurrency.get("worker")
+    last = max(st.last_evaluation.values(), default=None)
+    if streams is None or last is None or now - last < URGENT_GAP_SECONDS:
+        return False
+    if not forecast.valid_count(inflight):
+        return False
+    window = max(30.0, 3.0 * interval)
+    seen = [(x[0], x[3]) for x in st.arrivals if len(x) >= 4 and 0 <= now - x[0] <= window]
+    return forecast.stepped(seen, inflight, streams)
 
 
 def scaled_roles(md: ModelDeployment) -> list[tuple[RoleName, RoleBounds, str]]:
@@ -170,13 +205,13 @@ def _shared_queries(md: ModelDeployment) -> dict[str, str]:
     return out
 
 
-def due_queries(md: ModelDeployment, now: float) -> list[str]:
+def due_queries(md: ModelDeployment, now: float, urgent: bool = False) -> list[str]:
     """The Prometheus queries the next `autoscale` call will ask (read them before taking the ledger)."""
     a = md.spec.autoscaling
     old = sane((md.status.autoscaling if md.status else None) or AutoscalingStatus(), now)
     out = []
     for role, _, metric in scaled_roles(md):
-        if not _due(old, role, now, a.interval_seconds):
+        if not _due(old, role, now, a.interval_seconds, urgent):
             continue
         out.append(_signal_query(md, role, metric))
     if out:
@@ -284,9 +319,11 @@ def autoscale(
     domains_for: Callable[[RoleName], Mapping[str, Domain]],
     now: float,
     reader: Reader,
+    urgent: bool = False,
 ) -> Outcome:
     """One autoscaling step. `domains_for(role)` is the free capacity for that role's groups (read under
-    the placement ledger's lock); `reader` answers a Prometheus query."""
+    the placement ledger's lock); `reader` answers a Prometheus query. `urgent`: the burst watch saw a
+    burst begin, and every role is due once URGENT_GAP_SECONDS have passed since its last evaluation."""
     spec, a = md.spec, md.spec.autoscaling
     old = sane((md.status.autoscaling if md.status else None) or AutoscalingStatus(), now)
     status = old.model_copy(deep=True)
@@ -304,7 +341,7 @@ def autoscale(
     inflight: float | None = None
     since = max(old.last_evaluation.values(), default=None)
     startup = old.startup_seconds
-    if any(_due(old, role, now, a.interval_seconds) for role, _, _ in scaled_roles(md)):
+    if any(_due(old, role, now, a.interval_seconds, urgent) for role, _, _ in scaled_roles(md)):
         # Learned at evaluations only: `since` moves on with them, so each group is one sample.
         startup = learned_startup(groups, old.startup_seconds, since)
     status.startup_seconds = None if startup is None else round(startup, 1)
@@ -322,7 +359,7 @@ def autoscale(
             status.desired[role] = current
         desired[role] = current
         last = old.last_evaluation.get(role)
-        if not _due(old, role, now, a.interval_seconds):
+        if not _due(old, role, now, a.interval_seconds, urgent):
             continue  # not due: keep the last decision
 
         if shared is None:

@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokenfab import inventory
-from tokenfab.adapters import telemetry
+from tokenfab.adapters import metrics, telemetry
 from tokenfab.adapters.informer import Informer, Source
 from tokenfab.adapters.kube import ApiError, Kube, Obj
+from tokenfab.autoscale import burst_watch
 from tokenfab.fleet.expectations import Expectations
 from tokenfab.fleet.ledger import Ledger
 from tokenfab.fleet.view import Change, ClusterView, Key
@@ -36,6 +37,7 @@ from tokenfab.reconcile import begin
 from tokenfab.runtime import Context, Result, Settings
 
 log = logging.getLogger("tokenfab")
+FleetReader = Callable[[str, str], tuple[dict[tuple[str, str], float] | None, str]]
 MANAGED = f"{c.MANAGED_BY}={c.MANAGED_BY_VALUE}"
 SLOW_PASS_SECONDS = 1.0
 STUCK_SECONDS = 600.0  # a pass this long means a hang (every request has a timeout): fail liveness
@@ -47,6 +49,7 @@ class Options:
     workers: int = 4
     resync_seconds: float = 60.0
     inventory_seconds: float = 10.0
+    burst_watch_seconds: float = 2.0  # the burst watch's period (about a scrape); 0: off
     settings: Settings = field(default_factory=Settings)
 
 
@@ -58,8 +61,10 @@ class Controller:
         planner: Any = None,
         reader: Any = None,
         clock: Callable[[], float] = time.time,
+        fleet_reader: FleetReader = metrics.read_by_deployment,
     ) -> None:
         self.kube = kube
+        self.fleet_reader = fleet_reader
         self.options = options or Options()
         self.view = ClusterView(self.options.namespaces or None)
         self.ledger = Ledger(self.view)
@@ -182,6 +187,8 @@ class Controller:
             self._spawn(f"reconcile-{i}", self._worker)
         self._spawn("resync", self._resync)
         self._spawn("inventory", self._inventory)
+        if self.options.burst_watch_seconds > 0:
+            self._spawn("burst-watch", self._burst_watch)
 
     def lead(self) -> None:
         """This replica now holds the leader Lease: look at every deployment."""
@@ -385,6 +392,43 @@ class Controller:
                     self.queue.add(key)
             self.ledger.expire(self.clock())
             telemetry.LEDGER_RESERVED_PODS.set(len(self.ledger.reservations()))
+
+    def _burst_watch(self) -> None:
+        while not self._stop.wait(self.options.burst_watch_seconds):
+            if not self.leading.is_set() or not self.synced():
+                continue
+            try:
+                self.watch_bursts(self.clock())
+            except Exception:  # a missed look is not a missed burst: the evaluation interval still runs
+                log.exception("burst watch failed")
+
+    def watch_bursts(self, now: float) -> list[Key]:
+        """One look of the burst watch: the requests in flight at every autoscaled deployment's frontend,
+        one query per Prometheus for the whole fleet (not one per deployment); each deployment whose count
+        steps up (tokenfab.autoscale.burst_watch) is evaluated now instead of at its next interval. A
+        failed read wakes nobody: the evaluations go on at their interval. Returns the deployments woken."""
+        by_url: dict[str, list[tuple[Key, Obj]]] = {}
+        for key in self.view.deployments():
+            body = self.view.model_deployment(key)
+            a = ((body or {}).get("spec") or {}).get("autoscaling") or {}
+            url = a.get("prometheusUrl") if isinstance(a, dict) else None
+            if body is not None and a.get("enabled") and isinstance(url, str) and url:
+                by_url.setdefault(url, []).append((key, body))
+        woken: list[Key] = []
+        for url, items in by_url.items():
+            values, why = self.fleet_reader(url, metrics.fleet_inflight_query())
+            if values is None:
+                log.debug("burst watch: %s: %s", url, why)
+                continue
+            for key, body in items:
+                value = values.get(key)
+                if value is not None and burst_watch(body, value, now):
+                    self.ctx.urgent.add(key)
+                    self.queue.add(key)
+                    woken.append(key)
+        if woken:
+            log.info("burst watch: evaluating %s now", ", ".join(f"{ns}/{n}" for ns, n in woken))
+        return woken
 
     def _inventory(self) -> None:
         written: dict[str, Any] = {}

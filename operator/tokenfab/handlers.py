@@ -33,6 +33,7 @@ def options_from_env() -> Options:
         workers=int(env.get("TOKENFAB_WORKERS", "4")),
         resync_seconds=float(env.get("TOKENFAB_RESYNC_SECONDS", "60")),
         inventory_seconds=float(env.get("TOKENFAB_INVENTORY_SECONDS", "10")),
+        burst_watch_seconds=float(env.get("TOKENFAB_BURST_WATCH_SECONDS", "2")),
         settings=Settings(
             gang=env.get("TOKENFAB_GANG", "auto"),
             bind_timeout=float(env.get("TOKENFAB_BIND_TIMEOUT_SECONDS", "90")),

@@ -437,8 +437,10 @@ def begin(ctx: Context, key: Key, now: float) -> Result | None:
     blocked = ex.compute_domain_block(ctx, spec)
     readings: dict[str, metrics.Reading] = {}
     read = one_timeout_per_pass(ctx.reader or _default_reader)
+    urgent = key in ctx.urgent  # the burst watch saw a burst begin: evaluate without waiting the interval
+    ctx.urgent.discard(key)
     if spec.autoscaling.enabled:
-        for q in due_queries(md, now):
+        for q in due_queries(md, now, urgent):
             readings[q] = read(spec.autoscaling.prometheus_url or "", q)
     drain = drain_policy(spec, groups, desired_groups(md), read, namespace, name)
 
@@ -450,7 +452,7 @@ def begin(ctx: Context, key: Key, now: float) -> Result | None:
         desired = desired_groups(md)
         outcome: Outcome | None = None
         if spec.autoscaling.enabled:
-            outcome = autoscale(md, groups, health, capacity, now, lambda _url, q: readings[q])
+            outcome = autoscale(md, groups, health, capacity, now, lambda _url, q: readings[q], urgent)
             desired.update(outcome.desired)
             if "prefill" in desired and "decode" in desired and spec.serving.ratio_policy == "fixed":
                 desired["prefill"] = b.follow_ratio(spec, desired["decode"], desired["prefill"])

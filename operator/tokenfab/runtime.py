@@ -48,6 +48,7 @@ class Context:
     reader: Reader | None = None
     planner: Any = None  # Planner | None
     memory: dict[Key, Memory] = field(default_factory=dict)
+    urgent: set[Key] = field(default_factory=set)  # deployments the burst watch saw a burst begin in
 
     def mem(self, key: Key) -> Memory:
         return self.memory.setdefault(key, Memory())

@@ -70,6 +70,12 @@ def frontend_inflight_query(namespace: str, deployment: str) -> str:
     return f"sum({FRONTEND_INFLIGHT}{_frontend(namespace, deployment)})"
 
 
+def fleet_inflight_query() -> str:
+    """PromQL returning the requests in flight at every deployment's frontend, one sample per namespace and
+    deployment: the burst watch asks it once per scrape for the whole fleet."""
+    return f"sum by (namespace, {c.PROM_LABEL_DEPLOYMENT}) ({FRONTEND_INFLIGHT})"
+
+
 def input_tokens_query(namespace: str, deployment: str, window_seconds: int) -> str:
     """PromQL returning the input tokens/s arriving at a deployment's frontend, one sample."""
     return f"sum(rate({FRONTEND_INPUT_TOKENS}{_frontend(namespace, deployment)}[{window_seconds}s]))"
@@ -144,3 +150,26 @@ def read(url: str, query: str, timeout: float = 5.0, now: float | None = None) -
         if value == value:  # not NaN
             samples[group] = Sample(value=value, age_seconds=ages.get(group, 0.0))
     return Reading(samples, "", query)
+
+
+def read_by_deployment(
+    url: str, query: str, timeout: float = 2.0
+) -> tuple[dict[tuple[str, str], float] | None, str]:
+    """Run `query` (one sample per namespace and deployment label): ({(namespace, deployment): value}, "")
+    or (None, why). One bounded attempt; values that are not numbers are left out."""
+    try:
+        retry = Retry(total=0, raise_on_status=False)
+        prom = PrometheusConnect(url=url, disable_ssl=False, timeout=int(max(1, timeout)), retry=retry)
+        rows = prom.custom_query(query)
+    except Exception as exc:  # connection refused, timeout, bad query: no reading this time
+        return None, f"{type(exc).__name__}: {str(exc)[:200]}"
+    out: dict[tuple[str, str], float] = {}
+    for row in rows:
+        labels = row.get("metric", {})
+        try:
+            value = float(row["value"][1])
+        except (KeyError, ValueError, IndexError, TypeError):
+            continue
+        if value == value:
+            out[(labels.get("namespace", ""), labels.get(c.PROM_LABEL_DEPLOYMENT, ""))] = value
+    return out, ""

@@ -236,9 +236,10 @@ def _in_flight(
     signal (a burst's first requests count at once; the arrival rate needs its window to fill, and the
     cache fills only as requests get in). Groups needed = in flight / what one group holds at the target,
     learned from the cache (forecast.learn, with a lower floor) while no group is warming and nothing
-    queues. Only a step leads (forecast.stepped: a burst's first requests, beyond what the recent level
-    reaches by chance); a steady count's own noise must not add groups, and the cache and the rate size
-    them once it settles. Its mean over the window keeps groups from a scale-down."""
+    queues; a step is sized for twice the count it shows, which is still rising. Only a step leads
+    (forecast.stepped: a burst's first requests, beyond what the recent level reaches by chance); a steady
+    count's own noise must not add groups, and the cache and the rate size them once it settles. Its mean
+    over the window keeps groups from a scale-down."""
     prev = memory.inflight[-1][1] if memory.inflight else None
     streams = memory.streams
     step = streams is not None and forecast.stepped(memory.inflight, inflight, streams)
@@ -253,9 +254,15 @@ def _in_flight(
         return rec, [], mem
     notes = []
     if step:  # (only a step leads: short of one, the cache and the rate size the groups)
-        up = forecast.groups_for(inflight, streams * (1 + cfg.tolerance))
+        # A step is seen on its first samples, while the count still rises: it goes on rising for a
+        # request's duration (arrivals at the new rate, departures at the old), so the groups are sized
+        # for forecast.MAX_GROWTH times what is in flight now (the rate's forecast is capped the same way).
+        ahead = forecast.MAX_GROWTH * inflight
+        up = forecast.groups_for(ahead, streams * (1 + cfg.tolerance))
         if up is not None and up > rec:
-            notes.append(f"{inflight:.0f} in flight at {streams:.1f} per group needs {up}")
+            notes.append(
+                f"{inflight:.0f} in flight, rising: {ahead:.0f} at {streams:.1f} per group needs {up}"
+            )
             rec = up
     recent = mem.inflight
     held = sum(v for _, v in recent) / len(recent)  # the level over the window, not a noisy high
