@@ -68,6 +68,7 @@ def test_closed_loop_scales_decode_with_the_burst_and_back(live):
         if e["reason"] == "ScaledUp" and e["message"].startswith("decode")
     ]
     assert ups, "no ScaledUp Event for decode"
+    print(f"scale-ups: {ups}")  # (those the burst watch brought forward start "decode: ... burst watch:")
     assert arrivals, "no arrival rate read from the frontend"
     assert max(arrivals) > 0.75 * cfg.burst_qps, arrivals
     assert learned, "no capacity per decode group learned"

@@ -739,6 +739,7 @@ def test_an_urgent_evaluation_comes_before_the_interval_and_not_sooner_than_the_
     out = autoscale(md, groups, healthy(groups), lambda _r: domains(400), NOW, prom, urgent=True)
     assert out.decisions
     assert out.status.last_evaluation["decode"] == NOW
+    assert out.decisions[0][2].message.startswith("burst watch: "), "the early evaluation says why"
     soon = with_status(deployment(), {"desired": {"decode": 2}, "lastEvaluation": {"decode": NOW - 1}})
     assert due_queries(soon, NOW, urgent=True) == []
 

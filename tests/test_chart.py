@@ -380,6 +380,7 @@ def test_custom_values_reach_the_pod() -> None:
     assert env["TZ"] == "UTC"
     assert env["TOKENFAB_RESYNC_SECONDS"] == "30"
     assert env["TOKENFAB_INVENTORY_SECONDS"] == "20"
+    assert env["TOKENFAB_BURST_WATCH_SECONDS"] == "0"
     assert pod["imagePullSecrets"] == [{"name": "registry-credentials"}]
     assert pod["priorityClassName"] == "system-cluster-critical"
     assert pod["nodeSelector"] == values["nodeSelector"]

@@ -19,7 +19,12 @@ smaller groups when two cores cannot carry them all, and the JSON says so):
 - planner_baseline:  a controller following the published logic of Dynamo's planner (reactive, static
                      thresholds on each decode worker's KV demand; e2e/fleet/scenario.PlannerBaseline).
 The last two are BASELINES written in this benchmark, not tokenfab features: with them the operator's
-autoscaler is off and they write spec.decode.replicas.
+autoscaler is off and they write spec.decode.replicas. One more, not in the default set:
+
+- oracle:            a BOUND, not a policy: it knows the trace and sets 4 decode groups the moment each
+                     burst starts and 1 the moment it ends (scenario.OracleController). No policy that
+                     learns of a burst from the burst itself reacts sooner, so its goodput is what any of
+                     them can reach at this machine's group start-up time (`--policies ...,oracle`).
 
 The whole set runs twice: as is (the mocker registers within seconds) and with a cold start (the runner
 holds each new engine back `--cold-start` seconds, 60 by default, as weight loading would). Reported per
@@ -193,6 +198,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=5, help="policies of one trace run at once")
     ap.add_argument("--cold-start", type=float, default=COLD_START_S, help="seconds; 0: skip that variant")
     ap.add_argument("--repeat", type=int, default=1, help="run everything this many times")
+    ap.add_argument(
+        "--scale-down-window",
+        type=int,
+        default=None,
+        help="the tokenfab policies' scaleDownStabilizationSeconds (default: scenario.Config's, 60)",
+    )
     a = ap.parse_args(argv)
     traces = tuple(t for t in a.traces.split(",") if t)
     policies = tuple(p for p in a.policies.split(",") if p)
@@ -211,7 +222,9 @@ def main(argv: list[str] | None = None) -> int:
                 fleet.start_runner(
                     f, tools, namespaces=tuple(namespace(p) for p in policies), start_delay=delay
                 )
-                bench = run(f, tools, f.run / "fleet-bench" / f"{i}-{variant}", traces, policies, a.batch)
+                kw = {} if a.scale_down_window is None else {"scale_down_window": a.scale_down_window}
+                work = f.run / "fleet-bench" / f"{i}-{variant}"
+                bench = run(f, tools, work, traces, policies, a.batch, **kw)
                 f.stop_extra(fleet.RUNNER)
                 run_out[variant] = {
                     "start_delay_s": delay,

@@ -1,10 +1,11 @@
 """The fleet benchmark's smoke version (the full one: `python -m e2e.bench.fleet_bench`, about 2 hours):
-one short burst played at once against tokenfab's leading policy, its KV-only policy, static peak and the
-planner baseline, each on its own live Dynamo fleet. About 5 minutes on 2 cores. The table is printed
-and the JSON kept in the run directory (e2e/bench/results/ holds the full run's).
+one short burst played at once against tokenfab's leading policy, its KV-only policy, static peak, the
+planner baseline and the oracle bound, each on its own live Dynamo fleet. About 5 minutes on 2 cores. The
+table is printed and the JSON kept in the run directory (e2e/bench/results/ holds the full run's).
 
 Asserted: every policy ran the whole trace and served it; static peak holds the most GPU-minutes; both
-tokenfab policies hold fewer than static and brought a new decode group to serve during the burst.
+tokenfab policies hold fewer than static and brought a new decode group to serve during the burst; the
+oracle scaled at the burst's start (its first new group serves within 15 s).
 Goodput and latency are measured and printed, never asserted (2 shared cores are noisy).
 """
 
@@ -19,7 +20,7 @@ from e2e.fleet import fleet
 from tokenfab_factory.factory import Factory
 
 pytestmark = pytest.mark.slow
-POLICIES = ("tokenfab", "tokenfab_kv_only", "static", "planner_baseline")
+POLICIES = ("tokenfab", "tokenfab_kv_only", "static", "planner_baseline", "oracle")
 
 
 def test_fleet_benchmark_smoke(operator: Factory, capsys):
@@ -53,3 +54,6 @@ def test_fleet_benchmark_smoke(operator: Factory, capsys):
     for name in ("tokenfab", "tokenfab_kv_only"):
         assert by[name]["gpu_minutes"] < by["static"]["gpu_minutes"], name
         assert by[name]["first_serve_s"] is not None, f"{name} brought no new group to serve in the burst"
+    oracle = by["oracle"]["first_serve_s"]
+    assert oracle is not None, "the oracle found the trace's start on the frontend's counter"
+    assert oracle < 15, oracle

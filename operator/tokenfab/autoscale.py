@@ -426,6 +426,8 @@ def autoscale(
             inflight=inflight if kv else None,
         )
         decision = decide(reading.samples, counted, warming, current, cfg, memory, now, demand)
+        if not _due(old, role, now, a.interval_seconds):  # (due only because the burst watch asked)
+            decision = replace(decision, message=f"burst watch: {decision.message}")
         unread = {"requests", "inflight"} & blind if kv else {"tokens"} & blind
         floor = max(cfg.min_groups, min(cfg.max_groups, current))  # a bound still moves the count
         if cfg.leading and unread and decision.desired < floor:
