@@ -775,3 +775,71 @@ def test_the_controller_asks_one_query_per_prometheus_and_wakes_only_the_stepped
     assert all("dynamo_frontend_inflight_requests" in q for _, q in asked)
     assert ctl.ctx.urgent == {("ml", "a")}
     assert ctl.queue.get(timeout=0.1) == ("ml", "a")
+
+
+def test_a_step_is_not_doubled_while_groups_are_on_their_way():
+    """Once groups are on their way the step was acted on: what still rises is the backlog waiting for
+    them, sized as it is (11 at 4.4 per group: 3), not doubled again at every decision (5)."""
+    cfg = leading(max_step_up=8)
+    samples, counted = kv_samples(1, 0.3)
+    mem = Memory(inflight=((85.0, 1.0), (90.0, 2.0), (95.0, 1.0)), streams=4.0)
+    first = decide(samples, counted, 0, 1, cfg, mem, 100.0, Demand(inflight=11.0))
+    again = decide(samples, counted, 1, 1, cfg, mem, 100.0, Demand(inflight=11.0, starting=1))
+    assert (first.desired, again.desired) == (5, 3), (first.message, again.message)
+
+
+def test_the_burst_watch_leaves_a_deployment_alone_while_its_new_groups_come():
+    """A scale-up less than a startup time ago has groups on their way: no wake at every look while the
+    backlog waiting for them grows (the evaluations at the interval size it); after that, a step wakes."""
+    from tokenfab.autoscale import burst_watch
+    from tokenfab.planning.status import rfc3339
+
+    body = watched_body(QUIET, NOW - 5)
+    body["status"]["autoscaling"]["startupSeconds"] = 20.0
+    body["status"]["autoscaling"]["lastScaleTime"] = {"decode": rfc3339(NOW - 10)}
+    assert not burst_watch(body, 14.0, NOW)
+    body["status"]["autoscaling"]["lastScaleTime"] = {"decode": rfc3339(NOW - 25)}
+    assert burst_watch(body, 14.0, NOW)
+
+
+def test_an_urgent_pass_reads_exactly_what_it_evaluates_and_old_samples_are_no_level():
+    """As reconcile wires it: the queries `due_queries` names are all `autoscale` reads (a missing one would
+    be a KeyError). Samples of the frontend from before a pause (two hours old) are no level to step up
+    from: 14 in flight against them is no burst (decided from the cache, the rate and the level now)."""
+    from tokenfab.autoscale import due_queries
+
+    old = [[NOW - 7200 + i, 0.3, 0.0, 1.0] for i in range(0, 30, 5)]
+    st = {"desired": {"decode": 2}, "lastEvaluation": {"decode": NOW - 3}, "arrivals": old}
+    st["concurrency"] = {"decode": 4.0}
+    md = with_status(deployment(), st)
+    groups = serving_decode(2)
+    prom = Prom({g.name: 0.2 for g in groups["decode"]}, rate=0.5, inflight=14.0)
+    readings = {q: prom("", q) for q in due_queries(md, NOW, urgent=True)}
+    out = autoscale(
+        md, groups, healthy(groups), lambda _r: domains(400), NOW, lambda _u, q: readings[q], True
+    )
+    message = out.decisions[0][2].message
+    assert message.startswith("burst watch: ")
+    assert "rising" not in message, message
+
+
+def test_only_the_leader_with_a_whole_view_looks_for_bursts():
+    from tokenfab.controller import Controller
+
+    asked: list[str] = []
+
+    def reader(url: str, query: str) -> tuple[dict[tuple[str, str], float] | None, str]:
+        asked.append(url)
+        return {}, ""
+
+    ctl = Controller(kube=None, fleet_reader=reader)  # type: ignore[arg-type]
+    body = watched_body(QUIET, NOW - 5)
+    body["metadata"] = {"name": "a", "namespace": "ml", "uid": "a"}
+    ctl.on_model_deployment("ADDED", body)
+    ctl.leading.clear()
+    assert ctl.burst_look() == []
+    assert asked == [], "a replica that does not lead asks nothing"
+    ctl.leading.set()
+    ctl.synced = lambda: True  # type: ignore[method-assign]
+    ctl.burst_look()
+    assert asked == ["http://prometheus:9090"]

@@ -37,6 +37,7 @@ from tokenfab.planning import builders as b
 from tokenfab.planning import forecast
 from tokenfab.planning.autoscaling import (
     CLOCK_SKEW_SECONDS,
+    DEFAULT_HORIZON,
     Decision,
     Demand,
     Memory,
@@ -157,6 +158,12 @@ def burst_watch(body: Mapping[str, Any], inflight: float, now: float) -> bool:
     last = max(st.last_evaluation.values(), default=None)
     if streams is None or last is None or now - last < URGENT_GAP_SECONDS:
         return False
+    # A scale-up of the last startup time has groups on their way: what rises since is the backlog that
+    # waits for them, which the evaluations at the interval size (no wake every look for a minute).
+    coming = max(URGENT_GAP_SECONDS, st.startup_seconds or DEFAULT_HORIZON)
+    scaled = [_parse(t) for t in st.last_scale_time.values()]
+    if any(t is not None and 0 <= now - t < coming for t in scaled):
+        return False
     if not forecast.valid_count(inflight):
         return False
     window = max(30.0, 3.0 * interval)
@@ -219,18 +226,20 @@ def due_queries(md: ModelDeployment, now: float, urgent: bool = False) -> list[s
     return out
 
 
-def next_due(md: ModelDeployment, now: float) -> float | None:
-    """Seconds until the next role is due for an evaluation (None: autoscaling off)."""
+def next_due(md: ModelDeployment, now: float, urgent: bool = False) -> float | None:
+    """Seconds until the next role is due for an evaluation (None: autoscaling off); `urgent`: the burst
+    watch asked for one, due URGENT_GAP_SECONDS after the last."""
     a = md.spec.autoscaling
     if not a.enabled:
         return None
     old = sane((md.status.autoscaling if md.status else None) or AutoscalingStatus(), now)
+    interval = min(a.interval_seconds, URGENT_GAP_SECONDS) if urgent else a.interval_seconds
     waits = [
-        max(0.0, a.interval_seconds - (now - old.last_evaluation[r]))
+        max(0.0, interval - (now - old.last_evaluation[r]))
         for r, _, _ in scaled_roles(md)
         if r in old.last_evaluation
     ]
-    return min(waits, default=float(a.interval_seconds))
+    return min(waits, default=float(interval))
 
 
 def _one(reading: metrics.Reading | None) -> tuple[float | None, str]:
@@ -403,13 +412,15 @@ def autoscale(
             # so does the first after a pause longer than the window (the operator was down, or the role
             # had no evaluations), which has no recommendation of that window to go by.
             remembered = [[now, float(current)]]
-        history = [(x[0], x[1] if kv else x[2]) for x in old.arrivals if len(x) >= 3]
+        # (the forecast's window only: after a pause, hours-old samples are no level to step up from)
+        recent = [x for x in old.arrivals if len(x) >= 3 and 0 <= now - x[0] <= cfg.forecast_window]
+        history = [(x[0], x[1] if kv else x[2]) for x in recent]
         memory = Memory(
             recommendations=tuple((float(x[0]), max(0, int(x[1]))) for x in remembered),
             last_scale_time=_parse(old.last_scale_time.get(role)),
             rates=tuple((float(t), float(v)) for t, v in history),
             capacity=old.capacity.get(role),
-            inflight=tuple((float(x[0]), float(x[3])) for x in old.arrivals if len(x) >= 4) if kv else (),
+            inflight=tuple((float(x[0]), float(x[3])) for x in recent if len(x) >= 4) if kv else (),
             streams=old.concurrency.get(role),
         )
         waiting: dict[str, float] | None = None

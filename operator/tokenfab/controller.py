@@ -395,12 +395,17 @@ class Controller:
 
     def _burst_watch(self) -> None:
         while not self._stop.wait(self.options.burst_watch_seconds):
-            if not self.leading.is_set() or not self.synced():
-                continue
-            try:
-                self.watch_bursts(self.clock())
-            except Exception:  # a missed look is not a missed burst: the evaluation interval still runs
-                log.exception("burst watch failed")
+            self.burst_look()
+
+    def burst_look(self) -> list[Key]:
+        """One look of the burst watch, by the leader only, once its view is whole."""
+        if not self.leading.is_set() or not self.synced():
+            return []
+        try:
+            return self.watch_bursts(self.clock())
+        except Exception:  # a missed look is not a missed burst: the evaluation interval still runs
+            log.exception("burst watch failed")
+            return []
 
     def watch_bursts(self, now: float) -> list[Key]:
         """One look of the burst watch: the requests in flight at every autoscaled deployment's frontend,
@@ -410,9 +415,12 @@ class Controller:
         by_url: dict[str, list[tuple[Key, Obj]]] = {}
         for key in self.view.deployments():
             body = self.view.model_deployment(key)
-            a = ((body or {}).get("spec") or {}).get("autoscaling") or {}
-            url = a.get("prometheusUrl") if isinstance(a, dict) else None
-            if body is not None and a.get("enabled") and isinstance(url, str) and url:
+            spec = (body or {}).get("spec")
+            a = spec.get("autoscaling") if isinstance(spec, dict) else None
+            if body is None or not isinstance(a, dict) or not a.get("enabled"):
+                continue
+            url = a.get("prometheusUrl")
+            if isinstance(url, str) and url:
                 by_url.setdefault(url, []).append((key, body))
         woken: list[Key] = []
         for url, items in by_url.items():

@@ -148,6 +148,15 @@ def _waiting_status(
 # ------------------------------------------------------------------------------------------- pass
 
 
+def take(keys: set[Key], key: Key) -> bool:
+    """Whether `key` was in `keys`, removed in one step (another thread may add it at any time)."""
+    try:
+        keys.remove(key)
+    except KeyError:
+        return False
+    return True
+
+
 def _default_reader(url: str, query: str) -> metrics.Reading:
     return metrics.read(url, query)
 
@@ -396,6 +405,7 @@ def begin(ctx: Context, key: Key, now: float) -> Result | None:
         # (its reservations stay until its pods appear or they expire: see Controller.on_model_deployment)
         ctx.expectations.forget(key)
         ctx.memory.pop(key, None)
+        ctx.urgent.discard(key)
         if body is not None:
             ex.remove_legacy(ctx, body)
         return None
@@ -437,10 +447,12 @@ def begin(ctx: Context, key: Key, now: float) -> Result | None:
     blocked = ex.compute_domain_block(ctx, spec)
     readings: dict[str, metrics.Reading] = {}
     read = one_timeout_per_pass(ctx.reader or _default_reader)
-    urgent = key in ctx.urgent  # the burst watch saw a burst begin: evaluate without waiting the interval
-    ctx.urgent.discard(key)
+    urgent = take(ctx.urgent, key)  # the burst watch saw a burst begin: evaluate without waiting the interval
     if spec.autoscaling.enabled:
-        for q in due_queries(md, now, urgent):
+        due = due_queries(md, now, urgent)
+        if urgent and not due:  # (not even the gap since the last evaluation has passed: kept for then)
+            ctx.urgent.add(key)
+        for q in due:
             readings[q] = read(spec.autoscaling.prometheus_url or "", q)
     drain = drain_policy(spec, groups, desired_groups(md), read, namespace, name)
 
@@ -568,7 +580,7 @@ def _finish(
     clock.lap("status")
     result.timings = clock.laps
     result.waiting_for_capacity = any(p.unplaced or p.rollout_blocked for p in plans)
-    result.requeue_after = _requeue_after(md, plans, groups, health, ctx.settings, now)
+    result.requeue_after = _requeue_after(md, plans, groups, health, ctx.settings, now, key in ctx.urgent)
     if defer > 0:
         result.requeue_after = min(result.requeue_after or defer, defer)
     if any(p.backoff > 0 for p in plans):
@@ -583,11 +595,12 @@ def _requeue_after(
     health: Mapping[str, NodeHealth],
     settings: Settings,
     now: float,
+    urgent: bool = False,
 ) -> float | None:
     """When time alone (no event) may change this deployment's plan: the autoscaler's next evaluation,
     a binding deadline, a node's toleration running out."""
     waits: list[float] = []
-    due = next_due(md, now)
+    due = next_due(md, now, urgent)
     if due is not None:
         waits.append(due)
     tol = float(md.spec.topology.node_failure_toleration_seconds)

@@ -165,10 +165,12 @@ def read_by_deployment(
         return None, f"{type(exc).__name__}: {str(exc)[:200]}"
     out: dict[tuple[str, str], float] = {}
     for row in rows:
-        labels = row.get("metric", {})
         try:
+            labels = row.get("metric", {})
             value = float(row["value"][1])
-        except (KeyError, ValueError, IndexError, TypeError):
+        except (AttributeError, KeyError, ValueError, IndexError, TypeError):
+            continue
+        if not isinstance(labels, dict):
             continue
         if value == value:
             out[(labels.get("namespace", ""), labels.get(c.PROM_LABEL_DEPLOYMENT, ""))] = value

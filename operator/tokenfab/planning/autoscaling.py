@@ -164,7 +164,9 @@ def _lead(
     queued = sum(waits) / len(waits) if waits else 0.0
     holds = None  # the groups that hold every request in flight now, the queued ones included
     if d.inflight is not None and forecast.valid_count(d.inflight):
-        rec, note, mem = _in_flight(rec, current, groups, signal, cfg, mem, d.inflight, queued, warming, now)
+        rec, note, mem = _in_flight(
+            rec, current, groups, signal, cfg, mem, d.inflight, queued, warming, now, d.starting
+        )
         notes += note
         holds = forecast.groups_for(d.inflight, mem.streams)
     if d.rate is not None and forecast.valid_count(d.rate):
@@ -231,12 +233,14 @@ def _in_flight(
     queued: float,
     warming: int,
     now: float,
+    starting: int = 0,
 ) -> tuple[int, list[str], Memory]:
     """The recommendation raised by the requests in flight at the frontend: the most immediate load
     signal (a burst's first requests count at once; the arrival rate needs its window to fill, and the
     cache fills only as requests get in). Groups needed = in flight / what one group holds at the target,
     learned from the cache (forecast.learn, with a lower floor) while no group is warming and nothing
-    queues; a step is sized for twice the count it shows, which is still rising. Only a step leads
+    queues; a step is sized for twice the count it shows, which is still rising (once, while no group is on
+    its way). Only a step leads
     (forecast.stepped: a burst's first requests, beyond what the recent level reaches by chance); a steady
     count's own noise must not add groups, and the cache and the rate size them once it settles. Its mean
     over the window keeps groups from a scale-down."""
@@ -257,7 +261,9 @@ def _in_flight(
         # A step is seen on its first samples, while the count still rises: it goes on rising for a
         # request's duration (arrivals at the new rate, departures at the old), so the groups are sized
         # for forecast.MAX_GROWTH times what is in flight now (the rate's forecast is capped the same way).
-        ahead = forecast.MAX_GROWTH * inflight
+        # Not once groups are on their way: the step was acted on, and what rises since is the backlog
+        # that waits for them (doubling it at every decision would add groups for requests counted twice).
+        ahead = (1.0 if starting else forecast.MAX_GROWTH) * inflight
         up = forecast.groups_for(ahead, streams * (1 + cfg.tolerance))
         if up is not None and up > rec:
             notes.append(
