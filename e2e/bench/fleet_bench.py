@@ -198,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=5, help="policies of one trace run at once")
     ap.add_argument("--cold-start", type=float, default=COLD_START_S, help="seconds; 0: skip that variant")
     ap.add_argument("--repeat", type=int, default=1, help="run everything this many times")
+    ap.add_argument("--cold-start-only", action="store_true", help="skip the plain variant")
     ap.add_argument(
         "--scale-down-window",
         type=int,
@@ -212,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     f = scenario.bring_up(a.run_dir, a.port_base)
     scenario.ensure_operator(f)
     variants = {"plain": 0.0, **({"cold_start": a.cold_start} if a.cold_start > 0 else {})}
+    if a.cold_start_only:
+        variants.pop("plain")
     runs: list[dict[str, Any]] = []
     errors: dict[str, str] = {}
     t0 = time.monotonic()
