@@ -778,14 +778,18 @@ def test_the_controller_asks_one_query_per_prometheus_and_wakes_only_the_stepped
 
 
 def test_a_step_is_not_doubled_while_groups_are_on_their_way():
-    """Once groups are on their way the step was acted on: what still rises is the backlog waiting for
-    them, sized as it is (11 at 4.4 per group: 3), not doubled again at every decision (5)."""
+    """Once groups are on their way (or were just added) the step was acted on: what still rises is the
+    backlog waiting for them, sized as it is (11 at 4.4 per group: 3), not doubled again at every decision
+    (5)."""
     cfg = leading(max_step_up=8)
     samples, counted = kv_samples(1, 0.3)
     mem = Memory(inflight=((85.0, 1.0), (90.0, 2.0), (95.0, 1.0)), streams=4.0)
     first = decide(samples, counted, 0, 1, cfg, mem, 100.0, Demand(inflight=11.0))
     again = decide(samples, counted, 1, 1, cfg, mem, 100.0, Demand(inflight=11.0, starting=1))
     assert (first.desired, again.desired) == (5, 3), (first.message, again.message)
+    # the same once the group just added serves but still warms up (Ready, not counted yet: warming 1)
+    just = decide(samples, counted, 1, 1, cfg, mem, 100.0, Demand(inflight=11.0))
+    assert just.desired == 3, just.message
 
 
 def test_the_burst_watch_leaves_a_deployment_alone_while_its_new_groups_come():

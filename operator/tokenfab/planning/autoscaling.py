@@ -239,8 +239,8 @@ def _in_flight(
     signal (a burst's first requests count at once; the arrival rate needs its window to fill, and the
     cache fills only as requests get in). Groups needed = in flight / what one group holds at the target,
     learned from the cache (forecast.learn, with a lower floor) while no group is warming and nothing
-    queues; a step is sized for twice the count it shows, which is still rising (once, while no group is on
-    its way). Only a step leads
+    queues; a step is sized for twice the count it shows, which is still rising (once: not while groups are
+    on their way or were just added). Only a step leads
     (forecast.stepped: a burst's first requests, beyond what the recent level reaches by chance); a steady
     count's own noise must not add groups, and the cache and the rate size them once it settles. Its mean
     over the window keeps groups from a scale-down."""
@@ -261,9 +261,10 @@ def _in_flight(
         # A step is seen on its first samples, while the count still rises: it goes on rising for a
         # request's duration (arrivals at the new rate, departures at the old), so the groups are sized
         # for forecast.MAX_GROWTH times what is in flight now (the rate's forecast is capped the same way).
-        # Not once groups are on their way: the step was acted on, and what rises since is the backlog
-        # that waits for them (doubling it at every decision would add groups for requests counted twice).
-        ahead = (1.0 if starting else forecast.MAX_GROWTH) * inflight
+        # Not while groups are on their way or warming up (just added): the step was acted on, and what
+        # rises since is the backlog that waits for them (doubling it at every decision would add groups
+        # for requests counted twice).
+        ahead = (1.0 if starting or warming else forecast.MAX_GROWTH) * inflight
         up = forecast.groups_for(ahead, streams * (1 + cfg.tolerance))
         if up is not None and up > rec:
             notes.append(
