@@ -120,18 +120,21 @@ class Reading:
     query: str = ""
 
 
+def _connect(url: str, timeout: float) -> PrometheusConnect:
+    """A client making one bounded attempt per query (the library retries 3 times by default); an
+    https:// Prometheus must show a certificate the system trusts."""
+    return PrometheusConnect(
+        url=url, disable_ssl=False, timeout=int(max(1, timeout)), retry=Retry(total=0, raise_on_status=False)
+    )
+
+
 def read(url: str, query: str, timeout: float = 5.0, now: float | None = None) -> Reading:
     """Run `query` and its freshness twin; a sample's age is now minus its scrape time."""
     now = time.time() if now is None else now
     try:
         # One bounded attempt per query (the client retries 3 times by default): a slow Prometheus costs a
         # pass at most `timeout` seconds per query, and the next pass asks again.
-        prom = PrometheusConnect(
-            url=url,
-            disable_ssl=False,  # an https:// Prometheus must show a certificate the system trusts
-            timeout=int(max(1, timeout)),
-            retry=Retry(total=0, raise_on_status=False),
-        )
+        prom = _connect(url, timeout)
         values = prom.custom_query(query)
         stamps = prom.custom_query(freshness_query(query))
     except Exception as exc:  # connection refused, timeout, bad query: all mean "no data"
@@ -158,9 +161,7 @@ def read_by_deployment(
     """Run `query` (one sample per namespace and deployment label): ({(namespace, deployment): value}, "")
     or (None, why). One bounded attempt; values that are not numbers are left out."""
     try:
-        retry = Retry(total=0, raise_on_status=False)
-        prom = PrometheusConnect(url=url, disable_ssl=False, timeout=int(max(1, timeout)), retry=retry)
-        rows = prom.custom_query(query)
+        rows = _connect(url, timeout).custom_query(query)
     except Exception as exc:  # connection refused, timeout, bad query: no reading this time
         return None, f"{type(exc).__name__}: {str(exc)[:200]}"
     out: dict[tuple[str, str], float] = {}
