@@ -71,7 +71,7 @@ def test_kubectl_explain_reads_the_field_reference(factory):
     for field in ("tensor", "pipeline", "expert", "attentionDataParallel", "moe_expert_parallel_size"):
         assert field in out
     out = kubectl(factory, "explain", "mdep.spec.speculativeDecoding.mtpDepth").stdout
-    assert "num_nextn_predict_layers" in out
+    assert "max_draft_len" in out
 
 
 def test_kubectl_get_shows_the_columns(factory):

@@ -22,7 +22,8 @@ NAME = "autoscaled"
 
 
 class FleetExporter:
-    """Serves `trtllm:kv_cache_usage_perc` for every worker pod of a deployment, at /pods/<pod>.
+    """Serves `dynamo_component_gpu_cache_usage_percent` (one DP rank) for every worker pod of a
+    deployment, at /pods/<pod>.
 
     Each role carries a total load (in units of one fully used group); a group's utilization is the load
     shared over the role's groups, so adding groups lowers it as it would on a real fleet."""
@@ -45,7 +46,7 @@ class FleetExporter:
                     p[c.PROM_LABEL_GROUP] for p in exporter.pods.values() if p[c.PROM_LABEL_ROLE] == role
                 }
                 value = min(1.0, exporter.load[role] / max(1, len(groups)))
-                body = f"trtllm:kv_cache_usage_perc {value}\n".encode()
+                body = f'dynamo_component_gpu_cache_usage_percent{{dp_rank="0"}} {value}\n'.encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.end_headers()

@@ -146,9 +146,6 @@ def test_every_example_runs_ready_under_the_restricted_pod_security_standard(
         )
     doc = yaml.safe_load(path.read_text())
     doc["metadata"]["namespace"] = ns
-    # The factory has no NVIDIA DRA driver: ComputeDomains are left out (they do not change the pods'
-    # security context).
-    doc["spec"].setdefault("topology", {})["computeDomain"] = False
     if doc["spec"].get("autoscaling", {}).get("enabled"):
         doc["spec"]["autoscaling"]["prometheusUrl"] = f.prometheus_url  # loopback only
     name = doc["metadata"]["name"]
@@ -166,7 +163,9 @@ def test_every_example_runs_ready_under_the_restricted_pod_security_standard(
             spec = p["spec"]
             assert spec["securityContext"]["runAsNonRoot"] is True
             assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
-            assert spec["automountServiceAccountToken"] is False
+            # the token Dynamo's kubernetes discovery needs, of the deployment's own ServiceAccount
+            assert spec["automountServiceAccountToken"] is True
+            assert spec["serviceAccountName"] == f"{name}-dynamo"
             for ctr in spec["containers"]:
                 sc = ctr["securityContext"]
                 assert sc["allowPrivilegeEscalation"] is False

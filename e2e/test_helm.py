@@ -53,31 +53,6 @@ POD_NAME = "tokenfab-local"  # what the pod's downward API would give the proces
 LEGACY_FINALIZER = f"{c.DOMAIN}/finalizer"  # what kopf's change handlers of earlier versions put on
 LEGACY_ANNOTATION = f"{c.DOMAIN}/last-handled-configuration"
 DENIAL = re.compile(r"forbidden|not enough permissions|unauthorized", re.I)
-COMPUTE_DOMAIN_CRD: dict[str, Any] = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "computedomains.resource.nvidia.com"},
-    "spec": {
-        "group": "resource.nvidia.com",
-        "scope": "Namespaced",
-        "names": {
-            "kind": "ComputeDomain",
-            "plural": "computedomains",
-            "singular": "computedomain",
-            "listKind": "ComputeDomainList",
-        },
-        "versions": [
-            {
-                "name": "v1beta1",
-                "served": True,
-                "storage": True,
-                "schema": {
-                    "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-                },
-            }
-        ],
-    },
-}
 
 
 def helm(f: Factory, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -263,7 +238,6 @@ def chart(factory: Factory, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                 kubectl(f, "patch", name, "-n", ns, "--type=merge", "-p", unfinalize, check=False)
                 kubectl(f, "delete", name, "-n", ns, "--wait=false", check=False)
         helm(f, "uninstall", RELEASE, "-n", SYSTEM_NS, "--wait", "--timeout=60s", check=False)
-        kubectl(f, "delete", "crd", COMPUTE_DOMAIN_CRD["metadata"]["name"], "--ignore-not-found", check=False)
         for ns in (NS, CD_NS, SCOPED_NS, SYSTEM_NS):
             kubectl(f, "delete", "namespace", ns, "--wait=false", "--ignore-not-found", check=False)
         if admin_was_running:
@@ -420,10 +394,15 @@ FORBIDDEN = [
     ("update", "customresourcedefinitions.apiextensions.k8s.io"),
     ("delete", "customresourcedefinitions.apiextensions.k8s.io"),
     ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
-    ("create", "rolebindings.rbac.authorization.k8s.io", f"-n={NS}"),
     ("create", "clusterroles.rbac.authorization.k8s.io"),
     ("escalate", "clusterroles.rbac.authorization.k8s.io"),
     ("bind", "clusterroles.rbac.authorization.k8s.io"),
+    ("escalate", "roles.rbac.authorization.k8s.io", f"-n={NS}"),
+    ("bind", "roles.rbac.authorization.k8s.io", f"-n={NS}"),
+    ("delete", "roles.rbac.authorization.k8s.io", f"-n={NS}"),
+    ("delete", "rolebindings.rbac.authorization.k8s.io", f"-n={NS}"),
+    ("delete", "serviceaccounts", f"-n={NS}"),
+    ("delete", "dynamoworkermetadatas.nvidia.com", f"-n={NS}"),
     ("create", "pods", f"-n={NS}", "--subresource=exec"),
     ("create", "pods", f"-n={NS}", "--subresource=attach"),
     ("create", "pods", f"-n={NS}", "--subresource=portforward"),
@@ -594,13 +573,10 @@ def test_scaling_down_deletes_whole_groups_under_the_chart_rbac(chart: ChartOper
 
 
 def test_compute_domains_under_the_chart_rbac(chart: ChartOperator) -> None:
-    """A stand-in for NVIDIA's ComputeDomain CRD: the operator creates one per multi-node group and
-    deletes it with its group (the pods stay Pending: nothing here allocates IMEX channels)."""
+    """The factory's simulated NVIDIA DRA driver serves ComputeDomains: the operator creates one per
+    multi-node group (the default), its pods' IMEX claims are allocated by the scheduler, and it is deleted
+    with its group."""
     f = chart.f
-    apply_yaml(f, COMPUTE_DOMAIN_CRD, "--server-side")
-    kubectl(
-        f, "wait", "--for=condition=Established", "crd/computedomains.resource.nvidia.com", "--timeout=60s"
-    )
     apply_yaml(f, example("llama-405b-multinode-tp.yaml", CD_NS), "--server-side", "--field-manager=e2e")
 
     def one_per_group(n: int) -> bool:
@@ -608,6 +584,10 @@ def test_compute_domains_under_the_chart_rbac(chart: ChartOperator) -> None:
         return len(domains) == n and domains == worker_groups(f, CD_NS, "llama-405b")
 
     wait_for("a ComputeDomain per llama-405b worker group", lambda: one_per_group(2), timeout=90)
+    wait_for("llama-405b Ready with its IMEX channels", lambda: ready(f, "llama-405b", CD_NS), timeout=120)
+    claims = get_json(f, "resourceclaims", "-n", CD_NS)["items"]
+    allocated = [rc for rc in claims if (rc.get("status") or {}).get("allocation")]
+    assert len(allocated) == 2 * 4, "one allocated IMEX channel per pod of the two 16-GPU groups"
     patch = '{"spec":{"worker":{"replicas":1}}}'
     kubectl(f, "patch", "mdep", "llama-405b", "-n", CD_NS, "--type=merge", "-p", patch)
     wait_for("the surplus group's ComputeDomain deleted with it", lambda: one_per_group(1), timeout=90)

@@ -98,7 +98,7 @@ def test_deepseek_becomes_ready_with_every_group_in_one_clique(operator):
     engine = yaml.safe_load(maps[0]["data"]["engine.yaml"])
     assert engine["tensor_parallel_size"] == 32
     assert engine["moe_expert_parallel_size"] == 32
-    assert engine["speculative_config"] == {"decoding_type": "MTP", "num_nextn_predict_layers": 3}
+    assert engine["speculative_config"] == {"decoding_type": "MTP", "max_draft_len": 3}
     assert engine["cache_transceiver_config"]["backend"] == "DEFAULT"
     # kubectl get shows it; the NVLinkDomain inventory counts the groups; Events tell the story.
     row = kubectl(f, "get", "mdep", "-n", NS).stdout.splitlines()[1].split()

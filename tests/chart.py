@@ -83,6 +83,11 @@ NAMESPACED_RULES: dict[tuple[str, str], set[str]] = {
     ("policy", "poddisruptionbudgets"): {"list", "watch", "create", "patch", "delete"},
     ("scheduling.k8s.io", "podgroups"): {"create", "patch", "delete"},
     ("resource.nvidia.com", "computedomains"): {"list", "create", "patch", "delete"},
+    ("", "serviceaccounts"): {"list", "watch", "create", "patch"},
+    ("rbac.authorization.k8s.io", "roles"): {"list", "watch", "create", "patch"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"list", "watch", "create", "patch"},
+    ("discovery.k8s.io", "endpointslices"): {"get", "list", "watch"},
+    ("nvidia.com", "dynamoworkermetadatas"): {"get", "list", "watch", "create", "patch"},
 }
 WATCH_NAMESPACES_RULES: dict[tuple[str, str], set[str]] = {("", "namespaces"): {"list", "watch"}}
 LEADER_RULES: dict[tuple[str, str], set[str]] = {

@@ -13,7 +13,7 @@ from tests.cases import load_example, merge_patch
 from tokenfab.api import models as m
 from tokenfab.api.crd import model_deployment_crd
 from tokenfab.api.errors import SpecError, parse_model_deployment
-from tokenfab.api.rules import NAME_RULE, NAME_SUFFIX_RULE, RESERVED_ENV, SOURCE_RULE
+from tokenfab.api.rules import NAME_RULE, NAME_SUFFIX_RULE, RESERVED_ENV, S3_SOURCE_RULE, SOURCE_RULE
 from tokenfab.planning import contract
 
 
@@ -169,13 +169,22 @@ def test_the_gpu_rule_follows_topology_gpu_resource():
     [
         "hf://deepseek-ai/DeepSeek-R1",
         "hf://gpt2",
-        "s3://models/qwen3",
         "pvc://models/llama/fp8",
         "pvc://a.b/c",
     ],
 )
 def test_good_sources_are_accepted(source):
     assert parse_model_deployment(manifest("deepseek-r1-disaggregated.yaml", {"model": {"source": source}}))
+
+
+def test_s3_sources_are_refused_until_they_are_fetched():
+    """An s3:// source would start workers that find no weights: refused, with the way around it."""
+    with pytest.raises(SpecError) as err:
+        parse_model_deployment(manifest("deepseek-r1-disaggregated.yaml", {"model": {"source": "s3://m/q"}}))
+    text = str(err.value)
+    assert 'spec.model.source: Invalid value: "s3://m/q"' in text
+    assert "pvc://<claim>/<path>" in text
+    assert "s3://" in S3_SOURCE_RULE.message
 
 
 def test_the_source_message_states_the_expected_forms():

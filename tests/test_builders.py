@@ -1,6 +1,7 @@
 """The pure builders: engine configs, pods, Services, the frontend and ComputeDomains.
 
-Golden files: for every example in examples/ (and one DeepSeek variant with topology.computeDomain true)
+Golden files: for every example in examples/ (and DeepSeek variants without a ComputeDomain and with etcd
+discovery)
 `tests/golden/<name>.yaml` holds every child the builders render for it, in this order: the engine
 ConfigMap of each role, the workers Service, the frontend Deployment and Service, then per role the
 ComputeDomain (when the spec asks for one) and the pods of group slot 0 placed in domain "clique-a" at
@@ -50,7 +51,19 @@ def spec_of(example: str, patch: dict[str, Any] | None = None) -> ModelDeploymen
 
 
 def env(pod: dict[str, Any]) -> dict[str, str]:
-    return {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    """The container's environment as a kubelet resolves it (downward API fields from the pod's metadata;
+    a pod not yet created has no uid: a stand-in)."""
+    meta = pod["metadata"]
+    fields = {
+        "metadata.name": meta["name"],
+        "metadata.namespace": meta["namespace"],
+        "metadata.uid": meta.get("uid", f"uid-of-{meta['name']}"),
+    }
+    out = {}
+    for e in pod["spec"]["containers"][0]["env"]:
+        ref = (e.get("valueFrom") or {}).get("fieldRef")
+        out[e["name"]] = fields[ref["fieldPath"]] if ref else e.get("value")
+    return out
 
 
 def gpus(pod: dict[str, Any]) -> tuple[str, str]:
@@ -62,9 +75,13 @@ def gpus(pod: dict[str, Any]) -> tuple[str, str]:
 
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     **{p.stem: (p.name, {}) for p in example_paths()},
-    "deepseek-r1-disaggregated-compute-domain": (
+    "deepseek-r1-disaggregated-no-compute-domain": (
         "deepseek-r1-disaggregated.yaml",
-        {"topology": {"computeDomain": True}},
+        {"topology": {"computeDomain": False}},
+    ),
+    "deepseek-r1-disaggregated-etcd": (
+        "deepseek-r1-disaggregated.yaml",
+        {"serving": {"discovery": "etcd", "etcdEndpoints": "http://etcd.dynamo-system:2379"}},
     ),
 }
 
@@ -74,7 +91,8 @@ def render_children(example: str, patch: dict[str, Any]) -> list[dict[str, Any]]
     assert md.metadata.name is not None
     spec, own = md.spec, owner(md.metadata.name)
     docs = [b.engine_configmap(own, spec, role) for role, _ in spec.roles()]
-    docs += [b.workers_service(own), b.frontend_deployment(own, spec), b.frontend_service(own)]
+    docs += [b.workers_service(own, spec), b.frontend_deployment(own, spec), b.frontend_service(own)]
+    docs += b.discovery_rbac(own, spec)
     for role, _ in spec.roles():
         cd = b.compute_domain(own, spec, role, 0)
         if cd is not None:
@@ -143,9 +161,9 @@ def test_there_is_a_golden_file_for_every_variant_and_no_stale_one():
     assert sorted(p.stem for p in GOLDEN.glob("*.yaml")) == sorted(VARIANTS)
 
 
-def test_only_the_compute_domain_variant_renders_compute_domains_and_claims():
-    plain = render_children("deepseek-r1-disaggregated.yaml", {})
-    with_cd = render_children(*VARIANTS["deepseek-r1-disaggregated-compute-domain"])
+def test_multi_node_groups_get_a_compute_domain_and_claim_it_unless_turned_off():
+    plain = render_children(*VARIANTS["deepseek-r1-disaggregated-no-compute-domain"])
+    with_cd = render_children("deepseek-r1-disaggregated.yaml", {})
     assert not [d for d in plain if d["kind"] == "ComputeDomain"]
     assert not [p for p in plain if p["kind"] == "Pod" and "resourceClaims" in p["spec"]]
     assert [d["metadata"]["name"] for d in with_cd if d["kind"] == "ComputeDomain"] == [
@@ -160,6 +178,11 @@ def test_only_the_compute_domain_variant_renders_compute_domains_and_claims():
             {"name": "imex", "resourceClaimTemplateName": f"{group}-imex"}
         ]
         assert pod["spec"]["containers"][0]["resources"]["claims"] == [{"name": "imex"}]
+    for cd in (d for d in with_cd if d["kind"] == "ComputeDomain"):
+        # numNodes is deprecated and the spec immutable: 0 is valid on every driver release
+        assert cd["apiVersion"] == "resource.nvidia.com/v1beta1"
+        assert cd["spec"]["numNodes"] == 0
+        assert cd["spec"]["channel"]["resourceClaimTemplate"]["name"] == cd["metadata"]["name"]
 
 
 # ------------------------------------------------------------------------------------------------- pods
@@ -442,7 +465,7 @@ def test_a_role_without_replicas_has_one_group():
 
 def test_deepseek_engine_configs():
     spec = spec_of("deepseek-r1-disaggregated.yaml")
-    mtp = {"decoding_type": "MTP", "num_nextn_predict_layers": 3}
+    mtp = {"decoding_type": "MTP", "max_draft_len": 3}
     assert engine_config(spec, "prefill") == {
         "cache_transceiver_config": {"backend": "DEFAULT"},
         "disable_overlap_scheduler": True,
@@ -522,7 +545,7 @@ def test_first_class_fields_win_over_extra_engine_args():
     cfg = engine_config(spec, "decode")
     assert (cfg["tensor_parallel_size"], cfg["max_batch_size"], cfg["enable_attention_dp"]) == (32, 256, True)
     assert (cfg["moe_expert_parallel_size"], cfg["max_num_tokens"]) == (32, 1024)
-    assert cfg["speculative_config"] == {"decoding_type": "MTP", "num_nextn_predict_layers": 3}
+    assert cfg["speculative_config"] == {"decoding_type": "MTP", "max_draft_len": 3}
 
 
 def test_user_defaults_of_a_role_do_not_leak_into_another_role():
@@ -634,16 +657,25 @@ def test_every_child_is_owned_by_the_model_deployment():
             assert doc["metadata"]["namespace"] == "ml"
 
 
-def test_workers_service_selects_every_worker_pod_and_publishes_not_ready_addresses():
+def test_workers_service_selects_every_worker_pod_and_publishes_ready_ones_for_discovery():
     own = owner("deepseek-r1")
-    svc = b.workers_service(own)
-    assert svc["spec"]["clusterIP"] == "None"
-    assert svc["spec"]["publishNotReadyAddresses"] is True
     spec = spec_of("deepseek-r1-disaggregated.yaml")
+    svc = b.workers_service(own, spec)
+    assert svc["spec"]["clusterIP"] == "None"
+    # Dynamo's kubernetes discovery routes to a pod only while its EndpointSlice entry is ready: a draining
+    # leader (readiness gate False) or a terminating pod must not be published as ready.
+    assert "publishNotReadyAddresses" not in svc["spec"]
+    # Dynamo 1.6.1 watches EndpointSlices by this label, which the EndpointSlice controller copies from
+    # the Service
+    assert svc["metadata"]["labels"]["nvidia.com/dynamo-discovery-enabled"] == "true"
     for role in ("prefill", "decode"):
         for pod in b.group_pods(own, spec, role, 0, DOMAIN, "rev"):
             labels = pod["metadata"]["labels"]
             assert svc["spec"]["selector"].items() <= labels.items()
+            port = svc["spec"]["ports"][0]["targetPort"]
+            assert port in {p["name"] for p in pod["spec"]["containers"][0]["ports"]}
+    etcd = spec_of("deepseek-r1-disaggregated.yaml", VARIANTS["deepseek-r1-disaggregated-etcd"][1])
+    assert "nvidia.com/dynamo-discovery-enabled" not in b.workers_service(own, etcd)["metadata"]["labels"]
 
 
 def test_frontend_service_selects_the_frontend_pods_only():
@@ -657,3 +689,79 @@ def test_frontend_service_selects_the_frontend_pods_only():
     pod = b.group_pods(own, spec, "worker", 0, DOMAIN, "rev")[0]
     assert not svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
     assert b.endpoint(own) == "http://llama-405b.ml.svc.cluster.local:8000/v1"
+
+
+# ------------------------------------------------------------------------------------------ discovery
+
+
+def _value_from(container: dict[str, Any], name: str) -> Any:
+    return next(e for e in container["env"] if e["name"] == name).get("valueFrom")
+
+
+def test_workers_and_frontend_use_kubernetes_discovery_with_their_pod_identity():
+    """Dynamo defaults to etcd at localhost: every process gets the backend and the downward-API identity
+    its DynamoWorkerMetadata is named after and owned by (a wrong POD_UID would hide the worker)."""
+    own, spec = owner("deepseek-r1"), spec_of("deepseek-r1-disaggregated.yaml")
+    worker = b.group_pods(own, spec, "decode", 0, DOMAIN, "rev")[0]
+    frontend = b.frontend_deployment(own, spec)["spec"]["template"]
+    for pod_spec in (worker["spec"], frontend["spec"]):
+        ctr = pod_spec["containers"][0]
+        values = {e["name"]: e.get("value") for e in ctr["env"]}
+        assert values[c.ENV_DYN_DISCOVERY_BACKEND] == "kubernetes"
+        assert values[c.ENV_DYN_REQUEST_PLANE] == "tcp"
+        assert values[c.ENV_DYN_EVENT_PLANE] == "zmq"
+        assert c.ENV_ETCD_ENDPOINTS not in values
+        for name, path in (
+            (c.ENV_POD_NAME, "metadata.name"),
+            (c.ENV_POD_NAMESPACE, "metadata.namespace"),
+            (c.ENV_POD_UID, "metadata.uid"),
+        ):
+            assert _value_from(ctr, name) == {"fieldRef": {"fieldPath": path}}
+        assert pod_spec["serviceAccountName"] == "deepseek-r1-dynamo"
+        assert pod_spec["automountServiceAccountToken"] is True
+    assert env(worker)[c.ENV_POD_UID] == f"uid-of-{worker['metadata']['name']}"
+
+
+def test_etcd_discovery_needs_no_token_and_names_the_endpoints():
+    own = owner("deepseek-r1")
+    spec = spec_of("deepseek-r1-disaggregated.yaml", VARIANTS["deepseek-r1-disaggregated-etcd"][1])
+    pod = b.group_pods(own, spec, "prefill", 0, DOMAIN, "rev")[0]
+    assert env(pod)[c.ENV_DYN_DISCOVERY_BACKEND] == "etcd"
+    assert env(pod)[c.ENV_ETCD_ENDPOINTS] == "http://etcd.dynamo-system:2379"
+    assert c.ENV_POD_UID not in env(pod)
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    assert "serviceAccountName" not in pod["spec"]
+    assert b.discovery_rbac(own, spec) == []
+
+
+def test_the_discovery_role_grants_what_dynamo_does_and_nothing_else():
+    own, spec = owner("deepseek-r1"), spec_of("deepseek-r1-disaggregated.yaml")
+    sa, role, binding = b.discovery_rbac(own, spec)
+    assert (sa["kind"], role["kind"], binding["kind"]) == ("ServiceAccount", "Role", "RoleBinding")
+    assert sa["metadata"]["name"] == role["metadata"]["name"] == binding["metadata"]["name"]
+    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+               for v in rule["verbs"]}  # fmt: skip
+    # Dynamo 1.6.1 (read from its API server audit): list/watch EndpointSlices; create (by server-side
+    # apply), patch, list, watch its DynamoWorkerMetadata. No update, delete, secrets or pods.
+    assert ("discovery.k8s.io", "endpointslices", "watch") in granted
+    assert ("nvidia.com", "dynamoworkermetadatas", "create") in granted
+    assert ("nvidia.com", "dynamoworkermetadatas", "patch") in granted
+    assert not {v for _, _, v in granted} & {"delete", "deletecollection", "update", "*", "escalate", "bind"}
+    assert {r for _, r, _ in granted} == {"endpointslices", "dynamoworkermetadatas"}
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": "deepseek-r1-dynamo",
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "deepseek-r1-dynamo", "namespace": "ml"}
+    ]
+
+
+def test_workers_publish_kv_events_and_metrics():
+    """Both are off in Dynamo by default: without them the KV router routes blind and no KV series exists."""
+    spec = spec_of("deepseek-r1-disaggregated.yaml")
+    for role in ("prefill", "decode"):
+        args = b.worker_args(spec, role)
+        assert c.PUBLISH_KV_EVENTS_FLAG in args
+        assert c.PUBLISH_METRICS_FLAG in args

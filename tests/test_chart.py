@@ -41,10 +41,12 @@ from tests.chart import (
     template,
     wildcards,
 )
+from tests.test_builders import spec_of
 from tokenfab.adapters import telemetry
-from tokenfab.adapters.metrics import KV_METRICS
+from tokenfab.adapters.metrics import KV_METRIC
 from tokenfab.cli import app, render_crds
 from tokenfab.leader import DURATION, LEASE_NAME, RETRY
+from tokenfab.planning import builders as b
 from tokenfab.planning import contract as c
 from tokenfab.planning.status import CONDITION_TYPES
 
@@ -345,6 +347,41 @@ def test_pod_monitor_scrapes_the_pod_without_a_service() -> None:
 
 
 @needs_helm
+def test_the_workload_pod_monitor_scrapes_workers_and_frontends_as_the_documented_scrape_config() -> None:
+    """Rendered only where the Prometheus Operator serves PodMonitor; the same ports and the same
+    tokenfab_dev_* labels as prometheus/scrape-config.yaml (the factory's Prometheus runs that one), and
+    it selects the pods the builders make."""
+    assert not by_kind(template(), "PodMonitor"), "no PodMonitor kind: nothing rendered"
+    docs = template("--api-versions", "monitoring.coreos.com/v1/PodMonitor")
+    (mon,) = [d for d in by_kind(docs, "PodMonitor") if d["metadata"]["name"] == "tokenfab-workloads"]
+    assert mon["spec"]["namespaceSelector"] == {"any": True}
+    job = yaml.safe_load((CHART / "prometheus" / "scrape-config.yaml").read_text())[0]
+    labelmaps = [r for r in job["relabel_configs"] if r.get("action") == "labelmap"]
+    keep = next(r for r in job["relabel_configs"] if "container_port_name" in str(r.get("source_labels")))
+    ports = {p["port"] for p in mon["spec"]["podMetricsEndpoints"]}
+    assert keep["regex"] == "worker;metrics|frontend;http"
+    assert ports == {"metrics", "http"}
+    for endpoint in mon["spec"]["podMetricsEndpoints"]:
+        assert [{"action": "labelmap", "regex": r["regex"]} for r in labelmaps] == endpoint["relabelings"]
+    spec = spec_of("deepseek-r1-disaggregated.yaml")
+    own = b.Owner("ds", "ml", "uid")
+    worker = b.group_pods(own, spec, "decode", 0, "d", "rev")[0]
+    frontend = b.frontend_deployment(own, spec)["spec"]["template"]
+    for pod, port in ((worker, "metrics"), (frontend, "http")):
+        labels = pod["metadata"]["labels"]
+        assert mon["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        assert (
+            labels["app.kubernetes.io/component"] in mon["spec"]["selector"]["matchExpressions"][0]["values"]
+        )
+        assert port in {p["name"] for p in pod["spec"]["containers"][0]["ports"]}
+    scoped = template(
+        "--api-versions", "monitoring.coreos.com/v1/PodMonitor", "--set", "watchNamespaces={a,b}"
+    )
+    (mon,) = [d for d in by_kind(scoped, "PodMonitor") if d["metadata"]["name"] == "tokenfab-workloads"]
+    assert mon["spec"]["namespaceSelector"] == {"matchNames": ["a", "b"]}
+
+
+@needs_helm
 def test_dashboard_config_map_carries_the_dashboard_for_grafana() -> None:
     assert not [d for d in template() if d["kind"] == "ConfigMap"], "the dashboard is off by default"
     docs = template("-f", str(CHART / "ci" / "servicemonitor-values.yaml"))
@@ -510,7 +547,7 @@ def test_dashboard_has_the_panels_operators_need() -> None:
 
     panel_with("tokenfab_domain_gpus", "tokenfab_domain_free_gpus")  # GPUs per domain
     panel_with("tokenfab_groups_ready", "tokenfab_groups_desired")  # groups per role
-    panel_with(*KV_METRICS, "tokenfab_autoscaler_target")  # KV utilization vs target
+    panel_with(KV_METRIC, "tokenfab_autoscaler_target")  # KV utilization vs target
     panel_with("tokenfab_autoscaling_decisions_total")  # decisions
     panel_with('result="error"')  # errors
     panel_with("tokenfab_reconcile_duration_seconds_bucket")  # durations

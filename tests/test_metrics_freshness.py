@@ -21,12 +21,12 @@ needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool comes wit
 QUERIES = {
     "kv": (
         metrics.kv_query("ns", "llama", "decode"),
-        "trtllm:kv_cache_usage_perc",
+        metrics.KV_METRIC,
         {c.PROM_LABEL_ROLE: "decode"},
     ),
     "queue": (
         metrics.queue_query("ns", "llama", "prefill"),
-        "vllm:num_requests_waiting",
+        metrics.QUEUE_METRIC,
         {c.PROM_LABEL_ROLE: "prefill"},
     ),
     "inflight": (

@@ -17,6 +17,7 @@ from typing import Any
 
 from e2e.fleet import runner
 from e2e.helpers import get_json, kubectl, wait_for
+from tokenfab.adapters import metrics
 from tokenfab.planning import contract as c
 from tokenfab_factory.factory import Factory
 
@@ -183,11 +184,7 @@ def sel(namespace: str, name: str, role: str) -> str:
 
 def kv_by_group(f: Factory, namespace: str, name: str, role: str) -> dict[str, float]:
     """The autoscaler's own signal: KV-cache utilization per group, as Prometheus has it."""
-    q = (
-        f'max by ({c.PROM_LABEL_GROUP}) ({{__name__=~"trtllm:kv_cache_usage_perc|vllm:kv_cache_usage_perc", '
-        f"{sel(namespace, name, role)}}})"
-    )
-    return by_group(prom(f, q))
+    return by_group(prom(f, metrics.kv_query(namespace, name, role)))
 
 
 def requests_by_group(f: Factory, namespace: str, name: str, role: str) -> dict[str, float]:
@@ -224,19 +221,12 @@ def warm_up(url: str, timeout: float = 60) -> None:
 
 
 def waiting(f: Factory, namespace: str, name: str, role: str) -> float:
-    q = (
-        f'sum({{__name__=~"trtllm:num_requests_waiting|vllm:num_requests_waiting", '
-        f"{sel(namespace, name, role)}}})"
-    )
-    rows = prom(f, q)
-    return float(rows[0]["value"][1]) if rows else 0.0
+    return sum(waiting_by_group(f, namespace, name, role).values())
 
 
 def waiting_by_group(f: Factory, namespace: str, name: str, role: str) -> dict[str, float]:
-    """Requests waiting in each group's engine queue."""
-    names = "trtllm:num_requests_waiting|vllm:num_requests_waiting"
-    q = f'sum by ({c.PROM_LABEL_GROUP}) ({{__name__=~"{names}", {sel(namespace, name, role)}}})'
-    return by_group(prom(f, q))
+    """Requests waiting in each group's engine queue (the autoscaler's own query)."""
+    return by_group(prom(f, metrics.queue_query(namespace, name, role)))
 
 
 def frontend_ttft(f: Factory, namespace: str, name: str, window: str = "15s") -> dict[str, float]:

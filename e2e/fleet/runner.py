@@ -1,33 +1,30 @@
 """The fleet runner: plays the kubelet for inference pods on the factory's simulated nodes.
 
 kwok runs the pods the operator creates only on paper. This loop watches them and, for each Running pod,
-runs the real NVIDIA Dynamo process the pod's container would run, on loopback:
+runs the process the pod's container would run, on loopback (e2e/fleet/pods.py says exactly what differs
+from the pod spec: the engine, the ports, and what a kubelet adds):
 
-- rank 0 of every worker group -> `python -m dynamo.mocker` (a multi-node group is one engine, so the
-  other ranks run nothing), emulating the group's engine: its disaggregation mode from the pod env
-  TOKENFAB_DISAGGREGATION_MODE (prefill workers get a bootstrap port), KV blocks scaled by the group's
-  GPUs (annotation tokenfab.dev/group-gpus), DYN_NAMESPACE from the pod env, so each deployment is its
-  own fleet;
-- every frontend pod -> `python -m dynamo.frontend` (OpenAI API + Dynamo's router, the pod's
-  --router-mode), which discovers the workers of its Dynamo namespace.
+- a worker pod: its launcher's plan, from the pod's env, args and engine ConfigMap, with dynamo.trtllm
+  swapped for `python -m dynamo.mocker` (a multi-node group is one engine, on rank 0; the other ranks
+  run nothing);
+- a frontend pod: its own `python -m dynamo.frontend` command line.
 
-Discovery is file-based and the request plane TCP, all on 127.0.0.1 (../shared/REFERENCE.md §4). The
-runner plays the kubelet's part faithfully where it matters to a drain:
-- a pod being deleted leaves routing at once (as its endpoint leaves an EndpointSlice), runs its preStop
-  (the sleep it declares), then its process gets SIGTERM and, after the pod's
-  terminationGracePeriodSeconds, SIGKILL; a pod that Failed is stopped at once;
-- a leader pod whose readiness gate tokenfab.dev/routable turns False leaves routing (its discovery entry
-  is removed, as a router following endpoint readiness would drop it) while its process keeps running,
-  and comes back when it turns True;
+The processes find each other as they would on a real cluster: Dynamo's kubernetes discovery, against the
+factory's API server, with each pod's ServiceAccount token (a TokenRequest bound to the pod). A worker is
+routed to while its pod is ready in the EndpointSlice of its deployment's workers Service; the runner
+plays the kubelet's part in that:
 - readiness, in the live-* namespaces (where kwok starts pods but leaves them not ready, see
   tokenfab_factory.factory.LIVE_POD_START): a pod's ContainersReady follows its readiness probe (the
   engine's or the frontend's /health answering 200; a rank that runs nothing is ready once started) and
-  Ready is ContainersReady with every readiness gate True, so a group counts as ready when its engine has
-  loaded and registered, not when its pod was scheduled.
-Each process is stopped by PID when it is done and when the runner stops. Each is
-published to Prometheus as one file_sd target file (written atomically) with the pod's labels as a
-Kubernetes pod relabelling would name them: namespace, pod, tokenfab_dev_deployment, tokenfab_dev_role,
-tokenfab_dev_group - exactly what the autoscaler's PromQL selects.
+  Ready is ContainersReady with every readiness gate True, so a leader whose tokenfab.dev/routable gate
+  turns False leaves routing through its EndpointSlice, as on a real cluster;
+- a pod being deleted leaves its EndpointSlice at once (the endpoint controller sees the deletion), runs
+  its preStop (the sleep it declares), then its process gets SIGTERM and, after the pod's
+  terminationGracePeriodSeconds, SIGKILL; a pod that Failed is stopped at once.
+Each process is stopped by PID when it is done and when the runner stops. Each is published to
+Prometheus as one file_sd target file (written atomically) carrying the labels Prometheus' Kubernetes
+discovery gives a pod, which the factory's Prometheus relabels with the scrape config tokenfab documents
+(charts/tokenfab/prometheus/scrape-config.yaml).
 
 The runner's state (processes, their ports, the frontend URLs, every PID it ever started) is written to
 `<state-dir>/state.json` after every pass, for the scenario and the tests.
@@ -51,6 +48,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from e2e.fleet import pods
 from tokenfab.planning import contract as c
 from tokenfab_factory import process
 
@@ -61,8 +61,9 @@ from tokenfab_factory import process
 DEFAULT_PORTS = (36100, 36899)
 DEFAULT_SYSTEM_PORTS = (26100, 26899)
 # Dynamo 1.6.1's mocker refuses disaggregated serving with --engine-type trtllm ("mocker handoff does not
-# support TRT-LLM"): disaggregated workers emulate the engine with the vllm timing and metric names
-# (`vllm:kv_cache_usage_perc`, which the autoscaler's query also selects); aggregated workers use trtllm.
+# support TRT-LLM"): disaggregated workers emulate the engine with the vllm timing and metric names;
+# aggregated workers use trtllm. Either way the factory's Prometheus renames the mocker's engine metrics to
+# the real worker's (see tokenfab_factory.factory.MOCKER_METRICS).
 ENGINE_AUTO = "auto"
 LIVE_PREFIX = "live-"  # the namespaces whose pods' readiness the runner plays (see probe)
 
@@ -107,7 +108,8 @@ class Proc:
     terminating_since: float | None = None
     sigterm_at: float | None = None  # when SIGTERM is due (after preStop)
     sigterm_sent: bool = False
-    cordoned: dict[str, str] = field(default_factory=dict)  # discovery file -> content, while out of routing
+    out_of_routing: bool = False  # its pod's routable gate is False (the EndpointSlice says not ready)
+    target: dict[str, str] = field(default_factory=dict)  # its Prometheus target's discovery labels
 
 
 class PortPool:
@@ -127,43 +129,6 @@ class PortPool:
         if port in self.used:
             self.used.discard(port)
             self.free.append(port)  # reuse last: a port leaves TIME_WAIT before it comes round again
-
-
-def dynamo_env(opts: Options, namespace: str) -> dict[str, str]:
-    """Environment for every Dynamo process: no NATS/etcd, loopback only, offline."""
-    return {
-        "DYN_DISCOVERY_BACKEND": "file",
-        "DYN_FILE_KV": str(opts.state_dir / "discovery"),
-        "DYN_REQUEST_PLANE": "tcp",
-        "DYN_EVENT_PLANE": "zmq",
-        "DYN_TCP_RPC_HOST": "127.0.0.1",
-        "DYN_EVENT_PLANE_HOST": "127.0.0.1",
-        "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1",
-        "DYN_SYSTEM_HOST": "127.0.0.1",
-        "DYN_HTTP_RPC_HOST": "127.0.0.1",
-        "DYN_NAMESPACE": namespace,
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "DYN_LOG": os.environ.get("DYN_LOG", "warn"),
-        "PYTHONUNBUFFERED": "1",
-    }
-
-
-def _env(pod: dict[str, Any]) -> dict[str, str]:
-    out = {}
-    for container in pod["spec"].get("containers", []):
-        for e in container.get("env") or []:
-            if "value" in e:
-                out[e["name"]] = str(e["value"])
-    return out
-
-
-def _arg(pod: dict[str, Any], flag: str, default: str) -> str:
-    for container in pod["spec"].get("containers", []):
-        args = [*(container.get("command") or []), *(container.get("args") or [])]
-        if flag in args and args.index(flag) + 1 < len(args):
-            return str(args[args.index(flag) + 1])
-    return default
 
 
 def _die_with_parent() -> None:
@@ -275,7 +240,7 @@ class Runner:
         self.stop_event = threading.Event()
         self.errors = 0
         self.logs = opts.state_dir / "logs"
-        for d in (opts.state_dir, opts.file_sd_dir, self.logs, opts.state_dir / "discovery"):
+        for d in (opts.state_dir, opts.file_sd_dir, self.logs):
             d.mkdir(parents=True, exist_ok=True)
 
     # ----------------------------------------------------------------------------- observe
@@ -309,81 +274,84 @@ class Runner:
 
     # ----------------------------------------------------------------------------- act
     def argv_for(self, kind: str, pod: dict[str, Any]) -> tuple[list[str], dict[str, str], Proc]:
+        """The pod's own process (see e2e/fleet/pods.py), its ports swapped for free ones."""
         o = self.opts
-        env = _env(pod)
         meta = pod["metadata"]
-        labels = meta.get("labels", {})
-        dyn_ns = env.get(c.ENV_DYNAMO_NAMESPACE) or f"{meta['namespace']}-{labels.get(c.LABEL_DEPLOYMENT)}"
-        penv = dynamo_env(o, dyn_ns)
-        ports: dict[str, int] = {"rpc": self.ports.take()}
-        penv["DYN_TCP_RPC_PORT"] = str(ports["rpc"])
         key = f"{meta['namespace']}/{meta['name']}"
+        labels = meta.get("labels", {})
+        env = pods.resolve_env(pod)
+        home = self.pod_dir(pod) / "home"
+        home.mkdir(parents=True, exist_ok=True)
+        config = self.pod_kubeconfig(pod) if pods.mounts_token(pod) else None
+        path = f"{Path(o.dynamo_python).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        ports: dict[str, int] = {}
         if kind == "frontend":
             ports["http"] = self.ports.take()
-            argv = [
-                o.dynamo_python,
-                "-m",
-                c.DYNAMO_FRONTEND_MODULE,
-                "--http-host",
-                "127.0.0.1",
-                "--http-port",
-                str(ports["http"]),
-                "--router-mode",
-                _arg(pod, "--router-mode", "kv"),
-                "--kv-cache-block-size",
-                str(o.block_size),
-                *(
-                    ["--namespace-prefix", _arg(pod, "--namespace-prefix", dyn_ns)]
-                    if _arg(pod, "--namespace-prefix", "")
-                    else ["--namespace", dyn_ns]
-                ),
-            ]
+            argv = [o.dynamo_python, *pods.frontend_args(pod, ports["http"])]
+            penv = pods.process_env(env, path=path, home=str(home), kubeconfig=config, ports={})
             url = f"http://127.0.0.1:{ports['http']}"
             proc = Proc(key, meta["uid"], kind, 0, ports, pod_labels(pod, "frontend", ""), time.time(), url)
             proc.metrics_url = f"{url}/metrics"
             proc.health_url = f"{url}{c.HEALTH_PATH}"
+            proc.target = pods.target_labels(pod, "http")
             return argv, penv, proc
+        engine = pods.engine_of(pod, env, self.configmap(meta["namespace"], pods.engine_configmap(pod)))
+        if engine is None:
+            raise pods.PodError("a follower rank runs no engine")
         mode = env.get(c.ENV_DISAGGREGATION_MODE, c.MODE_AGGREGATED)
-        role = labels.get(c.LABEL_ROLE, "worker")
-        group = labels.get(c.LABEL_GROUP, meta["name"])
-        gpus = int(meta.get("annotations", {}).get(c.ANN_GROUP_GPUS, "1") or 1)
-        engine = o.engine_type
-        if engine == ENGINE_AUTO:
-            engine = "trtllm" if mode == c.MODE_AGGREGATED else "vllm"
+        engine_type = o.engine_type
+        if engine_type == ENGINE_AUTO:
+            engine_type = "trtllm" if mode == c.MODE_AGGREGATED else "vllm"
         ports["system"] = self.system_ports.take()
-        penv["DYN_SYSTEM_PORT"] = str(ports["system"])
-        penv["DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS"] = '["generate"]'
-        argv = [
-            o.dynamo_python,
-            "-m",
-            "dynamo.mocker",
-            "--model-path",
-            str(o.model_dir),
-            "--model-name",
-            env.get(c.ENV_MODEL_NAME, "model"),
-            "--num-gpu-blocks-override",
-            str(o.blocks_per_gpu * gpus),
-            "--block-size",
-            str(o.block_size),
-            "--engine-type",
-            engine,
-            "--speedup-ratio",
-            str(o.speedup_ratio),
-            # aiperf's synthetic prompts repeat (a small dataset, cycled): without this, repeats would
-            # hit cached prefixes and the KV signal would depend on the dataset size, not the load
-            "--no-enable-prefix-caching",
-        ]
-        if mode in ("prefill", "decode"):
-            argv += ["--disaggregation-mode", mode]
         if mode == "prefill":
             ports["bootstrap"] = self.ports.take()
-            argv += ["--bootstrap-ports", str(ports["bootstrap"])]
+        mocker = pods.Mocker(str(o.model_dir), o.blocks_per_gpu, o.block_size, o.speedup_ratio, engine_type)
+        argv = [o.dynamo_python, *pods.mocker_argv(engine, mocker, ports.get("bootstrap"))]
+        swapped = {c.ENV_DYN_SYSTEM_PORT: str(ports["system"])}
+        penv = pods.process_env(env, path=path, home=str(home), kubeconfig=config, ports=swapped)
+        role = labels.get(c.LABEL_ROLE, "worker")
+        group = labels.get(c.LABEL_GROUP, meta["name"])
         proc = Proc(key, meta["uid"], "mocker", 0, ports, pod_labels(pod, role, group), time.time())
         proc.metrics_url = f"http://127.0.0.1:{ports['system']}/metrics"
         proc.health_url = f"http://127.0.0.1:{ports['system']}{c.HEALTH_PATH}"
-        proc.labels["engine_type"] = engine
-        proc.labels["group_gpus"] = str(gpus)
+        proc.target = pods.target_labels(pod, "metrics")
         return argv, penv, proc
+
+    def pod_dir(self, pod: dict[str, Any]) -> Path:
+        meta = pod["metadata"]
+        return self.opts.state_dir / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}"
+
+    def kubectl(self, *args: str, timeout: float = 30) -> str:
+        out = subprocess.run(
+            [self.opts.kubectl, f"--kubeconfig={self.opts.kubeconfig}", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if out.returncode != 0:
+            raise pods.PodError(f"kubectl {' '.join(args[:3])}: {out.stderr.strip()[:300]}")
+        return out.stdout
+
+    def configmap(self, namespace: str, name: str) -> str:
+        """The engine YAML the pod mounts (as the kubelet would project the ConfigMap)."""
+        doc = json.loads(self.kubectl("get", "configmap", name, "-n", namespace, "-o", "json"))
+        return str((doc.get("data") or {}).get(c.ENGINE_CONFIG_FILE, ""))
+
+    def pod_kubeconfig(self, pod: dict[str, Any]) -> str:
+        """The pod's ServiceAccount token, as a kubelet projects it: a TokenRequest bound to the pod (void
+        once the pod is gone), written into a kubeconfig for the API server on loopback."""
+        meta = pod["metadata"]
+        token = self.kubectl(
+            "create", "token", pods.service_account(pod), "-n", meta["namespace"],
+            "--bound-object-kind=Pod", f"--bound-object-name={meta['name']}",
+            f"--bound-object-uid={meta['uid']}", "--duration=24h",
+        ).strip()  # fmt: skip
+        cluster = yaml.safe_load(Path(self.opts.kubeconfig).read_text())["clusters"][0]["cluster"]
+        doc = pods.kubeconfig(cluster["server"], cluster["certificate-authority"], token)
+        path = self.pod_dir(pod) / "kubeconfig"
+        path.write_text(yaml.safe_dump(doc))
+        path.chmod(0o600)
+        return str(path)
 
     def start(self, kind: str, pod: dict[str, Any]) -> None:
         argv, env, proc = self.argv_for(kind, pod)
@@ -411,8 +379,7 @@ class Runner:
 
     def publish(self, proc: Proc) -> None:
         port = proc.ports["http"] if proc.kind == "frontend" else proc.ports["system"]
-        labels = {k: v for k, v in proc.labels.items() if k not in ("engine_type", "group_gpus")}
-        doc = [{"targets": [f"127.0.0.1:{port}"], "labels": {**labels, "fleet_kind": proc.kind}}]
+        doc = [{"targets": [f"127.0.0.1:{port}"], "labels": proc.target}]
         target = self.target_file(proc)
         tmp = target.with_name(f".{target.name}.tmp")
         tmp.write_text(json.dumps(doc))
@@ -451,10 +418,12 @@ class Runner:
                 self.backoff[key] = time.monotonic() + self.opts.restart_backoff_seconds
             elif proc.kind == "mocker" and pod is not None:
                 routable = _routable(pod)
-                if routable is False and not proc.cordoned:
-                    self.cordon(proc)
-                elif routable is not False and proc.cordoned:
-                    self.uncordon(proc)
+                if routable is False and not proc.out_of_routing:
+                    # (the EndpointSlice drops it once probe() writes Ready=False: Dynamo stops routing)
+                    self.record_counters(proc, "at_cordon")
+                    proc.out_of_routing = True
+                elif routable is not False and proc.out_of_routing:
+                    proc.out_of_routing = False
         for key, (kind, pod) in sorted(desired.items()):
             if key not in self.procs and self.backoff.get(key, 0) <= now:
                 if kind == "mocker" and self.opts.start_delay_seconds > 0:
@@ -538,17 +507,6 @@ class Runner:
         print(f"runner: {key} ContainersReady={healthy} Ready={ready}", flush=True)
 
     # ------------------------------------------------------------------ routing and termination
-    def instance_files(self, proc: Proc) -> list[Path]:
-        """The discovery entries of a worker: the instance files naming its request-plane port."""
-        where = self.opts.state_dir / "discovery" / "v1" / "instances"
-        needle = f"127.0.0.1:{proc.ports.get('rpc')}/"
-        out = []
-        for f in where.glob("*") if where.exists() else []:
-            with contextlib.suppress(OSError):
-                if needle in f.read_text():
-                    out.append(f)
-        return out
-
     def record_counters(self, proc: Proc, when: str) -> None:
         """The engine's own request counters, kept in the history (an engine's counters die with it)."""
         if proc.kind != "mocker":
@@ -559,25 +517,6 @@ class Runner:
                 h[when] = counters
                 h["labels"] = proc.labels
 
-    def cordon(self, proc: Proc) -> None:
-        """Out of routing, still running: its discovery entries are removed (saved to put back)."""
-        self.record_counters(proc, "at_cordon")
-        for f in self.instance_files(proc):
-            with contextlib.suppress(OSError):
-                proc.cordoned[str(f)] = f.read_text()
-                f.unlink()
-        print(f"runner: {proc.key} out of routing ({len(proc.cordoned)} entries)", flush=True)
-
-    def uncordon(self, proc: Proc) -> None:
-        for name, content in proc.cordoned.items():
-            path = Path(name)
-            tmp = path.with_name(f".{path.name}.tmp")
-            with contextlib.suppress(OSError):
-                tmp.write_text(content)
-                tmp.replace(path)
-        proc.cordoned.clear()
-        print(f"runner: {proc.key} back in routing", flush=True)
-
     def terminate(self, proc: Proc, now: float, reason: str) -> None:
         """As the kubelet does for a deleted pod: out of routing now, preStop, SIGTERM, then SIGKILL."""
         # (A new pod of the same name may come while this one drains: it is tracked by uid from now on.)
@@ -585,8 +524,10 @@ class Runner:
         self.terminating[proc.uid] = proc
         proc.terminating_since = now
         proc.sigterm_at = now + proc.prestop
-        if proc.kind == "mocker" and not proc.cordoned:
-            self.cordon(proc)
+        if proc.kind == "mocker" and not proc.out_of_routing:
+            # (its EndpointSlice entry turned not ready with the deletion: Dynamo stops routing to it)
+            self.record_counters(proc, "at_cordon")
+            proc.out_of_routing = True
         for h in self.history:
             if h["pid"] == proc.pid and h["stopped_at"] is None:
                 h["terminating_at"] = time.time()

@@ -19,7 +19,7 @@ RunDir = Annotated[
         "--run-dir", help="Run directory (state, logs, kubeconfig, env) [default: ~/.cache/tokenfab/factory]."
     ),
 ]
-PortBase = Annotated[int, typer.Option(help="First of 7 consecutive loopback ports the factory uses.")]
+PortBase = Annotated[int, typer.Option(help="First of 8 consecutive loopback ports the factory uses.")]
 
 
 def _factory(run_dir: Path | None, port_base: int = 31000, racks: int = 4, gpu: str = "gb200") -> Factory:

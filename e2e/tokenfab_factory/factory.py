@@ -31,7 +31,15 @@ from tokenfab_factory import process
 from tokenfab_factory.pki import Pki, make_pki
 from tokenfab_factory.racks import FACTORY_LABEL, SYSTEMS, rack_nodes
 
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "prometheus")
+COMPONENTS = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+    "prometheus",
+    "nvidia-dra",
+)
 PORT_OFFSETS = {
     "etcd": 0,
     "etcd-peer": 1,
@@ -40,6 +48,7 @@ PORT_OFFSETS = {
     "kube-scheduler": 4,
     "kwok": 5,
     "prometheus": 6,
+    "nvidia-dra": 7,
 }
 KWOK_STAGES = (
     "node/fast/node-initialize.yaml",
@@ -51,6 +60,8 @@ KWOK_STAGES = (
 # kubelet's probes: kwok starts them (Running, containers started) but leaves them not ready, and the runner
 # sets ContainersReady when the engine's /health answers and Ready when the readiness gates hold too, as a
 # kubelet does. Everywhere else kwok's fast stage makes a pod Ready (and its readiness gates True) at once.
+# Both give the pod an IP from POD_CIDR, as a kubelet would: the EndpointSlice controller lists a pod only
+# with one (Dynamo's kubernetes discovery never connects to it: its addresses come from DynamoWorkerMetadata).
 LIVE_NAMESPACE_PREFIX = "live-"
 LIVE_POD_START = """\
 apiVersion: kwok.x-k8s.io/v1alpha1
@@ -102,6 +113,23 @@ spec:
           running:
             startedAt: {{ $now | Quote }}
       {{ end }}
+      {{ $hostIPs := NodeIPsWith .spec.nodeName }}
+      {{ with $hostIPs }}
+      hostIP: {{ index . 0 | Quote }}
+      hostIPs:
+      {{ range . }}
+      - ip: {{ . | Quote }}
+      {{ end }}
+      {{ end }}
+      {{ $podIPs := PodIPsWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" )
+         ( or .metadata.name "" ) ( or .metadata.namespace "" ) }}
+      {{ with $podIPs }}
+      podIP: {{ index . 0 | Quote }}
+      podIPs:
+      {{ range . }}
+      - ip: {{ . | Quote }}
+      {{ end }}
+      {{ end }}
       phase: Running
       startTime: {{ $now | Quote }}
 """
@@ -117,6 +145,44 @@ GANG_RUNTIME_CONFIG = "scheduling.k8s.io/v1alpha2=true"
 # the endpoint controllers accept (loopback addresses they refuse with a Warning per Service). Nothing ever
 # connects to them: every real process of the factory and the live fleet serves on 127.0.0.1.
 POD_CIDR = "198.18.0.0/15"
+
+
+# The scrape job tokenfab documents for a plain Prometheus (the chart's PodMonitor says the same).
+SCRAPE_CONFIG = Path(__file__).resolve().parents[2] / "charts/tokenfab/prometheus/scrape-config.yaml"
+# The engine is simulated by Dynamo's mocker, which names its metrics after vLLM's (`vllm:` or `trtllm:`
+# prefixed, DP rank in label `engine`), not as the real TensorRT-LLM worker does. The factory's Prometheus
+# renames the series the autoscaler reads to the real worker's (dynamo_component_gpu_cache_usage_percent per
+# dp_rank, trtllm_num_requests_waiting): a translation of the hardware's stand-in, never in the operator.
+MOCKER_METRICS: list[dict[str, Any]] = [
+    {
+        "source_labels": ["__name__", "engine"],
+        "regex": "(trtllm|vllm):kv_cache_usage_perc;(.*)",
+        "target_label": "dp_rank",
+        "replacement": "$2",
+    },
+    {
+        "source_labels": ["__name__"],
+        "regex": "(trtllm|vllm):kv_cache_usage_perc",
+        "target_label": "__name__",
+        "replacement": "dynamo_component_gpu_cache_usage_percent",
+    },
+    {
+        "source_labels": ["__name__"],
+        "regex": "(trtllm|vllm):num_requests_waiting",
+        "target_label": "__name__",
+        "replacement": "trtllm_num_requests_waiting",
+    },
+]
+
+
+def documented_scrape_job() -> dict[str, Any]:
+    jobs = yaml.safe_load(SCRAPE_CONFIG.read_text())
+    if not isinstance(jobs, list) or len(jobs) != 1:
+        raise FactoryError(f"{SCRAPE_CONFIG}: expected one scrape job")
+    return dict(jobs[0])
+
+
+DRA_MODULE = "tokenfab_factory.dra"
 
 
 class FactoryError(RuntimeError):
@@ -297,7 +363,7 @@ class Factory:
             if owned or time.monotonic() > deadline:
                 raise FactoryError(
                     "ports in use: " + "; ".join(busy) + ". Stop that process, or choose other ports with "
-                    "--port-base (each factory uses 7 consecutive ports)."
+                    "--port-base (each factory uses 8 consecutive ports)."
                 )
             time.sleep(1)
 
@@ -432,6 +498,14 @@ class Factory:
                 "--storage.tsdb.retention.time=1d",
                 "--web.enable-lifecycle",
             ]
+        if comp == "nvidia-dra":  # the simulated DRA driver: ComputeDomains and IMEX channels
+            return [
+                sys.executable,
+                "-m",
+                DRA_MODULE,
+                f"--kubeconfig={kc}",
+                f"--port={cfg.port(comp)}",
+            ]
         raise ValueError(comp)
 
     def _write_kubeconfig(self) -> None:
@@ -499,10 +573,15 @@ class Factory:
                     "static_configs": [{"targets": [f"127.0.0.1:{self.config.port('kube-apiserver')}"]}],
                 },
                 {
+                    # tokenfab's documented scrape job (Kubernetes pod discovery and its relabelling) on
+                    # the fleet runner's loopback targets, which carry the labels that discovery gives a
+                    # pod; the only addition is the mocker's metric names (MOCKER_METRICS)
                     "job_name": "tokenfab",
                     "file_sd_configs": [
                         {"files": [str(self.file_sd_dir / "*.json")], "refresh_interval": "2s"}
                     ],
+                    "relabel_configs": documented_scrape_job()["relabel_configs"],
+                    "metric_relabel_configs": MOCKER_METRICS,
                 },
             ],
         }
@@ -546,6 +625,8 @@ class Factory:
                 code, body = _get(f"http://127.0.0.1:{cfg.port('kwok')}/healthz")
             elif comp == "prometheus":
                 code, body = _get(f"{self.prometheus_url}/-/ready")
+            elif comp == "nvidia-dra":
+                code, body = _get(f"http://127.0.0.1:{cfg.port(comp)}/healthz")
             else:
                 raise ValueError(comp)
         except (OSError, ssl.SSLError) as exc:
@@ -741,7 +822,7 @@ class Factory:
 
 
 def _expect(comp: str) -> str:
-    return "prometheus" if comp == "prometheus" else comp
+    return {"nvidia-dra": DRA_MODULE}.get(comp, comp)
 
 
 def _get(url: str, ctx: ssl.SSLContext | None = None) -> tuple[int, str]:

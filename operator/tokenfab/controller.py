@@ -117,6 +117,9 @@ class Controller:
                 ("v1", "Service"),
                 ("apps/v1", "Deployment"),
                 ("policy/v1", "PodDisruptionBudget"),
+                ("v1", "ServiceAccount"),
+                ("rbac.authorization.k8s.io/v1", "Role"),
+                ("rbac.authorization.k8s.io/v1", "RoleBinding"),
             ):
                 sources.append(
                     (

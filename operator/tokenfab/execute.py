@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,7 +106,13 @@ def submit(
     # headless Service that selects them (the endpoints controller, seeing pods and a new Service at
     # once, may race itself); then the frontend Deployment and Service (its controller, ReplicaSet and
     # pod follow, ready well before a gang) and the rest.
-    shared = _apply_changed(ctx, key, owner, [b.workers_service(owner)], now)
+    shared = _apply_changed(ctx, key, owner, [b.workers_service(owner, spec)], now)
+    identity = _apply_changed(ctx, key, owner, b.discovery_rbac(owner, spec), now)
+    if identity and any(p.create for p in plans):
+        # A pod naming a ServiceAccount that does not exist yet is refused: the deployment's first groups
+        # wait for theirs (once in its life).
+        wait([identity[0][0]])
+    shared += identity
     gang = gang_mode(ctx, spec) if any(p.create for p in plans) else "gates"
     creates, pending = _submit_creates(ctx, owner, spec, plans, gang)
     rest = [b.frontend_deployment(owner, spec), b.frontend_service(owner)]

@@ -47,6 +47,11 @@ RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
     (API_VERSION, DOMAIN_KIND): ("nvlinkdomains", False),
     (c.COMPUTE_DOMAIN_API, "ComputeDomain"): ("computedomains", True),
     (c.POD_GROUP_API, "PodGroup"): ("podgroups", True),
+    ("v1", "ServiceAccount"): ("serviceaccounts", True),
+    ("rbac.authorization.k8s.io/v1", "Role"): ("roles", True),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): ("rolebindings", True),
+    ("discovery.k8s.io/v1", "EndpointSlice"): ("endpointslices", True),
+    (c.DYNAMO_METADATA_API, c.DYNAMO_METADATA_KIND): (c.DYNAMO_METADATA_PLURAL, True),
 }
 
 

@@ -1,11 +1,16 @@
 """Prometheus reads for the autoscaler, through prometheus-api-client.
 
-Per deployment and role, one sample per group: the KV-cache utilization of the group's engine (Dynamo /
-TensorRT-LLM worker metrics `trtllm:kv_cache_usage_perc`, or `vllm:kv_cache_usage_perc` from engines that
-use that prefix) and, for prefill, the number of waiting requests. Worker series are selected by the
-labels a standard Kubernetes pod relabelling (`labelmap __meta_kubernetes_pod_label_(.+)`) gives the
-tokenfab pod labels: tokenfab_dev_deployment, tokenfab_dev_role, tokenfab_dev_group. Errors and timeouts
-come back as a message, never as an exception into the reconcile.
+Per deployment and role, one sample per group: the KV-cache utilization of the group's engine and, for
+prefill, the number of waiting requests. The series are the ones Dynamo's TensorRT-LLM worker exports on
+its system port (/metrics) with --publish-metrics, which tokenfab passes:
+- `dynamo_component_gpu_cache_usage_percent`: KV-cache use as a 0-1 fraction, one series per attention-DP
+  rank (label dp_rank), set by every Dynamo engine publisher (trtllm, vllm, sglang) alike; a group's
+  sample is its busiest rank;
+- `trtllm_num_requests_waiting`: TensorRT-LLM's own queue, summed over the group's ranks.
+Worker series are selected by the labels a standard Kubernetes pod relabelling (`labelmap
+__meta_kubernetes_pod_label_(.+)`, see charts/tokenfab/prometheus/scrape-config.yaml) gives the tokenfab pod
+labels: tokenfab_dev_deployment, tokenfab_dev_role, tokenfab_dev_group. Errors and timeouts come back as a
+message, never as an exception into the reconcile.
 """
 
 from __future__ import annotations
@@ -20,22 +25,20 @@ from urllib3.util.retry import Retry
 from tokenfab.planning import contract as c
 from tokenfab.planning.autoscaling import Sample
 
-KV_METRICS = ("trtllm:kv_cache_usage_perc", "vllm:kv_cache_usage_perc")
-QUEUE_METRICS = ("trtllm:num_requests_waiting", "vllm:num_requests_waiting")
+KV_METRIC = "dynamo_component_gpu_cache_usage_percent"
+QUEUE_METRIC = "trtllm_num_requests_waiting"
 
 
-def _selector(names: tuple[str, ...], namespace: str, deployment: str, role: str) -> str:
-    return (
-        f'{{__name__=~"{"|".join(names)}", namespace="{namespace}", '
-        f'{c.PROM_LABEL_DEPLOYMENT}="{deployment}", {c.PROM_LABEL_ROLE}="{role}"}}'
-    )
+def _selector(name: str, namespace: str, deployment: str, role: str) -> str:
+    where = f'{c.PROM_LABEL_DEPLOYMENT}="{deployment}", {c.PROM_LABEL_ROLE}="{role}"'
+    return f'{name}{{namespace="{namespace}", {where}}}'
 
 
 def kv_query(namespace: str, deployment: str, role: str, override: str | None = None) -> str:
     """PromQL returning one KV-cache utilization sample per group (its busiest rank)."""
     if override:
         return override.format(namespace=namespace, deployment=deployment, role=role)
-    return f"max by ({c.PROM_LABEL_GROUP}) ({_selector(KV_METRICS, namespace, deployment, role)})"
+    return f"max by ({c.PROM_LABEL_GROUP}) ({_selector(KV_METRIC, namespace, deployment, role)})"
 
 
 INFLIGHT_METRIC = "dynamo_component_inflight_requests"
@@ -83,7 +86,7 @@ def input_tokens_query(namespace: str, deployment: str, window_seconds: int) -> 
 
 def queue_query(namespace: str, deployment: str, role: str) -> str:
     """PromQL returning the waiting requests per group."""
-    return f"sum by ({c.PROM_LABEL_GROUP}) ({_selector(QUEUE_METRICS, namespace, deployment, role)})"
+    return f"sum by ({c.PROM_LABEL_GROUP}) ({_selector(QUEUE_METRIC, namespace, deployment, role)})"
 
 
 _AGGREGATION = re.compile(r"^\s*(?:max|min|sum|avg|count)\s+by\s*\(([\w\s,]*)\)\s*\((.*)\)\s*$", re.S)

@@ -297,9 +297,76 @@ def nvlink_domain_crd() -> JSON:
     )
 
 
+# NVIDIA Dynamo's discovery object (the kubernetes discovery backend): its group, version and names are
+# Dynamo's (tokenfab.planning.contract has them for the builders); the schema is written here.
+DYNAMO_GROUP = "nvidia.com"
+DYNAMO_VERSION = "v1alpha1"
+DYNAMO_METADATA_KIND = "DynamoWorkerMetadata"
+DYNAMO_METADATA_PLURAL = "dynamoworkermetadatas"
+
+
+def dynamo_worker_metadata_crd() -> JSON:
+    """DynamoWorkerMetadata: what one Dynamo process registered (endpoints, model cards, event channels),
+    written by the process itself and owned by its pod, for Dynamo's kubernetes discovery backend. The same
+    names and shape as NVIDIA Dynamo's platform installs: where it is installed already, this is skipped
+    (Helm keeps an existing CRD; `kubectl apply` of the same schema changes nothing)."""
+    root: JSON = {
+        "type": "object",
+        "description": "Discovery data of one NVIDIA Dynamo worker or frontend process, named after its pod.",
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": {
+                "type": "object",
+                "required": ["data"],
+                "properties": {
+                    "data": {
+                        "type": "object",
+                        "description": "What the process registered: endpoints, model cards, event channels "
+                        "(written by Dynamo, read by its peers).",
+                        "x-kubernetes-preserve-unknown-fields": True,
+                    }
+                },
+            },
+        },
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{DYNAMO_METADATA_PLURAL}.{DYNAMO_GROUP}",
+            "annotations": {"helm.sh/resource-policy": "keep"},
+        },
+        "spec": {
+            "group": DYNAMO_GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": DYNAMO_METADATA_KIND,
+                "listKind": f"{DYNAMO_METADATA_KIND}List",
+                "plural": DYNAMO_METADATA_PLURAL,
+                "singular": DYNAMO_METADATA_KIND.lower(),
+                "shortNames": ["dwm"],
+            },
+            "versions": [
+                {
+                    "name": DYNAMO_VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": root},
+                    "additionalPrinterColumns": [
+                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
+                    ],
+                }
+            ],
+        },
+    }
+
+
 def all_crds() -> dict[str, JSON]:
     """File name -> CRD, for everything tokenfab installs."""
     return {
         f"{m.GROUP}_{m.PLURAL}.yaml": model_deployment_crd(),
         f"{m.GROUP}_{m.DOMAIN_PLURAL}.yaml": nvlink_domain_crd(),
+        f"{DYNAMO_GROUP}_{DYNAMO_METADATA_PLURAL}.yaml": dynamo_worker_metadata_crd(),
     }

@@ -26,9 +26,11 @@ from pydantic_core import PydanticCustomError, PydanticKnownError
 
 from tokenfab.api.rules import (
     BOUNDS_RULE,
+    ENDPOINTS_NEED_ETCD,
     ENV_ONE_SOURCE,
     ENV_RESERVED_RULE,
     ENV_VALUE_OR_VALUE_FROM,
+    ETCD_NEEDS_ENDPOINTS,
     IMAGE_RULE,
     LABEL_KEY_MAX,
     LABEL_VALUE_PATTERN,
@@ -37,6 +39,7 @@ from tokenfab.api.rules import (
     PRIORITY_CLASS_RULE,
     QUANTITY_PATTERN,
     QUERY_RULE,
+    S3_SOURCE_RULE,
     SCHEDULER_NAME_RULE,
     SOURCE_RULE,
     SPEC_RULES,
@@ -74,6 +77,7 @@ TOLERATIONS_MAX = 32
 Mode = Literal["aggregated", "disaggregated"]
 RouterMode = Literal["kv", "round-robin", "random"]
 RatioPolicy = Literal["fixed", "independent"]
+Discovery = Literal["kubernetes", "etcd"]
 PlacementPolicy = Literal["pack", "spread"]
 Engine = Literal["trtllm"]
 RoleName = Literal["prefill", "decode", "worker"]
@@ -142,18 +146,22 @@ class ModelSource(_Model):
         description="Served model name: the `model` field clients send to the OpenAI-compatible API "
         "(e.g. deepseek-ai/DeepSeek-R1).",
     )
-    source: Annotated[str, AfterValidator(SOURCE_RULE)] = Field(
+    source: Annotated[str, AfterValidator(SOURCE_RULE), AfterValidator(S3_SOURCE_RULE)] = Field(
         max_length=2048,
-        description="Where the weights live: hf://<org>/<repo> (a model hub), pvc://<claim>/<path> (a "
-        "PersistentVolumeClaim in this namespace, and the weights' directory in it) or "
-        "s3://<bucket>/<prefix>. No whitespace, and a non-empty path after the scheme.",
-        json_schema_extra=_cel_of(SOURCE_RULE),
+        description="Where the weights live: hf://<org>/<repo> (a model hub: the worker launcher downloads "
+        "model.revision into its model cache before the engine starts) or pvc://<claim>/<path> (a "
+        "PersistentVolumeClaim in this namespace, and the weights' directory in it). s3:// is refused "
+        "until tokenfab fetches it. No whitespace, and a non-empty path after the scheme.",
+        json_schema_extra=_cel_rules(
+            [SOURCE_RULE.x_kubernetes_validation(), S3_SOURCE_RULE.x_kubernetes_validation()]
+        ),
     )
     revision: str | None = Field(
         default=None,
         max_length=256,
-        description="Revision of the weights: a hub commit or tag, or a version label for pvc:// and s3://. "
-        "Pin it in production so every group loads the same weights.",
+        description="Revision of hf:// weights: a hub commit, branch or tag, downloaded by the worker "
+        "launcher and loaded by the engine (unset: the hub's main branch). For pvc:// a label only. Pin a "
+        "commit in production so every group loads the same weights.",
     )
 
 
@@ -394,6 +402,12 @@ class Runtime(_Model):
 class Serving(_Model):
     """How requests reach the workers: mode, router and the prefill:decode ratio."""
 
+    model_config = ConfigDict(
+        json_schema_extra=_cel_rules(
+            [ETCD_NEEDS_ENDPOINTS.x_kubernetes_validation(), ENDPOINTS_NEED_ETCD.x_kubernetes_validation()]
+        )
+    )
+
     mode: Mode = Field(
         default="disaggregated",
         description="aggregated: one worker role does prefill and decode. disaggregated: separate prefill "
@@ -433,6 +447,32 @@ class Serving(_Model):
         "bound, so a pod evicted by Kubernetes drains too. 600 s fits long reasoning outputs; 0 deletes "
         "at once.",
     )
+    discovery: Discovery = Field(
+        default="kubernetes",
+        description="How Dynamo's frontend and workers find each other. kubernetes: each process writes a "
+        "DynamoWorkerMetadata object (nvidia.com/v1alpha1, its CRD installed with tokenfab) and a worker is "
+        "routed to only while its pod is ready in the EndpointSlice of the deployment's workers Service; "
+        "tokenfab gives the pods a ServiceAccount <name>-dynamo with just those rights. etcd: an etcd "
+        "cluster you run (serving.etcdEndpoints).",
+    )
+    etcd_endpoints: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1024,
+        pattern=r"^\S+$",
+        description="etcd client URLs for serving.discovery etcd, comma-separated (Dynamo's "
+        "ETCD_ENDPOINTS), e.g. http://etcd.dynamo-system:2379.",
+    )
+
+    @model_validator(mode="after")
+    def _etcd(self) -> Serving:
+        _refuse_broken(
+            [
+                (ETCD_NEEDS_ENDPOINTS, self.discovery != "etcd" or self.etcd_endpoints is not None),
+                (ENDPOINTS_NEED_ETCD, self.etcd_endpoints is None or self.discovery == "etcd"),
+            ]
+        )
+        return self
 
 
 class Parallelism(_Model):
@@ -494,7 +534,8 @@ class SpeculativeDecoding(_Model):
         default=0,
         ge=0,
         le=MTP_MAX_DEPTH,
-        description=f"MTP draft depth (TensorRT-LLM num_nextn_predict_layers): 0 turns MTP off; 1 to "
+        description=f"MTP draft depth (TensorRT-LLM speculative_config.max_draft_len, once "
+        f"num_nextn_predict_layers): 0 turns MTP off; 1 to "
         f"{MTP_MAX_DEPTH} drafts that many tokens per step. 3 is the usual choice for DeepSeek-R1.",
     )
 
@@ -569,9 +610,13 @@ class Topology(_Model):
         "racks free). spread: put this deployment's groups on the domains holding the fewest of them.",
     )
     compute_domain: bool = Field(
-        default=False,
-        description="Create an NVIDIA ComputeDomain (IMEX channel, resource.nvidia.com) per multi-node "
-        "group and claim it from its pods, for multi-node NVLink.",
+        default=True,
+        description="Create an NVIDIA ComputeDomain (resource.nvidia.com/v1beta1, from NVIDIA's DRA driver) "
+        "per multi-node group and claim its IMEX channel from every pod of the group: multi-node NVLink "
+        "(NCCL's MNNVL, wide expert parallelism across trays) needs it. One-node groups need none. Where "
+        "the driver is not installed, multi-node groups wait with Placed=False/ComputeDomainUnavailable: "
+        "install it, or set false to run them without IMEX (NCCL then falls back to InfiniBand between "
+        "trays).",
     )
     node_failure_toleration_seconds: int = Field(
         default=300,

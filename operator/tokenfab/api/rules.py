@@ -484,6 +484,21 @@ def object_rules_error(broken: list[ObjectRule]) -> PydanticCustomError:
     )
 
 
+ETCD_NEEDS_ENDPOINTS = ObjectRule(
+    "!has(self.discovery) || self.discovery != 'etcd' || has(self.etcdEndpoints)",
+    "serving.discovery etcd needs serving.etcdEndpoints (e.g. http://etcd.dynamo-system:2379): set it, or "
+    "use serving.discovery kubernetes (no etcd needed)",
+    "etcdEndpoints",
+    "FieldValueRequired",
+)
+ENDPOINTS_NEED_ETCD = ObjectRule(
+    "!has(self.etcdEndpoints) || (has(self.discovery) && self.discovery == 'etcd')",
+    "serving.etcdEndpoints applies to serving.discovery etcd only: remove it, or set serving.discovery to "
+    "etcd",
+    "etcdEndpoints",
+    "FieldValueForbidden",
+)
+
 BOUNDS_RULE = ObjectRule(
     "self.minReplicas <= self.maxReplicas",
     "minReplicas must not exceed maxReplicas: raise maxReplicas or lower minReplicas",
@@ -605,11 +620,19 @@ RESERVED_ENV = (
     "DYN_SYSTEM_PORT",
     "DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS",
     "DYN_RUNTIME_GRACEFUL_SHUTDOWN_TIMEOUT_SECS",
+    "DYN_DISCOVERY_BACKEND",
+    "DYN_REQUEST_PLANE",
+    "DYN_EVENT_PLANE",
+    "ETCD_ENDPOINTS",
+    "POD_NAME",
+    "POD_NAMESPACE",
+    "POD_UID",
 )
 ENV_RESERVED_RULE = ValueRule(
     "!(self in [" + ", ".join(cel_string(n) for n in RESERVED_ENV) + "])",
     "runtime.env may not set a variable tokenfab sets on every worker (" + ", ".join(RESERVED_ENV) + "): "
-    "they come from the spec (model, parallelism, serving.drainSeconds) and the group's place; remove it",
+    "they come from the spec (model, parallelism, serving.drainSeconds, serving.discovery) and the group's "
+    "place; remove it",
     lambda v: v not in RESERVED_ENV,
 )
 
@@ -624,6 +647,13 @@ SOURCE_RULE = _regex_rule(
     "model.source must be hf://<org>/<repo>, s3://<bucket>/<prefix> or pvc://<claim>/<path> (claim: the "
     "name of a PersistentVolumeClaim in this namespace, a DNS subdomain), with a non-empty path after the "
     "scheme and no whitespace anywhere",
+)
+
+S3_SOURCE_RULE = ValueRule(
+    "!self.startsWith('s3://')",
+    "model.source s3:// is not fetched by tokenfab yet: copy the weights into a PersistentVolumeClaim and "
+    "use pvc://<claim>/<path>, or use hf://<org>/<repo> with model.revision",
+    lambda v: not str(v).startswith("s3://"),
 )
 
 QUERY_PLACEHOLDERS = ("namespace", "deployment", "role")

@@ -57,7 +57,18 @@ MODES: tuple[str, ...] = (c.MODE_AGGREGATED, *eng.DISAGGREGATED_ROLES)
 
 # Environment not forwarded by mpirun to the other ranks: per-host values and MPI's own settings.
 NOT_FORWARDED = frozenset(
-    {"HOSTNAME", c.ENV_RANK, "NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "PWD", "OLDPWD", "SHLVL", "_"}
+    {
+        "HOSTNAME",
+        c.ENV_RANK,
+        c.ENV_POD_NAME,
+        c.ENV_POD_UID,
+        "NVIDIA_VISIBLE_DEVICES",
+        "CUDA_VISIBLE_DEVICES",
+        "PWD",
+        "OLDPWD",
+        "SHLVL",
+        "_",
+    }
 )
 NOT_FORWARDED_PREFIXES = ("OMPI_", "PMIX_", "PRTE_", "OPAL_", "ORTE_")
 MPI_ENV = {"OMPI_MCA_orte_keep_fqdn_hostnames": "1", "PRTE_MCA_prte_keep_fqdn_hostnames": "1"}
@@ -270,7 +281,9 @@ def engine_shape(text: str, identity: Identity) -> EngineShape:
         if not isinstance(spec_cfg, dict):
             problems.append(f"{where}: {eng.SPECULATIVE_CONFIG} must be a mapping, got {spec_cfg!r}")
         elif spec_cfg.get("decoding_type") == eng.MTP_DECODING_TYPE:
-            mtp = _positive(spec_cfg, eng.MTP_LAYERS, f"{where}: {eng.SPECULATIVE_CONFIG}", problems, None)
+            legacy = eng.MTP_LAYERS not in spec_cfg and eng.LEGACY_MTP_LAYERS in spec_cfg
+            key = eng.LEGACY_MTP_LAYERS if legacy else eng.MTP_LAYERS
+            mtp = _positive(spec_cfg, key, f"{where}: {eng.SPECULATIVE_CONFIG}", problems, None)
     if not problems:
         group_gpus = identity.world_size * identity.gpus_per_pod
         if tp * pp * cp != group_gpus:

@@ -255,7 +255,96 @@ def worker_args(spec: ModelDeploymentSpec, role: RoleName) -> list[str]:
     mode = disaggregation_mode(spec, role)
     if mode is not None:
         args += ["--disaggregation-mode", mode]
-    return args
+    # Both publishers are off in Dynamo by default: KV events feed the KV-aware router, metrics are the
+    # engine's KV-cache utilization and queue that the autoscaler reads.
+    return [*args, c.PUBLISH_KV_EVENTS_FLAG, c.PUBLISH_METRICS_FLAG]
+
+
+# ------------------------------------------------------------------------------------------ discovery
+
+
+def dynamo_service_account_name(owner: Owner) -> str:
+    """The ServiceAccount of a deployment's worker and frontend pods (kubernetes discovery)."""
+    return f"{owner.name}-dynamo"
+
+
+def uses_kubernetes_discovery(spec: ModelDeploymentSpec) -> bool:
+    return spec.serving.discovery == c.DISCOVERY_KUBERNETES
+
+
+def _field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def discovery_env(spec: ModelDeploymentSpec) -> list[dict[str, Any]]:
+    """What Dynamo's processes need to find each other: the backend, the planes, and for the kubernetes
+    backend the pod's own identity (its DynamoWorkerMetadata is named after the pod and owned by it)."""
+    env = [
+        {"name": c.ENV_DYN_DISCOVERY_BACKEND, "value": spec.serving.discovery},
+        {"name": c.ENV_DYN_REQUEST_PLANE, "value": c.REQUEST_PLANE},
+        {"name": c.ENV_DYN_EVENT_PLANE, "value": c.EVENT_PLANE},
+    ]
+    if uses_kubernetes_discovery(spec):
+        return [
+            *env,
+            _field_env(c.ENV_POD_NAME, "metadata.name"),
+            _field_env(c.ENV_POD_NAMESPACE, "metadata.namespace"),
+            _field_env(c.ENV_POD_UID, "metadata.uid"),
+        ]
+    return [*env, {"name": c.ENV_ETCD_ENDPOINTS, "value": spec.serving.etcd_endpoints or ""}]
+
+
+def pod_identity(owner: Owner, spec: ModelDeploymentSpec) -> dict[str, Any]:
+    """The pod-spec fields that say who a worker or frontend pod is to the API server: with kubernetes
+    discovery the deployment's ServiceAccount and its token (Dynamo's processes write and watch discovery
+    objects); otherwise no token at all (the pods never talk to the API server)."""
+    if uses_kubernetes_discovery(spec):
+        return {
+            "serviceAccountName": dynamo_service_account_name(owner),
+            "automountServiceAccountToken": True,
+        }
+    return {"automountServiceAccountToken": False}
+
+
+# What a pod's Dynamo process does with the API server, and no more (checked against Dynamo 1.6.1): list
+# and watch the EndpointSlices of its namespace (a peer is routable while ready there), create its own
+# DynamoWorkerMetadata by server-side apply and re-apply it as it registers, list and watch its peers'.
+DISCOVERY_RULES: list[dict[str, Any]] = [
+    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
+    {
+        "apiGroups": [c.DYNAMO_METADATA_API.split("/")[0]],
+        "resources": [c.DYNAMO_METADATA_PLURAL],
+        "verbs": ["get", "list", "watch", "create", "patch"],
+    },
+]
+
+
+def discovery_rbac(owner: Owner, spec: ModelDeploymentSpec) -> list[Manifest]:
+    """The ServiceAccount, Role and RoleBinding of a deployment's pods for kubernetes discovery (none for
+    etcd). Namespaced: the pods see their own namespace's discovery objects only."""
+    if not uses_kubernetes_discovery(spec):
+        return []
+    name = dynamo_service_account_name(owner)
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": _meta(owner, name, "discovery"),
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": _meta(owner, name, "discovery"),
+            "rules": DISCOVERY_RULES,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": _meta(owner, name, "discovery"),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner.namespace}],
+        },
+    ]
 
 
 def engine_configmap(owner: Owner, spec: ModelDeploymentSpec, role: RoleName) -> Manifest:
@@ -276,7 +365,7 @@ def engine_configmap(owner: Owner, spec: ModelDeploymentSpec, role: RoleName) ->
 # Bumped when the worker pods tokenfab builds change in a way running groups must adopt (a new security
 # context, say): the revision of every role changes, so an operator upgrade rolls every group once, one
 # group at a time, like a Deployment whose template changed.
-POD_TEMPLATE_VERSION = 2
+POD_TEMPLATE_VERSION = 3
 
 
 def role_revision(spec: ModelDeploymentSpec, role: RoleName) -> str:
@@ -300,6 +389,7 @@ def _revision_inputs(spec: ModelDeploymentSpec, role: RoleName) -> dict[str, Any
         "resources": spec.runtime.resources.model_dump(by_alias=True),
         **({"capabilities": list(spec.runtime.add_capabilities)} if spec.runtime.add_capabilities else {}),
         "model": spec.model.model_dump(by_alias=True, exclude_none=True),
+        "discovery": [spec.serving.discovery, spec.serving.etcd_endpoints],
         "topology": [
             spec.topology.gpus_per_node,
             spec.topology.gpu_resource,
@@ -425,6 +515,7 @@ def group_pods(
             # A SIGTERMed Dynamo worker leaves discovery at once and finishes its requests up to this bound.
             *([{"name": c.ENV_DYN_SHUTDOWN_TIMEOUT, "value": str(drain)}] if drain else []),
             {"name": c.ENV_DYN_HEALTH_ENDPOINTS, "value": '["generate"]'},
+            *discovery_env(spec),
             {"name": "NCCL_MNNVL_ENABLE", "value": "1"},
             {"name": "NCCL_CUMEM_ENABLE", "value": "1"},
             *([{"name": c.ENV_MPI_SSH_DIR, "value": c.MPI_SSH_DIR}] if multi_node else []),
@@ -464,7 +555,7 @@ def group_pods(
         pod_spec: dict[str, Any] = {
             "hostname": name,
             "subdomain": service,
-            "automountServiceAccountToken": False,  # workers never talk to the API server
+            **pod_identity(owner, spec),
             "securityContext": POD_SECURITY,
             "restartPolicy": "Never",
             # Dynamo drains on SIGTERM: the grace period covers drainSeconds, so an eviction drains too
@@ -567,7 +658,9 @@ def compute_domain(owner: Owner, spec: ModelDeploymentSpec, role: RoleName, slot
             owner, compute_domain_name(group), "worker", {c.LABEL_ROLE: role, c.LABEL_GROUP: group}
         ),
         "spec": {
-            "numNodes": group_shape(spec, role).nodes,
+            # Deprecated by the driver and immutable: 0 (its recommended value since IMEX daemons find each
+            # other by DNS) is valid on every release; a count would only gate the object's own status.
+            "numNodes": 0,
             "channel": {
                 "resourceClaimTemplate": {"name": compute_domain_name(group)},
                 "allocationMode": "Single",
@@ -579,18 +672,24 @@ def compute_domain(owner: Owner, spec: ModelDeploymentSpec, role: RoleName, slot
 # ------------------------------------------------------------------------------------- shared children
 
 
-def workers_service(owner: Owner) -> Manifest:
-    """Headless Service: stable DNS names for the pods of multi-node groups, which reach each other by
-    them (rank 0 is a group's leader). One-pod groups need no peer and are left out, so their pods'
-    churn costs the endpoint controllers nothing."""
+def workers_service(owner: Owner, spec: ModelDeploymentSpec) -> Manifest:
+    """Headless Service over every worker pod of the deployment, for two things:
+    - Dynamo's kubernetes discovery: its EndpointSlices (labelled for discovery) say which pods are ready,
+      and a worker is routed to only while its pod is; a draining group's leader turns its readiness gate
+      tokenfab.dev/routable False and leaves routing the way Dynamo sees it. Not-ready pods are therefore
+      not published.
+    - stable DNS names for the ranks of multi-node groups (rank 0 runs mpirun to the others, each ready
+      once its SSH daemon answers; a pod resolves its own name from its /etc/hosts)."""
+    meta = _meta(owner, workers_service_name(owner), "worker")
+    if uses_kubernetes_discovery(spec):
+        meta["labels"].update(c.DISCOVERY_LABELS)
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _meta(owner, workers_service_name(owner), "worker"),
+        "metadata": meta,
         "spec": {
             "clusterIP": "None",
-            "publishNotReadyAddresses": True,
-            "selector": {**selector_labels(owner), c.COMPONENT: "worker", c.LABEL_PEERS: "true"},
+            "selector": {**selector_labels(owner), c.COMPONENT: "worker"},
             "ports": [{"name": "metrics", "port": c.WORKER_METRICS_PORT, "targetPort": "metrics"}],
         },
     }
@@ -609,7 +708,7 @@ def frontend_deployment(owner: Owner, spec: ModelDeploymentSpec) -> Manifest:
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
-                    "automountServiceAccountToken": False,
+                    **pod_identity(owner, spec),
                     "securityContext": POD_SECURITY,
                     "volumes": [{"name": "tmp", "emptyDir": {}}, {"name": "cache", "emptyDir": {}}],
                     "containers": [
@@ -629,6 +728,7 @@ def frontend_deployment(owner: Owner, spec: ModelDeploymentSpec) -> Manifest:
                             ],
                             "env": [
                                 {"name": c.ENV_DYNAMO_NAMESPACE, "value": dynamo_namespace_prefix(owner)},
+                                *discovery_env(spec),
                                 *[e.model_dump(by_alias=True, exclude_none=True) for e in spec.runtime.env],
                             ],
                             "ports": [{"name": "http", "containerPort": c.FRONTEND_PORT}],

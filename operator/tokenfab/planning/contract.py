@@ -64,8 +64,36 @@ ENV_DYN_SYSTEM_HOST = "DYN_SYSTEM_HOST"  # its bind address (not set on pods: al
 ENV_DYN_HEALTH_ENDPOINTS = "DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS"
 ENV_DYN_SHUTDOWN_TIMEOUT = "DYN_RUNTIME_GRACEFUL_SHUTDOWN_TIMEOUT_SECS"  # Dynamo's bound on its SIGTERM drain
 
+# Dynamo's discovery (how workers and frontends find each other) and its planes. The kubernetes backend:
+# each process writes a DynamoWorkerMetadata object named after its pod (owned by the pod, so POD_UID must be
+# the pod's own) and counts a peer only while the peer's pod is ready in an EndpointSlice of a Service
+# labelled DISCOVERY_LABELS, in its own namespace. The etcd backend: ETCD_ENDPOINTS.
+ENV_DYN_DISCOVERY_BACKEND = "DYN_DISCOVERY_BACKEND"
+ENV_DYN_REQUEST_PLANE = "DYN_REQUEST_PLANE"
+ENV_DYN_EVENT_PLANE = "DYN_EVENT_PLANE"
+ENV_ETCD_ENDPOINTS = "ETCD_ENDPOINTS"
+ENV_POD_NAME = "POD_NAME"
+ENV_POD_NAMESPACE = "POD_NAMESPACE"
+ENV_POD_UID = "POD_UID"
+DISCOVERY_KUBERNETES = "kubernetes"
+DISCOVERY_ETCD = "etcd"
+REQUEST_PLANE = "tcp"
+EVENT_PLANE = "zmq"
+DISCOVERY_LABELS = {
+    "nvidia.com/dynamo-discovery-enabled": "true",
+    "nvidia.com/dynamo-discovery-backend": DISCOVERY_KUBERNETES,
+}
+DYNAMO_METADATA_API = "nvidia.com/v1alpha1"
+DYNAMO_METADATA_KIND = "DynamoWorkerMetadata"
+DYNAMO_METADATA_PLURAL = "dynamoworkermetadatas"
+
 # What TOKENFAB_DISAGGREGATION_MODE says for a worker that is not disaggregated (else: prefill, decode).
 MODE_AGGREGATED = "aggregated"
+
+# Worker flags that turn Dynamo's publishers on (both are off by default): KV events feed the KV-aware
+# router; metrics are the engine's own (KV-cache utilization, waiting requests) that the autoscaler reads.
+PUBLISH_KV_EVENTS_FLAG = "--publish-kv-events"
+PUBLISH_METRICS_FLAG = "--publish-metrics"
 
 # Programs: every worker pod runs the launcher, which starts Dynamo's TensorRT-LLM worker.
 PYTHON = "python3"

@@ -28,7 +28,10 @@ MOE_EXPERT_PARALLEL_SIZE = "moe_expert_parallel_size"
 ENABLE_ATTENTION_DP = "enable_attention_dp"
 SPECULATIVE_CONFIG = "speculative_config"
 MTP_DECODING_TYPE = "MTP"
-MTP_LAYERS = "num_nextn_predict_layers"
+# The MTP depth: TensorRT-LLM's MTPDecodingConfig.max_draft_len (num_nextn_predict_layers, the older key, is
+# still read, with a deprecation, and moved there).
+MTP_LAYERS = "max_draft_len"
+LEGACY_MTP_LAYERS = "num_nextn_predict_layers"
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
