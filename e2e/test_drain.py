@@ -184,4 +184,7 @@ def test_a_rollout_brings_up_a_new_generation_and_never_mixes_them(live):
     old = {r: v for (g, r), v in served.items() if g in {x[:8] for x in old_rev}}
     assert old.get("prefill", 0) > 0, "the old generation served before it drained"
     assert abs(old.get("prefill", 0) - old.get("decode", 0)) <= 1, f"requests crossed generations: {served}"
+    # Dynamo's kubernetes discovery only: every fleet connection stayed on loopback (the EndpointSlices carry
+    # the pods' simulated IPs)
+    assert state["foreign_connections"] == [], state["foreign_connections"]
     fleet.delete_deployment(f, NS, "roller")

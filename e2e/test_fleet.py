@@ -12,8 +12,11 @@ directory; `python -m e2e.fleet.scenario` saves them to e2e/bench/results/.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -53,6 +56,15 @@ def test_closed_loop_scales_decode_with_the_burst_and_back(live):
     )
 
     assert result["aiperf_exit_code"] == 0, f"aiperf failed: see {out}/aiperf/aiperf.log"
+    # As on a real cluster: Dynamo's kubernetes discovery (each process's own DynamoWorkerMetadata, no
+    # file discovery anywhere), every connection on loopback, and `tokenfab doctor` content.
+    assert_real_discovery(f, cfg.namespace)
+    dr = subprocess.run(
+        [sys.executable, "-m", "tokenfab.cli", "doctor", "--kubeconfig", str(f.kubeconfig),
+         "--prometheus-url", f.prometheus_url],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert dr.returncode == 0, dr.stdout + dr.stderr
     assert result["slo"]["requests"] > 100
     assert loop["initial_decode_groups"] == 1
     assert loop["peak_decode_groups"] > loop["initial_decode_groups"], "decode groups added during the burst"
@@ -104,6 +116,22 @@ def test_closed_loop_scales_decode_with_the_burst_and_back(live):
     assert sum(1 for h in started if h["kind"] == "mocker" and "decode" in h["key"]) >= 2
     alive = [h for h in started if process.alive(h["pid"])]
     assert not alive, f"processes left running: {alive}"
+
+
+def assert_real_discovery(f: Factory, namespace: str) -> None:
+    state = fleet.runner_state(f)
+    assert state["foreign_connections"] == [], state["foreign_connections"]
+    procs = [p for k, p in state["processes"].items() if k.startswith(f"{namespace}/")]
+    assert procs
+    for p in procs:
+        environ = dict(
+            kv.split("=", 1) for kv in Path(f"/proc/{p['pid']}/environ").read_text().split("\0") if "=" in kv
+        )
+        assert "DYN_FILE_KV" not in environ
+        assert environ["DYN_DISCOVERY_BACKEND"] == "kubernetes"
+    workers = {p["key"].split("/", 1)[1] for p in procs if p["kind"] == "mocker"}
+    metadata = get_json(f, "dynamoworkermetadatas", "-n", namespace)["items"]
+    assert workers <= {m["metadata"]["name"] for m in metadata}, "each engine registered as its pod"
 
 
 def test_runner_stops_every_process_it_started(live):

@@ -90,6 +90,26 @@ def test_deepseek_becomes_ready_with_every_group_in_one_clique(operator):
         assert sorted(int(p["metadata"]["labels"][c.LABEL_RANK]) for p in members) == list(
             range(len(members))
         )
+    # Every pod of a multi-node group holds an IMEX channel of its group's ComputeDomain, allocated by the
+    # scheduler on its own node (the factory's simulated NVIDIA DRA driver publishes one per node), and
+    # mounts its node's model cache claim, bound to a volume on that node.
+    claims = {rc["metadata"]["name"]: rc for rc in get_json(f, "resourceclaims", "-n", NS)["items"]}
+    domains = {cd["metadata"]["name"] for cd in get_json(f, "computedomains", "-n", NS)["items"]}
+    assert domains == {f"{g}-imex" for g in by_group}
+    for members in by_group.values():
+        for p in members:
+            (status,) = p["status"].get("resourceClaimStatuses") or [{}]
+            rc = claims[status["resourceClaimName"]]
+            (result,) = rc["status"]["allocation"]["devices"]["results"]
+            assert result["driver"] == "compute-domain.nvidia.com"
+            assert result["pool"] == p["spec"]["nodeName"], "the channel is the pod's own node's"
+            assert rc["status"]["reservedFor"][0]["name"] == p["metadata"]["name"]
+    volumes = {pv["spec"]["claimRef"]["name"]: pv for pv in get_json(f, "pv")["items"]}
+    for p in worker_pods(f):
+        (cache,) = [v for v in p["spec"]["volumes"] if v["name"] == "model-cache"]
+        pv = volumes[cache["persistentVolumeClaim"]["claimName"]]
+        term = pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"][0]["matchExpressions"][0]
+        assert term["values"] == [p["spec"]["nodeName"]], "a node's model cache lives on that node"
     # Engine config carries the first-class fields.
     # (one ConfigMap per revision, named by its hash; exactly one while no rollout is under way)
     maps = engine_configmaps(f, NS, "deepseek-r1", "decode")

@@ -84,6 +84,7 @@ NAMESPACED_RULES: dict[tuple[str, str], set[str]] = {
     ("scheduling.k8s.io", "podgroups"): {"create", "patch", "delete"},
     ("resource.nvidia.com", "computedomains"): {"list", "create", "patch", "delete"},
     ("", "serviceaccounts"): {"list", "watch", "create", "patch"},
+    ("", "persistentvolumeclaims"): {"create", "patch"},
     ("rbac.authorization.k8s.io", "roles"): {"list", "watch", "create", "patch"},
     ("rbac.authorization.k8s.io", "rolebindings"): {"list", "watch", "create", "patch"},
     ("discovery.k8s.io", "endpointslices"): {"get", "list", "watch"},

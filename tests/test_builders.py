@@ -765,3 +765,44 @@ def test_workers_publish_kv_events_and_metrics():
         args = b.worker_args(spec, role)
         assert c.PUBLISH_KV_EVENTS_FLAG in args
         assert c.PUBLISH_METRICS_FLAG in args
+
+
+# ---------------------------------------------------------------------------------------- model cache
+
+
+def test_hf_weights_go_to_a_per_node_cache_claim_that_declares_its_size():
+    """Every pod on one node mounts the same claim (weights downloaded once per node, kept across pods
+    and restarts); pods on other nodes mount theirs."""
+    own, spec = owner("deepseek-r1"), spec_of("deepseek-r1-disaggregated.yaml")
+    nodes = [f"gb200-r00-t{i:02d}" for i in range(8)]
+    pods = b.group_pods(own, spec, "decode", 0, DOMAIN, "rev", nodes)
+    claims = b.model_cache_claims(own, spec, pods)
+    assert len(claims) == 8
+    for pod, node in zip(pods, nodes, strict=True):
+        vol = next(v for v in pod["spec"]["volumes"] if v["name"] == "model-cache")
+        assert vol["persistentVolumeClaim"]["claimName"] == b.model_cache_claim_name(own, node)
+        mount = next(m for m in pod["spec"]["containers"][0]["volumeMounts"] if m["name"] == "model-cache")
+        assert mount["mountPath"] == c.MODEL_CACHE_DIR
+        assert env(pod)[c.ENV_MODEL_CACHE] == c.MODEL_CACHE_DIR
+        assert env(pod)[c.ENV_MODEL_REVISION] == spec.model.revision
+    claim = claims[0]
+    assert claim["spec"]["storageClassName"] == "local-nvme"
+    assert claim["spec"]["resources"]["requests"]["storage"] == "1Ti"
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    # a second group on the same node shares the claim
+    again = b.group_pods(own, spec, "decode", 1, DOMAIN, "rev", nodes)
+    assert {v["persistentVolumeClaim"]["claimName"] for p in again for v in p["spec"]["volumes"]
+            if v["name"] == "model-cache"} == {c["metadata"]["name"] for c in claims}  # fmt: skip
+
+
+def test_without_a_storage_class_the_cache_is_a_sized_empty_dir_and_pvc_weights_need_none():
+    own = owner("deepseek-r1")
+    spec = spec_of("deepseek-r1-disaggregated.yaml", {"model": {"cache": {"storageClassName": None}}})
+    pod = b.group_pods(own, spec, "prefill", 0, DOMAIN, "rev", ["n1", "n2"])[0]
+    vol = next(v for v in pod["spec"]["volumes"] if v["name"] == "model-cache")
+    assert vol == {"name": "model-cache", "emptyDir": {"sizeLimit": "1Ti"}}
+    assert b.model_cache_claims(own, spec, [pod]) == []
+    pvc = spec_of("qwen3-235b-autoscaled.yaml")
+    pod = b.group_pods(owner("q"), pvc, "prefill", 0, DOMAIN, "rev")[0]
+    assert "model-cache" not in {v["name"] for v in pod["spec"]["volumes"]}
+    assert c.ENV_MODEL_CACHE not in env(pod)

@@ -28,6 +28,9 @@ CHILDREN_SKIPS = {
     "CKV2_K8S_6": "NetworkPolicies are the cluster's: NCCL, MPI and KV-transfer traffic depend on its fabric",
     "CKV_K8S_11": "CPU limits would throttle engine host threads (CFS quota); CPU requests are set",
     "CKV_K8S_13": "memory limits are runtime.resources.limits: a default one could OOM-kill a whole group",
+    "CKV_K8S_38": "Dynamo's kubernetes discovery: each worker and frontend writes its DynamoWorkerMetadata "
+    "and watches EndpointSlices, as the deployment's own ServiceAccount, whose Role grants only that "
+    "(etcd discovery mounts no token)",
 }
 CHART_SKIPS = {
     "CKV_K8S_43": "the chart pins the image by tag by default; image.digest pins it by digest",

@@ -511,6 +511,36 @@ def stop(proc: subprocess.Popen[str]) -> None:
     proc.communicate(timeout=10)
 
 
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def fake_hub_cache(cache: Path, repo: str, commit: str = COMMIT, branch: str = "main") -> Path:
+    """A Hugging Face hub cache holding one snapshot of `repo` (what a node's model cache holds after a
+    first download): its directory."""
+    base = cache / f"models--{repo.replace('/', '--')}"
+    snapshot = base / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}\n")
+    (base / "refs").mkdir(exist_ok=True)
+    (base / "refs" / branch).write_text(commit)
+    return snapshot
+
+
+def offline_cache(tmp_path: Path, pod: dict[str, Any]) -> dict[str, str]:
+    """The pod's hf:// weights already in its model cache; no hub reachable (HF_HUB_OFFLINE)."""
+    cache = tmp_path / "model-cache"
+    fake_hub_cache(cache, env(pod)[c.ENV_MODEL_PATH])
+    return {c.ENV_MODEL_CACHE: str(cache), "HF_HUB_OFFLINE": "1"}
+
+
+def with_snapshot(args: list[str], tmp_path: Path, repo: str) -> list[str]:
+    out = list(args)
+    out[out.index("--model-path") + 1] = str(
+        tmp_path / "model-cache" / f"models--{repo.replace('/', '--')}" / "snapshots" / COMMIT
+    )
+    return out
+
+
 def single_pod_environ(tmp_path: Path, bin_dir: Path) -> tuple[dict[str, str], list[str]]:
     _, [pod], engine_yaml = rendered("aggregated-small.yaml", "worker")
     engine = tmp_path / "engine.yaml"
@@ -518,6 +548,7 @@ def single_pod_environ(tmp_path: Path, bin_dir: Path) -> tuple[dict[str, str], l
     environ = {
         **base_environ(),
         **env(pod),
+        **offline_cache(tmp_path, pod),
         c.ENV_ENGINE_CONFIG: str(engine),
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
         "FAKE_DIR": str(tmp_path),
@@ -532,7 +563,10 @@ def test_sigterm_is_forwarded_to_the_worker_and_its_exit_code_propagates(tmp_pat
     proc = start_launcher(args, environ)
     try:
         wait_for(lambda: (tmp_path / "python3.args").exists())
-        assert (tmp_path / "python3.args").read_text().split() == ["-m", c.DYNAMO_WORKER_MODULE, *args]
+        # the engine loads the snapshot the launcher found in the model cache
+        repo = environ[c.ENV_MODEL_PATH]
+        want = ["-m", c.DYNAMO_WORKER_MODULE, *with_snapshot(args, tmp_path, repo)]
+        assert (tmp_path / "python3.args").read_text().split() == want
         os.kill(proc.pid, signal.SIGTERM)  # the launcher only: it must forward to the worker
         proc.wait(timeout=30)
     finally:
@@ -548,6 +582,42 @@ def test_the_workers_exit_code_is_the_launchers(tmp_path, fakes, body, code):
     done = launcher(args, environ)
     assert done.returncode == code, done.stderr
     assert f"exited with code {code}" in done.stderr
+
+
+def test_hf_weights_at_the_pinned_revision_are_what_the_engine_loads(tmp_path, fakes):
+    """model.revision (TOKENFAB_MODEL_REVISION) picks the snapshot: the pinned commit's, not main's."""
+    fake_program(fakes, "python3", 'echo "$@" > "$FAKE_DIR/python3.args"\n')
+    environ, args = single_pod_environ(tmp_path, fakes)
+    repo = environ[c.ENV_MODEL_PATH]
+    pinned = "fedcba9876543210fedcba9876543210fedcba98"
+    snapshot = fake_hub_cache(tmp_path / "model-cache", repo, commit=pinned, branch="release")
+    environ[c.ENV_MODEL_REVISION] = pinned
+    done = launcher(args, environ)
+    assert done.returncode == 0, done.stderr
+    argv = (tmp_path / "python3.args").read_text().split()
+    assert argv[argv.index("--model-path") + 1] == str(snapshot)
+    assert f"weights hf://{repo}@{pinned}: {snapshot} (found in the model cache" in done.stderr
+
+
+def test_hf_weights_that_cannot_be_fetched_stop_the_pod_with_the_reason(tmp_path, fakes):
+    fake_program(fakes, "python3", "exit 0\n")
+    environ, args = single_pod_environ(tmp_path, fakes)
+    environ[c.ENV_MODEL_REVISION] = "not-a-revision-in-the-cache"
+    done = launcher(args, environ)
+    assert done.returncode == 1
+    assert "not in the model cache" in done.stderr
+    assert "could not be fetched" in done.stderr
+    assert not (tmp_path / "python3.args").exists(), "the engine never started"
+
+
+def test_pvc_weights_need_no_fetch():
+    spec = spec_of("qwen3-235b-autoscaled.yaml")
+    pod = b.group_pods(owner("q"), spec, "prefill", 0, DOMAIN, "rev")[0]
+    environ = {**env(pod), c.ENV_ENGINE_CONFIG: "/e"}
+    identity = lp.read_identity(environ)
+    assert lp.fetch_of(identity) is None
+    hf = lp.read_identity({**environ, c.ENV_MODEL_SOURCE: "hf://org/m", c.ENV_MODEL_REVISION: "v2"})
+    assert lp.fetch_of(hf) == lp.Fetch("org/m", "v2", c.MODEL_CACHE_DIR)
 
 
 def test_a_missing_program_exits_127_with_a_message(tmp_path, fakes):
@@ -568,6 +638,7 @@ def follower_environ(tmp_path: Path, bin_dir: Path, port: int) -> tuple[dict[str
     environ = {
         **base_environ(),
         **env(pods[2]),
+        **offline_cache(tmp_path, pods[2]),
         c.ENV_ENGINE_CONFIG: str(engine),
         c.ENV_MPI_SSH_DIR: str(ssh_dir),
         c.ENV_DYN_SYSTEM_HOST: "127.0.0.1",

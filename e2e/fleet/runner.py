@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ipaddress
 import json
 import os
 import signal
@@ -48,6 +49,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 
 from e2e.fleet import pods
@@ -129,6 +131,26 @@ class PortPool:
         if port in self.used:
             self.used.discard(port)
             self.free.append(port)  # reuse last: a port leaves TIME_WAIT before it comes round again
+
+
+def foreign_connections(pid: int) -> list[str]:
+    """The remote addresses outside loopback that a process (or any of its children) is connected to, TCP
+    or UDP: the fleet may only ever talk to 127.0.0.1 (EndpointSlices carry the pods' simulated IPs)."""
+    out = []
+    try:
+        root = psutil.Process(pid)
+        family = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+    for p in family:
+        try:
+            conns = p.net_connections(kind="inet")
+        except psutil.Error:
+            continue
+        for conn in conns:
+            if conn.raddr and not ipaddress.ip_address(conn.raddr.ip).is_loopback:
+                out.append(f"{conn.raddr.ip}:{conn.raddr.port}")
+    return sorted(set(out))
 
 
 def _die_with_parent() -> None:
@@ -239,6 +261,7 @@ class Runner:
         self.terminating: dict[str, Proc] = {}  # pod uid -> process of a deleted pod, draining
         self.stop_event = threading.Event()
         self.errors = 0
+        self.foreign: list[dict[str, str]] = []  # connections outside loopback seen (must stay empty)
         self.logs = opts.state_dir / "logs"
         for d in (opts.state_dir, opts.file_sd_dir, self.logs):
             d.mkdir(parents=True, exist_ok=True)
@@ -576,6 +599,7 @@ class Runner:
             "running": running,
             "updated_at": time.time(),
             "errors": self.errors,
+            "foreign_connections": self.foreign,
             "model_dir": str(self.opts.model_dir),
             "frontends": frontends,
             "processes": {k: asdict(p) for k, p in sorted(self.procs.items())},
@@ -587,9 +611,19 @@ class Runner:
         tmp.write_text(json.dumps(doc, indent=1))
         tmp.replace(path)
 
+    def check_sockets(self) -> None:
+        """Read every process's sockets: a connection to anything but 127.0.0.1 is recorded (and tested)."""
+        for proc in [*self.procs.values(), *self.terminating.values()]:
+            for remote in foreign_connections(proc.pid):
+                entry = {"key": proc.key, "kind": proc.kind, "remote": remote}
+                if entry not in self.foreign:
+                    self.foreign.append(entry)
+                    print(f"runner: {proc.key} is connected to {remote}, outside loopback", flush=True)
+
     def run(self) -> None:
         while not self.stop_event.is_set():
             self.sync()
+            self.check_sockets()
             self.write_state()
             self.stop_event.wait(self.opts.poll_seconds)
         self.shutdown()

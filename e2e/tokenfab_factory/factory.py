@@ -38,7 +38,7 @@ COMPONENTS = (
     "kube-scheduler",
     "kwok",
     "prometheus",
-    "nvidia-dra",
+    "drivers",
 )
 PORT_OFFSETS = {
     "etcd": 0,
@@ -48,7 +48,7 @@ PORT_OFFSETS = {
     "kube-scheduler": 4,
     "kwok": 5,
     "prometheus": 6,
-    "nvidia-dra": 7,
+    "drivers": 7,
 }
 KWOK_STAGES = (
     "node/fast/node-initialize.yaml",
@@ -182,7 +182,7 @@ def documented_scrape_job() -> dict[str, Any]:
     return dict(jobs[0])
 
 
-DRA_MODULE = "tokenfab_factory.dra"
+DRIVERS_MODULE = "tokenfab_factory.drivers"
 
 
 class FactoryError(RuntimeError):
@@ -214,6 +214,13 @@ class FactoryConfig:
     bin_dir: Path = field(default_factory=default_bin_dir)
     scrape_interval: str = "2s"
     gang_api: bool = True  # serve the alpha PodGroup gang API (feature gates on apiserver and scheduler)
+    # An API server and its etcd only (no controllers, scheduler, nodes, Prometheus or drivers): a cluster
+    # with nothing tokenfab needs, for the checks that say so.
+    bare: bool = False
+
+    @property
+    def components(self) -> tuple[str, ...]:
+        return ("etcd", "kube-apiserver") if self.bare else COMPONENTS
 
     def port(self, component: str) -> int:
         return self.port_base + PORT_OFFSETS[component]
@@ -382,15 +389,20 @@ class Factory:
         self.write_state(state)
         deadline = t0 + timeout
         try:
-            for comp in COMPONENTS:
+            for comp in cfg.components:
                 state.pids[comp] = process.start(self._argv(comp), self.log(comp))
                 self.write_state(state)
                 if comp in ("etcd", "kube-apiserver"):
                     self._wait(comp, state, deadline)
                     state.phases[f"{comp}_ready"] = round(time.monotonic() - t0, 2)
+            if cfg.bare:
+                state.ready_seconds = round(time.monotonic() - t0, 2)
+                self.write_state(state)
+                self._write_env()
+                return state
             self._create_nodes()
             state.phases["nodes_created"] = round(time.monotonic() - t0, 2)
-            for comp in COMPONENTS:
+            for comp in cfg.components:
                 self._wait(comp, state, deadline)
             state.phases["components_healthy"] = round(time.monotonic() - t0, 2)
             self._wait_nodes_ready(state, deadline)
@@ -498,11 +510,13 @@ class Factory:
                 "--storage.tsdb.retention.time=1d",
                 "--web.enable-lifecycle",
             ]
-        if comp == "nvidia-dra":  # the simulated DRA driver: ComputeDomains and IMEX channels
+        if (
+            comp == "drivers"
+        ):  # simulated node drivers: NVIDIA DRA (ComputeDomains, IMEX channels), local volumes
             return [
                 sys.executable,
                 "-m",
-                DRA_MODULE,
+                DRIVERS_MODULE,
                 f"--kubeconfig={kc}",
                 f"--port={cfg.port(comp)}",
             ]
@@ -625,7 +639,7 @@ class Factory:
                 code, body = _get(f"http://127.0.0.1:{cfg.port('kwok')}/healthz")
             elif comp == "prometheus":
                 code, body = _get(f"{self.prometheus_url}/-/ready")
-            elif comp == "nvidia-dra":
+            elif comp == "drivers":
                 code, body = _get(f"http://127.0.0.1:{cfg.port(comp)}/healthz")
             else:
                 raise ValueError(comp)
@@ -651,7 +665,7 @@ class Factory:
     def component_status(self, state: State | None = None) -> list[ComponentStatus]:
         state = state or self.read_state()
         out = []
-        for comp in COMPONENTS:
+        for comp in self.config.components:
             pid = state.pids.get(comp) if state else None
             running = pid is not None and process.alive(pid, _expect(comp))
             healthy, detail = self.health(comp) if running else (False, "not running")
@@ -706,7 +720,7 @@ class Factory:
             ready, _total = self.node_counts()
             if ready >= want:
                 return
-            for comp in COMPONENTS:
+            for comp in self.config.components:
                 if not process.alive(state.pids[comp]):
                     raise FactoryError(f"{comp} died; see {self.log(comp)}:\n" + process.tail(self.log(comp)))
             if time.monotonic() > deadline:
@@ -801,6 +815,8 @@ class Factory:
         stopped = [name for name in self.extra_pids() if self.stop_extra(name)]
         for comp in reversed(COMPONENTS):
             pid = state.pids.get(comp)
+            if pid is None:
+                continue
             if pid and process.stop(pid, _expect(comp)):
                 stopped.append(comp)
         with contextlib.suppress(FileNotFoundError):
@@ -822,7 +838,7 @@ class Factory:
 
 
 def _expect(comp: str) -> str:
-    return {"nvidia-dra": DRA_MODULE}.get(comp, comp)
+    return {"drivers": DRIVERS_MODULE}.get(comp, comp)
 
 
 def _get(url: str, ctx: ssl.SSLContext | None = None) -> tuple[int, str]:

@@ -110,6 +110,55 @@ def operator(
     )
 
 
+@app.command()
+def doctor(
+    kubeconfig: Annotated[
+        Path | None, typer.Option(help="Kubeconfig (default: $KUBECONFIG, ~/.kube/config, in-cluster).")
+    ] = None,
+    prometheus_url: Annotated[
+        str | None, typer.Option(help="The Prometheus your ModelDeployments' autoscaling reads.")
+    ] = None,
+    service_account: Annotated[
+        str | None,
+        typer.Option(
+            help="Check RBAC for this operator ServiceAccount (namespace/name) instead of yourself."
+        ),
+    ] = None,
+    output: Annotated[str, typer.Option("--output", "-o", help="text or json.")] = "text",
+) -> None:
+    """Check a cluster for what tokenfab needs: CRDs, NVIDIA's DRA driver, GPU node labels, Prometheus,
+    RBAC. Exit 0: ready (warnings allowed); 1: a check failed (each says the fix); 2: no API server."""
+    from kubernetes import config
+
+    from tokenfab import doctor as d
+    from tokenfab.adapters.kube import Kube
+
+    try:
+        if kubeconfig is not None:
+            api = config.new_client_from_config(config_file=str(kubeconfig))
+        else:
+            try:
+                api = config.new_client_from_config()
+            except config.ConfigException:
+                config.load_incluster_config()
+                from kubernetes import client
+
+                api = client.ApiClient()
+    except Exception as exc:
+        typer.echo(f"FAIL  kubernetes     no kubeconfig: {exc}", err=True)
+        raise typer.Exit(d.EXIT_UNREACHABLE) from exc
+    kube = Kube(api, timeout=(5.0, 20.0))
+    try:
+        checks = d.run(kube, prometheus_url=prometheus_url, service_account=service_account)
+    except d.UnreachableError as exc:
+        typer.echo(f"FAIL  kubernetes     the API server does not answer: {exc}", err=True)
+        raise typer.Exit(d.EXIT_UNREACHABLE) from exc
+    finally:
+        kube.pool.shutdown(wait=False)
+    typer.echo(d.report(checks, output == "json"))
+    raise typer.Exit(d.exit_code(checks))
+
+
 def _cluster_domains(kubeconfig: Path, domain_label: str, gpu_resource: str) -> dict[str, Any]:
     """Free GPUs per NVLink domain of a cluster, as the operator sees them."""
     from kubernetes import config

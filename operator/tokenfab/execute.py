@@ -115,6 +115,10 @@ def submit(
     shared += identity
     gang = gang_mode(ctx, spec) if any(p.create for p in plans) else "gates"
     creates, pending = _submit_creates(ctx, owner, spec, plans, gang)
+    # The per-node model caches the new pods mount (a pod whose claim is not there yet waits for it).
+    shared += _apply_changed(
+        ctx, key, owner, b.model_cache_claims(owner, spec, [p for *_, ps in pending for p in ps]), now
+    )
     rest = [b.frontend_deployment(owner, spec), b.frontend_service(owner)]
     rest += [b.engine_configmap(owner, spec, role) for role, _ in spec.roles()]
     rest += [

@@ -43,6 +43,7 @@ from tokenfab.api.rules import (
     SCHEDULER_NAME_RULE,
     SOURCE_RULE,
     SPEC_RULES,
+    STORAGE_CLASS_RULE,
     TOLERATION_KEY_RULE,
     TOLERATION_RULES,
     KeysRule,
@@ -137,6 +138,27 @@ class _Model(BaseModel):
 # --------------------------------------------------------------------------------------------- spec
 
 
+class ModelCache(_Model):
+    """Where hf:// weights are kept on the GPU nodes: the worker launcher downloads model.revision into
+    this volume once, and every later pod that finds it there loads it from there."""
+
+    size: Quantity = Field(
+        default="1Ti",
+        description="Declared size of the cache: the PersistentVolumeClaim's request, or the emptyDir's "
+        "sizeLimit (DeepSeek-R1 in FP8 is about 690 GB).",
+    )
+    storage_class_name: Annotated[str | None, AfterValidator(STORAGE_CLASS_RULE)] = Field(
+        default=None,
+        max_length=253,
+        description="A node-local StorageClass (volumeBindingMode WaitForFirstConsumer: local NVMe through "
+        "local-path-provisioner, TopoLVM, OpenEBS LocalPV...). tokenfab then makes one "
+        "PersistentVolumeClaim per node the deployment's pods run on, named <name>-model-<hash of the "
+        "node>, so weights are downloaded once per node and kept across pods, restarts and rollouts. Unset: "
+        "an emptyDir of `size` per pod, downloaded again by every new pod.",
+        json_schema_extra=_cel_of(STORAGE_CLASS_RULE),
+    )
+
+
 class ModelSource(_Model):
     """What model to serve and where its weights come from."""
 
@@ -162,6 +184,11 @@ class ModelSource(_Model):
         description="Revision of hf:// weights: a hub commit, branch or tag, downloaded by the worker "
         "launcher and loaded by the engine (unset: the hub's main branch). For pvc:// a label only. Pin a "
         "commit in production so every group loads the same weights.",
+    )
+    cache: ModelCache = Field(
+        default_factory=ModelCache,
+        description="The model cache hf:// weights are downloaded into (pvc:// weights are mounted as they "
+        "are).",
     )
 
 

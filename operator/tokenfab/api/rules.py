@@ -614,6 +614,7 @@ RESERVED_ENV = (
     "TOKENFAB_MODEL_SOURCE",
     "TOKENFAB_MODEL_REVISION",
     "TOKENFAB_MODEL_PATH",
+    "TOKENFAB_MODEL_CACHE",
     "TOKENFAB_DISAGGREGATION_MODE",
     "TOKENFAB_MPI_SSH_DIR",
     "DYN_NAMESPACE",
@@ -654,6 +655,12 @@ S3_SOURCE_RULE = ValueRule(
     "model.source s3:// is not fetched by tokenfab yet: copy the weights into a PersistentVolumeClaim and "
     "use pvc://<claim>/<path>, or use hf://<org>/<repo> with model.revision",
     lambda v: not str(v).startswith("s3://"),
+)
+
+STORAGE_CLASS_RULE = _regex_rule(
+    DNS_SUBDOMAIN_PATTERN,
+    "model.cache.storageClassName must be the name of a StorageClass (a DNS subdomain: lowercase letters, "
+    "digits, '-' and '.')",
 )
 
 QUERY_PLACEHOLDERS = ("namespace", "deployment", "role")

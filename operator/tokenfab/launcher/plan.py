@@ -104,6 +104,9 @@ class Identity:
     engine_config: str
     model_name: str
     model_path: str
+    model_source: str
+    model_revision: str | None
+    model_cache: str
     mpi_ssh_dir: str | None
     health_host: str
     health_port: int
@@ -220,6 +223,9 @@ def read_identity(environ: Mapping[str, str]) -> Identity:
         engine_config=environ[c.ENV_ENGINE_CONFIG].strip(),
         model_name=environ[c.ENV_MODEL_NAME].strip(),
         model_path=environ[c.ENV_MODEL_PATH].strip(),
+        model_source=environ.get(c.ENV_MODEL_SOURCE, "").strip(),
+        model_revision=environ.get(c.ENV_MODEL_REVISION, "").strip() or None,
+        model_cache=environ.get(c.ENV_MODEL_CACHE, "").strip() or c.MODEL_CACHE_DIR,
         mpi_ssh_dir=ssh_dir,
         health_host=environ.get(c.ENV_DYN_SYSTEM_HOST, "").strip() or DEFAULT_HEALTH_HOST,
         health_port=port,
@@ -329,6 +335,16 @@ class Step:
 
 
 @dataclass(frozen=True)
+class Fetch:
+    """Weights from a model hub, at a revision, into the node's model cache, before anything starts: every
+    rank of a group loads its shard from the same local snapshot (the engine gets its path)."""
+
+    repo: str
+    revision: str | None  # None: the hub's main branch
+    cache_dir: str
+
+
+@dataclass(frozen=True)
 class Endpoint:
     host: str
     port: int
@@ -357,6 +373,7 @@ class LaunchPlan:
     wait_for: tuple[Endpoint, ...] = ()  # TCP endpoints that must accept connections first
     wait_seconds: int = 0
     health: Endpoint | None = None  # where the launcher itself answers /health and /metrics
+    fetch: Fetch | None = None  # hf:// weights to download (or find in the cache) first
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -376,6 +393,25 @@ def forwarded_names(environ: Mapping[str, str]) -> tuple[str, ...]:
             and not name.startswith(NOT_FORWARDED_PREFIXES)
         )
     )
+
+
+def fetch_of(identity: Identity) -> Fetch | None:
+    """hf:// sources are downloaded by the launcher (at model.revision, into the model cache volume); pvc://
+    weights are mounted and need nothing."""
+    scheme, _, rest = identity.model_source.partition("://")
+    if scheme != "hf" or not rest:
+        return None
+    return Fetch(rest, identity.model_revision, identity.model_cache)
+
+
+def with_model_path(command: Sequence[str], path: str) -> tuple[str, ...]:
+    """The command with the engine's --model-path (or --model) pointing at `path`: the fetched snapshot."""
+    out = list(command)
+    for flag in ("--model-path", "--model"):
+        if flag in out and out.index(flag) + 1 < len(out):
+            out[out.index(flag) + 1] = path
+            return tuple(out)
+    raise ConfigError([f"the engine command has no --model-path to point at {path}: {' '.join(command)}"])
 
 
 def dynamo_command(dynamo_args: Sequence[str]) -> tuple[str, ...]:
@@ -462,6 +498,7 @@ def plan_launch(
         "hosts": identity.hosts,
         "engine": shape,
         "dynamo_args": tuple(dynamo_args),
+        "fetch": fetch_of(identity),
     }
     if identity.world_size == 1:
         return LaunchPlan(kind="single", command=dynamo_command(dynamo_args), **common)

@@ -34,6 +34,7 @@ from tokenfab.launcher.plan import (
     LaunchPlan,
     plan_launch,
     read_identity,
+    with_model_path,
 )
 from tokenfab.planning import contract as c
 
@@ -121,6 +122,7 @@ class Runner:
 
     def __init__(self, plan: LaunchPlan, environ: Mapping[str, str]) -> None:
         self.plan = plan
+        self.command = plan.command  # (its --model-path becomes the fetched snapshot's directory)
         self.env = {**environ, **plan.env}
         self.child: subprocess.Popen[bytes] | None = None
         self.signalled: int | None = None
@@ -168,6 +170,43 @@ class Runner:
                 raise LaunchError(f"`{shlex.join(step.argv)}` failed with exit code {done.returncode}")
             if step.stdout is not None:
                 _write_private(step.stdout, done.stdout)
+
+    def fetch_weights(self) -> None:
+        """hf:// weights at the pinned revision, from the model cache when they are there (a node-local
+        volume keeps them across pods and restarts), else downloaded into it. The engine loads that
+        directory; the log says which it was."""
+        fetch = self.plan.fetch
+        if fetch is None:
+            return
+        try:
+            from huggingface_hub import snapshot_download
+        except ImportError as exc:
+            raise LaunchError(
+                f"huggingface_hub is not installed: cannot fetch hf://{fetch.repo} (run the tokenfab worker "
+                "image, runtime-images/worker)",
+                EXIT_NOT_FOUND,
+            ) from exc
+        what = f"hf://{fetch.repo}@{fetch.revision or 'main'}"
+        t0 = time.monotonic()
+        try:
+            path = snapshot_download(fetch.repo, revision=fetch.revision, cache_dir=fetch.cache_dir,
+                                     local_files_only=True)  # fmt: skip
+            origin = f"found in the model cache {fetch.cache_dir}"
+        except Exception:
+            log(f"weights {what}: not in the model cache {fetch.cache_dir}, downloading")
+            try:
+                path = snapshot_download(fetch.repo, revision=fetch.revision, cache_dir=fetch.cache_dir)
+            except Exception as exc:
+                raise LaunchError(
+                    f"weights {what} could not be fetched: {type(exc).__name__}: {exc}"
+                ) from exc
+            origin = f"downloaded into the model cache {fetch.cache_dir} in {time.monotonic() - t0:.0f} s"
+        log(f"weights {what}: {path} ({origin})")
+        if self.plan.kind != "follower":
+            try:
+                self.command = with_model_path(self.command, path)
+            except ConfigError as err:
+                raise LaunchError("; ".join(err.problems), EXIT_CONFIG) from err
 
     def wait_for_peers(self) -> None:
         """Rank 0 of a multi-node group: wait until every other rank's SSH daemon accepts connections."""
@@ -259,10 +298,10 @@ class Runner:
     # ------------------------------------------------------------------------------------------ run
 
     def start(self) -> None:
-        argv = [resolve(self.plan.command[0], self.env), *self.plan.command[1:]]
+        argv = [resolve(self.command[0], self.env), *self.command[1:]]
         log(
             f"rank {self.plan.rank}/{self.plan.world_size} of {self.plan.group} ({self.plan.kind}): "
-            + shlex.join(self.plan.command)
+            + shlex.join(self.command)
         )
         self.child = subprocess.Popen(argv, env=self.env, stdin=subprocess.DEVNULL, start_new_session=True)
 
@@ -283,6 +322,7 @@ class Runner:
         self.install_signal_handlers()
         try:
             self.prepare()
+            self.fetch_weights()
             self.wait_for_peers()
             if self.signalled is not None:
                 log(f"stopped by signal {self.signalled} before starting")

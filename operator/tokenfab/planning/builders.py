@@ -388,7 +388,8 @@ def _revision_inputs(spec: ModelDeploymentSpec, role: RoleName) -> dict[str, Any
         "env": [e.model_dump(by_alias=True, exclude_none=True) for e in spec.runtime.env],
         "resources": spec.runtime.resources.model_dump(by_alias=True),
         **({"capabilities": list(spec.runtime.add_capabilities)} if spec.runtime.add_capabilities else {}),
-        "model": spec.model.model_dump(by_alias=True, exclude_none=True),
+        "model": spec.model.model_dump(by_alias=True, exclude_none=True, exclude={"cache"}),
+        **({"cache": spec.model.cache.model_dump(by_alias=True)} if fetches_weights(spec) else {}),
         "discovery": [spec.serving.discovery, spec.serving.etcd_endpoints],
         "topology": [
             spec.topology.gpus_per_node,
@@ -418,6 +419,55 @@ def _model_volume(spec: ModelDeploymentSpec) -> tuple[list[dict[str, Any]], list
             [{"name": "model", "mountPath": c.MODEL_MOUNT, "readOnly": True}],
         )
     return [], []
+
+
+def fetches_weights(spec: ModelDeploymentSpec) -> bool:
+    """hf:// weights are downloaded by the launcher into the model cache; pvc:// weights are mounted."""
+    return spec.model.source.startswith("hf://")
+
+
+def model_cache_claim_name(owner: Owner, node: str) -> str:
+    """The model cache of a deployment on one node (node names can be 253 characters: a hash of it)."""
+    return f"{owner.name}-model-{content_hash(node, 10)}"
+
+
+def model_cache_claim(owner: Owner, spec: ModelDeploymentSpec, node: str) -> Manifest:
+    """The node-local PersistentVolumeClaim that keeps a deployment's hf:// weights on `node` across pods,
+    restarts and rollouts (spec.model.cache.storageClassName: a WaitForFirstConsumer class, so the volume
+    is made on the node of the first pod that mounts it, and every pod there shares it)."""
+    cache = spec.model.cache
+    meta = _meta(owner, model_cache_claim_name(owner, node), "worker")
+    meta["annotations"] = {c.ANN_NODE: node}
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": meta,
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": cache.storage_class_name,
+            "resources": {"requests": {"storage": str(cache.size)}},
+        },
+    }
+
+
+def model_cache_claims(owner: Owner, spec: ModelDeploymentSpec, pods: Sequence[Manifest]) -> list[Manifest]:
+    """The per-node model cache claims the pods mount (none without a storage class)."""
+    if not fetches_weights(spec) or spec.model.cache.storage_class_name is None:
+        return []
+    nodes = sorted({n for p in pods if (n := (p["metadata"].get("annotations") or {}).get(c.ANN_NODE))})
+    return [model_cache_claim(owner, spec, node) for node in nodes]
+
+
+def _model_cache_volume(owner: Owner, spec: ModelDeploymentSpec, node: str | None) -> dict[str, Any]:
+    """Per node (a claim) when the spec names a node-local class and the pod's node is known, else per pod
+    (an emptyDir that declares its size)."""
+    cache = spec.model.cache
+    if cache.storage_class_name is not None and node is not None:
+        return {
+            "name": "model-cache",
+            "persistentVolumeClaim": {"claimName": model_cache_claim_name(owner, node)},
+        }
+    return {"name": "model-cache", "emptyDir": {"sizeLimit": str(cache.size)}}
 
 
 def compute_domain_name(group: str) -> str:
@@ -509,6 +559,7 @@ def group_pods(
             {"name": c.ENV_MODEL_SOURCE, "value": spec.model.source},
             {"name": c.ENV_MODEL_REVISION, "value": spec.model.revision or ""},
             {"name": c.ENV_MODEL_PATH, "value": model_path(spec)},
+            *([{"name": c.ENV_MODEL_CACHE, "value": c.MODEL_CACHE_DIR}] if fetches_weights(spec) else []),
             {"name": c.ENV_DISAGGREGATION_MODE, "value": mode},
             {"name": c.ENV_DYNAMO_NAMESPACE, "value": dynamo_namespace(owner, revision)},
             {"name": c.ENV_DYN_SYSTEM_PORT, "value": str(c.WORKER_METRICS_PORT)},
@@ -552,6 +603,8 @@ def group_pods(
             # Let the endpoint's removal reach the routers before the engine hears SIGTERM.
             "preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}
         }
+        if fetches_weights(spec):
+            container["volumeMounts"] = [*mounts, {"name": "model-cache", "mountPath": c.MODEL_CACHE_DIR}]
         pod_spec: dict[str, Any] = {
             "hostname": name,
             "subdomain": service,
@@ -582,7 +635,9 @@ def group_pods(
                 ),
             ],
             "containers": [container],
-            "volumes": volumes,
+            "volumes": [*volumes, _model_cache_volume(owner, spec, node)]
+            if fetches_weights(spec)
+            else volumes,
         }
         if sched is not None:
             if sched.node_selector:

@@ -53,6 +53,7 @@ ENV_MODEL_NAME = "TOKENFAB_MODEL_NAME"
 ENV_MODEL_SOURCE = "TOKENFAB_MODEL_SOURCE"
 ENV_MODEL_REVISION = "TOKENFAB_MODEL_REVISION"
 ENV_MODEL_PATH = "TOKENFAB_MODEL_PATH"
+ENV_MODEL_CACHE = "TOKENFAB_MODEL_CACHE"  # where hf:// weights are downloaded (a volume: see MODEL_CACHE_DIR)
 ENV_DISAGGREGATION_MODE = "TOKENFAB_DISAGGREGATION_MODE"
 ENV_WORKERS_SERVICE = "TOKENFAB_WORKERS_SERVICE"  # headless Service: rank r is <group>-<r>.<service>.<ns>...
 ENV_NAMESPACE = "TOKENFAB_NAMESPACE"
@@ -108,6 +109,10 @@ ENGINE_CONFIG_DIR = "/etc/tokenfab/engine"
 ENGINE_CONFIG_FILE = "engine.yaml"
 ENGINE_CONFIG_PATH = f"{ENGINE_CONFIG_DIR}/{ENGINE_CONFIG_FILE}"
 MODEL_MOUNT = "/models"
+# The model cache volume (hf:// sources): Hugging Face's hub cache layout, kept per node when
+# spec.model.cache.storageClassName names a node-local class. HF_HUB_CACHE points there too, so every
+# Hugging Face lookup of the engine and of Dynamo (tokenizer, config) finds the same snapshot.
+MODEL_CACHE_DIR = "/var/cache/tokenfab/models"
 CACHE_DIR = "/home/tokenfab/.cache"  # writable (an emptyDir): the images' HF_HOME and other caches live here
 HEALTH_PATH = "/health"  # readiness probe path, on the worker metrics port and the frontend port
 METRICS_PATH = "/metrics"

@@ -1,9 +1,8 @@
-"""A simulated NVIDIA DRA driver for the factory's GPU nodes: enough of NVIDIA's ComputeDomain API for the
-real kube-scheduler and kube-controller-manager to allocate IMEX channels to multi-node groups through
-real ResourceClaims.
+"""Simulated node drivers of the factory's GPU nodes: what a real GB200 cluster's drivers do for tokenfab's
+pods at the API level, so the real kube-scheduler and kube-controller-manager allocate and bind for real.
 
-What it does, as NVIDIA's driver (k8s-dra-driver-gpu, ComputeDomain API resource.nvidia.com/v1beta1) does
-it, minus the IMEX daemons a real node would run:
+NVIDIA's DRA driver for GPUs (k8s-dra-driver-gpu, ComputeDomain API resource.nvidia.com/v1beta1), minus the
+IMEX daemons a real node would run:
 - installs the ComputeDomain CRD (v1beta1: spec.numNodes, deprecated, default 0; spec.channel with the name
   of the ResourceClaimTemplate to make and allocationMode Single|All; the spec immutable; status.status
   Ready|NotReady) and the DeviceClasses compute-domain-default-channel.nvidia.com and
@@ -15,8 +14,13 @@ it, minus the IMEX daemons a real node would run:
   request `channel` of the default-channel class, the domain's uid in an opaque config), and status Ready
   (numNodes 0: nothing to wait for); on deletion the template goes, then the finalizer.
 
+A node-local volume provisioner (as local-path-provisioner or TopoLVM on the trays' NVMe): the StorageClass
+`local-nvme` (WaitForFirstConsumer); for each claim of it the scheduler has picked a node for (annotation
+volume.kubernetes.io/selected-node), a `local` PersistentVolume of the claimed size on that node, bound to
+the claim. Nothing is written to disk: the pods are simulated.
+
 Run by the factory as a component (`tokenfab factory up`), stopped by PID with it; /healthz on its port
-answers 200 once the CRD and the DeviceClasses are installed.
+answers 200 once the CRD, the DeviceClasses and the StorageClass are installed.
 """
 
 from __future__ import annotations
@@ -48,6 +52,9 @@ LABEL_DOMAIN = "resource.nvidia.com/computeDomain"
 LABEL_TARGET = "resource.nvidia.com/computeDomainTarget"
 CLIQUE_LABEL = "nvidia.com/gpu.clique"
 RESOURCE_API = "resource.k8s.io/v1"
+STORAGE_CLASS = "local-nvme"
+PROVISIONER = "tokenfab.dev/local-nvme"
+SELECTED_NODE = "volume.kubernetes.io/selected-node"
 
 
 def compute_domain_crd() -> dict[str, Any]:
@@ -152,6 +159,55 @@ def resource_slice(node: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def storage_class() -> dict[str, Any]:
+    return {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": {"name": STORAGE_CLASS},
+        "provisioner": PROVISIONER,
+        "volumeBindingMode": "WaitForFirstConsumer",
+        "reclaimPolicy": "Delete",
+    }
+
+
+def local_volume(pvc: dict[str, Any], node: str) -> dict[str, Any]:
+    """A node-local PersistentVolume for a claim, on the node the scheduler picked for its first pod."""
+    meta = pvc["metadata"]
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {
+            "name": f"local-nvme-{meta['uid']}",
+            "annotations": {"pv.kubernetes.io/provisioned-by": PROVISIONER},
+        },
+        "spec": {
+            "capacity": {"storage": pvc["spec"]["resources"]["requests"]["storage"]},
+            "accessModes": pvc["spec"]["accessModes"],
+            "persistentVolumeReclaimPolicy": "Delete",
+            "storageClassName": STORAGE_CLASS,
+            "local": {"path": f"/var/lib/local-nvme/{meta['namespace']}/{meta['name']}"},
+            "claimRef": {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "namespace": meta["namespace"],
+                "name": meta["name"],
+                "uid": meta["uid"],
+            },
+            "nodeAffinity": {
+                "required": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}
+                            ]
+                        }
+                    ]
+                }
+            },
+        },
+    }
+
+
 def claim_template(cd: dict[str, Any]) -> dict[str, Any]:
     """The workload ResourceClaimTemplate a ComputeDomain names, in its namespace."""
     meta, spec = cd["metadata"], cd["spec"]
@@ -230,6 +286,7 @@ class Driver:
             time.sleep(0.2)
         for name, kind in ((CHANNEL_CLASS, "channel"), (DAEMON_CLASS, "daemon")):
             self.apply("/apis/resource.k8s.io/v1/deviceclasses", device_class(name, kind))
+        self.apply("/apis/storage.k8s.io/v1/storageclasses", storage_class())
         self.installed.set()
 
     # --------------------------------------------------------------------------------- watches
@@ -285,6 +342,24 @@ class Driver:
             if exc.status != 404:
                 log.warning("ComputeDomain %s/%s: %s %s", ns, name, exc.status, exc.reason)
 
+    def on_claim(self, type_: str, pvc: Any) -> None:
+        obj = self.api.sanitize_for_serialization(pvc)
+        meta, spec = obj["metadata"], obj.get("spec") or {}
+        node = (meta.get("annotations") or {}).get(SELECTED_NODE)
+        if (
+            type_ == "DELETED"
+            or spec.get("storageClassName") != STORAGE_CLASS
+            or not node
+            or spec.get("volumeName")
+        ):
+            return
+        try:
+            self.core.create_persistent_volume(local_volume(obj, node))
+            log.info("local volume for %s/%s on %s", meta["namespace"], meta["name"], node)
+        except ApiException as exc:
+            if exc.status != 409:  # (made already: the controller binds it)
+                log.warning("volume of %s/%s: %s %s", meta["namespace"], meta["name"], exc.status, exc.reason)
+
     def run(self) -> None:
         self.install()
         threads = [
@@ -292,6 +367,11 @@ class Driver:
                 target=self._watch,
                 args=("nodes", self.core.list_node, self.on_node),
                 kwargs={"label_selector": CLIQUE_LABEL},
+                daemon=True,
+            ),
+            threading.Thread(
+                target=self._watch,
+                args=("claims", self.core.list_persistent_volume_claim_for_all_namespaces, self.on_claim),
                 daemon=True,
             ),
             threading.Thread(

@@ -1,0 +1,106 @@
+"""The fleet runner's view of a pod (e2e/fleet/pods.py) and its loopback guard, without a cluster: a pod's
+own command and environment, what a kubelet adds, the engine swap, and sockets read from the process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from e2e.fleet import pods
+from e2e.fleet.runner import foreign_connections
+from tests.test_builders import DOMAIN, owner, spec_of
+from tokenfab.planning import builders as b
+from tokenfab.planning import contract as c
+from tokenfab.planning.engine import engine_config, render
+
+
+def live(pod: dict) -> dict:
+    pod = {**pod, "metadata": {**pod["metadata"], "uid": "1234-uid"}}
+    pod["spec"] = {**pod["spec"], "nodeName": "n1"}
+    return pod
+
+
+def test_the_pods_own_environment_with_the_downward_api_resolved():
+    spec = spec_of("deepseek-r1-disaggregated.yaml")
+    pod = live(b.group_pods(owner("ds"), spec, "decode", 0, DOMAIN, "rev")[0])
+    env = pods.resolve_env(pod)
+    assert env[c.ENV_POD_NAME] == "ds-decode-0-0"
+    assert env[c.ENV_POD_UID] == "1234-uid"
+    assert env[c.ENV_DYN_DISCOVERY_BACKEND] == "kubernetes"
+    assert pods.mounts_token(pod)
+    assert pods.service_account(pod) == "ds-dynamo"
+    bad = live(pod)
+    bad["spec"]["containers"] = [{**pod["spec"]["containers"][0], "env": [
+        {"name": "X", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}]  # fmt: skip
+    with pytest.raises(pods.PodError, match="fieldRef"):
+        pods.resolve_env(bad)
+
+
+def test_only_the_host_ports_and_kubelet_additions_differ_from_the_pod():
+    spec = spec_of("deepseek-r1-disaggregated.yaml")
+    pod = live(b.group_pods(owner("ds"), spec, "prefill", 0, DOMAIN, "rev")[0])
+    env = pods.resolve_env(pod)
+    out = pods.process_env(
+        env, path="/bin", home="/h", kubeconfig="/k", ports={c.ENV_DYN_SYSTEM_PORT: "26001"}
+    )
+    added = {k: v for k, v in out.items() if env.get(k) != v}
+    assert set(added) == {
+        "PATH", "HOME", "KUBECONFIG", c.ENV_DYN_SYSTEM_PORT, *pods.HOST_ENV, "HF_HUB_OFFLINE",
+        "TRANSFORMERS_OFFLINE", "PYTHONUNBUFFERED",
+    }  # fmt: skip
+    assert all(out[h] == "127.0.0.1" for h in pods.HOST_ENV)
+    # no discovery setting of the runner's own
+    for name in ("DYN_FILE_KV", "ETCD_ENDPOINTS", "NATS_SERVER"):
+        assert name not in out
+    assert "KUBECONFIG" not in pods.process_env(env, path="/b", home="/h", kubeconfig=None, ports={})
+
+
+def test_the_engine_is_what_the_launcher_plans_and_only_it_is_swapped():
+    spec = spec_of("deepseek-r1-disaggregated.yaml")
+    own = owner("ds")
+    leader, follower = (live(p) for p in b.group_pods(own, spec, "decode", 0, DOMAIN, "rev")[:2])
+    text = render(engine_config(spec, "decode"))
+    engine = pods.engine_of(leader, pods.resolve_env(leader), text)
+    assert engine is not None
+    assert engine.dynamo_args == tuple(b.worker_args(spec, "decode"))  # mpirun's inner command
+    assert engine.gpus == 32
+    assert pods.engine_of(follower, pods.resolve_env(follower), text) is None  # sshd: no engine
+    mocker = pods.mocker_argv(engine, pods.Mocker("/m", 48, 16, 0.3, "vllm"), None)
+    assert mocker[:2] == ["-m", "dynamo.mocker"]
+    assert mocker[mocker.index("--model-name") + 1] == spec.model.name
+    assert mocker[mocker.index("--num-gpu-blocks-override") + 1] == str(48 * 32)
+    assert mocker[mocker.index("--disaggregation-mode") + 1] == "decode"
+    unknown = pods.Engine((*engine.dynamo_args, "--new-flag", "x"), 32)
+    with pytest.raises(pods.PodError, match="--new-flag"):
+        pods.mocker_argv(unknown, pods.Mocker("/m", 48, 16, 0.3, "vllm"), None)
+
+
+def test_prometheus_sees_a_pod_as_its_kubernetes_discovery_would():
+    spec = spec_of("aggregated-small.yaml")
+    pod = live(b.group_pods(owner("s"), spec, "worker", 0, DOMAIN, "rev")[0])
+    labels = pods.target_labels(pod, "metrics")
+    assert labels["__meta_kubernetes_pod_label_tokenfab_dev_deployment"] == "s"
+    assert labels["__meta_kubernetes_pod_label_app_kubernetes_io_managed_by"] == "tokenfab"
+    assert labels["__meta_kubernetes_pod_container_port_name"] == "metrics"
+
+
+@pytest.mark.parametrize(("address", "foreign"), [("127.0.0.1", False), ("198.18.0.7", True)])
+def test_a_connection_outside_loopback_is_seen_in_the_process_sockets(address, foreign):
+    # A connected UDP socket sends nothing, but has a remote address like any connection.
+    script = (
+        "import socket, time; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
+        f"s.connect(('{address}', 9)); print('up', flush=True); time.sleep(30)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "up"
+        time.sleep(0.1)
+        seen = foreign_connections(proc.pid)
+        assert seen == ([f"{address}:9"] if foreign else [])
+    finally:
+        proc.kill()
+        proc.wait()
