@@ -312,3 +312,29 @@ def test_kubectl_shows_domain_capacity(operator):
     out = kubectl(f, "get", "nvlinkdomains").stdout.splitlines()
     assert out[0].split()[:7] == ["NAME", "NODES", "READY", "GPUS", "FREE", "FREE-NODES", "GROUPS"]
     assert len(out) == 1 + 4
+
+
+def test_the_gb200_kv_transfer_network_settings_schedule(operator):
+    """The documented GB200 settings for NIXL/UCX over the trays' RDMA NICs (README, "On a real cluster"):
+    the NICs as an extended resource and IPC_LOCK, in a namespace that allows privileged pods. Every pod
+    gets its node's four NICs, and the placement ledger counts them like GPUs."""
+    f = operator
+    ns = "rdma"
+    kubectl(f, "create", "namespace", ns, check=False)
+    kubectl(f, "label", "namespace", ns, "pod-security.kubernetes.io/enforce=privileged", "--overwrite")
+    doc = yaml.safe_load((EXAMPLES / "llama-405b-multinode-tp.yaml").read_text())
+    doc["metadata"]["namespace"] = ns
+    doc["spec"]["runtime"] = {"resources": {"limits": {"rdma/ib": 4}}, "addCapabilities": ["IPC_LOCK"]}
+    apply_yaml(f, doc, "--server-side", "--field-manager=e2e")
+    try:
+        wait_for("llama-405b Ready with RDMA", lambda: is_ready(f, "llama-405b", ns), timeout=120)
+        pods = worker_pods(f, ns, "llama-405b")
+        assert len(pods) == 2 * 4
+        for p in pods:
+            ctr = p["spec"]["containers"][0]
+            assert ctr["resources"]["limits"]["rdma/ib"] == "4"
+            assert ctr["resources"]["requests"]["rdma/ib"] == "4"
+            assert ctr["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+        assert len({p["spec"]["nodeName"] for p in pods}) == 8, "one pod per tray: each holds its 4 NICs"
+    finally:
+        kubectl(f, "delete", "namespace", ns, "--wait=true", "--timeout=120s", check=False)

@@ -806,3 +806,17 @@ def test_without_a_storage_class_the_cache_is_a_sized_empty_dir_and_pvc_weights_
     pod = b.group_pods(owner("q"), pvc, "prefill", 0, DOMAIN, "rev")[0]
     assert "model-cache" not in {v["name"] for v in pod["spec"]["volumes"]}
     assert c.ENV_MODEL_CACHE not in env(pod)
+
+
+def test_extended_resources_in_limits_are_requested_too_so_the_ledger_counts_them():
+    """The GB200 RDMA NICs (runtime.resources.limits rdma/ib): Kubernetes takes the limit as the request,
+    and so must placement, or it would put four such pods on one tray's four NICs."""
+    spec = spec_of(
+        "llama-405b-multinode-tp.yaml",
+        {"runtime": {"resources": {"limits": {"rdma/ib": 4}}, "addCapabilities": ["IPC_LOCK"]}},
+    )
+    requests, limits = b.worker_resources(spec, "worker")
+    assert requests["rdma/ib"] == limits["rdma/ib"] == "4"
+    assert b.pod_requests(spec, "worker")["rdma/ib"] == 4
+    pod = b.group_pods(owner("l"), spec, "worker", 0, DOMAIN, "rev")[0]
+    assert pod["spec"]["containers"][0]["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]

@@ -16,6 +16,7 @@ CLIQUE_LABEL = "nvidia.com/gpu.clique"
 RACK_LABEL = "tokenfab.dev/rack"
 FACTORY_LABEL = "tokenfab.dev/factory"
 GPU_RESOURCE = "nvidia.com/gpu"
+RDMA_RESOURCE = "rdma/ib"
 _UUID_NAMESPACE = uuid.UUID("7c1f0a4e-2f43-4f57-9a55-6b8a2b0e7d10")
 
 
@@ -54,6 +55,8 @@ def rack_nodes(system: GpuSystem, racks: int, factory: str) -> list[dict[str, An
         "pods": "110",
         "ephemeral-storage": "3840Gi",
         GPU_RESOURCE: str(GPUS_PER_TRAY),
+        # the tray's four ConnectX NICs, as NVIDIA's Network Operator (RDMA shared device plugin) exposes them
+        RDMA_RESOURCE: str(GPUS_PER_TRAY),
     }
     for rack in range(racks):
         for tray in range(TRAYS_PER_RACK):

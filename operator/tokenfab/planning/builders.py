@@ -181,6 +181,8 @@ def worker_resources(spec: ModelDeploymentSpec, role: RoleName) -> tuple[dict[st
     gpu = {spec.topology.gpu_resource: str(gpus)}
     requests = {k: str(v) for k, v in res.requests.items()}
     limits = {k: str(v) for k, v in res.limits.items()}
+    for name, value in limits.items():  # as Kubernetes defaults them (and the ledger must count them), e.g.
+        requests.setdefault(name, value)  # the RDMA devices of runtime.resources.limits
     requests.setdefault("cpu", limits.get("cpu", str(DEFAULT_CPU_PER_GPU * gpus)))
     requests.setdefault("memory", limits.get("memory", f"{DEFAULT_MEMORY_GI_PER_GPU * gpus}Gi"))
     return {**requests, **gpu}, {**limits, **gpu}
