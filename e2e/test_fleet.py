@@ -57,7 +57,7 @@ def test_closed_loop_scales_decode_with_the_burst_and_back(live):
 
     assert result["aiperf_exit_code"] == 0, f"aiperf failed: see {out}/aiperf/aiperf.log"
     # As on a real cluster: Dynamo's kubernetes discovery (each process's own DynamoWorkerMetadata, no
-    # file discovery anywhere), every connection on loopback, and `tokenfab doctor` content.
+    # file discovery anywhere), every connection on loopback, and `tokenfab doctor` passes.
     assert_real_discovery(f, cfg.namespace)
     dr = subprocess.run(
         [sys.executable, "-m", "tokenfab.cli", "doctor", "--kubeconfig", str(f.kubeconfig),
