@@ -1,6 +1,8 @@
 """The autoscaler closes the loop through the real Prometheus: a test exporter publishes per-pod KV-cache
 utilization with the labels the operator's pods carry (as Kubernetes pod relabelling would), Prometheus
-scrapes it through file_sd, and the operator scales decode groups (and prefill by the ratio) from it."""
+scrapes it through file_sd (with the labels Kubernetes pod discovery would give the pods, relabelled by
+tokenfab's documented scrape job), and the operator scales decode groups (and prefill by the ratio) from
+it."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from e2e.fleet.pods import target_labels
 from e2e.helpers import apply_yaml, condition, get_json, kubectl, wait_for
 from tokenfab.planning import contract as c
 from tokenfab_factory import process
@@ -74,7 +77,7 @@ class FleetExporter:
                 )
             except Exception:
                 items = {"items": []}
-            pods = {}
+            pods, targets = {}, {}
             for p in items["items"]:
                 if p["status"].get("phase") != "Running" or p["metadata"].get("deletionTimestamp"):
                     continue
@@ -86,13 +89,16 @@ class FleetExporter:
                     c.PROM_LABEL_ROLE: labels[c.LABEL_ROLE],
                     c.PROM_LABEL_GROUP: labels[c.LABEL_GROUP],
                 }
+                # the labels Kubernetes pod discovery gives the pod's metrics port: the factory's Prometheus
+                # relabels them with tokenfab's documented scrape job
+                targets[p["metadata"]["name"]] = target_labels(p, "metrics")
             self.pods = pods
             groups = [
                 {
                     "targets": [f"127.0.0.1:{self.server.server_port}"],
-                    "labels": {"__metrics_path__": f"/pods/{name}", **lab},
+                    "labels": {"__metrics_path__": f"/pods/{name}", **targets[name]},
                 }
-                for name, lab in sorted(pods.items())
+                for name in sorted(pods)
             ]
             tmp = target.with_suffix(".tmp")
             tmp.write_text(json.dumps(groups))

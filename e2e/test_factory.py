@@ -186,7 +186,16 @@ def test_prometheus_scrapes_the_apiserver_and_file_sd_targets(factory):
                 [
                     {
                         "targets": [f"127.0.0.1:{server.server_port}"],
-                        "labels": {"pod": "probe", "namespace": "default"},
+                        # what Kubernetes pod discovery gives a tokenfab worker's metrics port (the
+                        # factory's Prometheus relabels with tokenfab's documented scrape job)
+                        "labels": {
+                            "__meta_kubernetes_namespace": "default",
+                            "__meta_kubernetes_pod_name": "probe",
+                            "__meta_kubernetes_pod_phase": "Running",
+                            "__meta_kubernetes_pod_container_port_name": "metrics",
+                            "__meta_kubernetes_pod_label_app_kubernetes_io_managed_by": "tokenfab",
+                            "__meta_kubernetes_pod_label_app_kubernetes_io_component": "worker",
+                        },
                     }
                 ]
             )

@@ -776,11 +776,11 @@ def test_hf_weights_go_to_a_per_node_cache_claim_that_declares_its_size():
     own, spec = owner("deepseek-r1"), spec_of("deepseek-r1-disaggregated.yaml")
     nodes = [f"gb200-r00-t{i:02d}" for i in range(8)]
     pods = b.group_pods(own, spec, "decode", 0, DOMAIN, "rev", nodes)
-    claims = b.model_cache_claims(own, spec, pods)
+    claims = b.model_cache_claims(own, spec, b.pinned_nodes(pods))
     assert len(claims) == 8
     for pod, node in zip(pods, nodes, strict=True):
         vol = next(v for v in pod["spec"]["volumes"] if v["name"] == "model-cache")
-        assert vol["persistentVolumeClaim"]["claimName"] == b.model_cache_claim_name(own, node)
+        assert vol["persistentVolumeClaim"]["claimName"] == b.model_cache_claim_name(own, spec, node)
         mount = next(m for m in pod["spec"]["containers"][0]["volumeMounts"] if m["name"] == "model-cache")
         assert mount["mountPath"] == c.MODEL_CACHE_DIR
         assert env(pod)[c.ENV_MODEL_CACHE] == c.MODEL_CACHE_DIR
@@ -801,7 +801,7 @@ def test_without_a_storage_class_the_cache_is_a_sized_empty_dir_and_pvc_weights_
     pod = b.group_pods(own, spec, "prefill", 0, DOMAIN, "rev", ["n1", "n2"])[0]
     vol = next(v for v in pod["spec"]["volumes"] if v["name"] == "model-cache")
     assert vol == {"name": "model-cache", "emptyDir": {"sizeLimit": "1Ti"}}
-    assert b.model_cache_claims(own, spec, [pod]) == []
+    assert b.model_cache_claims(own, spec, b.pinned_nodes([pod])) == []
     pvc = spec_of("qwen3-235b-autoscaled.yaml")
     pod = b.group_pods(owner("q"), pvc, "prefill", 0, DOMAIN, "rev")[0]
     assert "model-cache" not in {v["name"] for v in pod["spec"]["volumes"]}
@@ -820,3 +820,19 @@ def test_extended_resources_in_limits_are_requested_too_so_the_ledger_counts_the
     assert b.pod_requests(spec, "worker")["rdma/ib"] == 4
     pod = b.group_pods(owner("l"), spec, "worker", 0, DOMAIN, "rev")[0]
     assert pod["spec"]["containers"][0]["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+
+
+def test_runtime_env_may_set_the_discovery_backend_and_planes_itself():
+    """Before serving.discovery, etcd was set in runtime.env: such a spec stays valid, and its value is the
+    only one (a second definition of a name would hide the first)."""
+    spec = spec_of(
+        "deepseek-r1-disaggregated.yaml",
+        {"runtime": {"env": [{"name": "DYN_DISCOVERY_BACKEND", "value": "etcd"},
+                             {"name": "ETCD_ENDPOINTS", "value": "http://etcd:2379"}]}},
+    )  # fmt: skip
+    pod = b.group_pods(owner("deepseek-r1"), spec, "decode", 0, DOMAIN, "rev")[0]
+    names = [e["name"] for e in pod["spec"]["containers"][0]["env"]]
+    assert names.count("DYN_DISCOVERY_BACKEND") == 1
+    assert env(pod)["DYN_DISCOVERY_BACKEND"] == "etcd"
+    assert env(pod)["ETCD_ENDPOINTS"] == "http://etcd:2379"
+    assert len(names) == len(set(names)), "no variable defined twice"

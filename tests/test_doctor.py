@@ -4,23 +4,30 @@ from __future__ import annotations
 
 from tests.chart import CLUSTER_RULES, NAMESPACED_RULES, merged
 from tokenfab import doctor as d
+from tokenfab.api import crd
+from tokenfab.planning import builders as b
+from tokenfab.planning import contract as c
 
 
-def test_the_access_doctor_checks_is_granted_by_the_chart():
-    granted = merged(CLUSTER_RULES, NAMESPACED_RULES)
-    for group, resource, verb, _ns in d.OPERATOR_ACCESS:
-        assert verb in granted.get((group, resource), set()), (group, resource, verb)
-    # every rule of the chart is checked by at least one verb
-    checked = {(g, r) for g, r, _v, _n in d.OPERATOR_ACCESS}
-    missing = (
-        set(granted)
-        - checked
-        - {
-            ("apiextensions.k8s.io", "customresourcedefinitions"),  # kopf's own
-            ("tokenfab.dev", "nvlinkdomains/status"),
-        }
-    )
-    assert not missing, missing
+def test_the_access_doctor_checks_is_exactly_what_the_chart_grants():
+    checked = {key: set(verbs) for key, (verbs, _ns) in d.OPERATOR_RULES.items()}
+    assert checked == merged(CLUSTER_RULES, NAMESPACED_RULES)
+    for key, (_verbs, namespaced) in d.OPERATOR_RULES.items():
+        assert namespaced == (key in NAMESPACED_RULES), key
+
+
+def test_the_operator_holds_what_it_grants_the_pods():
+    """RBAC refuses a Role that grants more than its creator holds."""
+    for rule in b.DISCOVERY_RULES:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                assert set(rule["verbs"]) <= set(d.OPERATOR_RULES[(group, resource)][0]), (group, resource)
+
+
+def test_the_dynamo_crd_names_the_builders_use_are_the_crds():
+    assert f"{crd.DYNAMO_GROUP}/{crd.DYNAMO_VERSION}" == c.DYNAMO_METADATA_API
+    assert c.DYNAMO_METADATA_KIND == crd.DYNAMO_METADATA_KIND
+    assert c.DYNAMO_METADATA_PLURAL == crd.DYNAMO_METADATA_PLURAL
 
 
 def test_exit_codes_are_for_scripts():

@@ -596,18 +596,70 @@ def test_hf_weights_at_the_pinned_revision_are_what_the_engine_loads(tmp_path, f
     assert done.returncode == 0, done.stderr
     argv = (tmp_path / "python3.args").read_text().split()
     assert argv[argv.index("--model-path") + 1] == str(snapshot)
-    assert f"weights hf://{repo}@{pinned}: {snapshot} (found in the model cache" in done.stderr
+    assert f"weights hf://{repo}@{pinned}: {snapshot} (from the model cache, HF_HUB_OFFLINE" in done.stderr
+
+
+def hub_down(environ: dict[str, str]) -> dict[str, str]:
+    """Online, but the hub refuses every connection (a closed loopback port)."""
+    out = {k: v for k, v in environ.items() if k != "HF_HUB_OFFLINE"}
+    return {
+        **out,
+        "HF_ENDPOINT": "http://127.0.0.1:9",
+        "HF_HUB_ETAG_TIMEOUT": "2",
+        "HF_HUB_DOWNLOAD_TIMEOUT": "2",
+    }
+
+
+def test_a_complete_pinned_snapshot_is_loaded_without_asking_the_hub(tmp_path, fakes):
+    fake_program(fakes, "python3", 'echo "$@" > "$FAKE_DIR/python3.args"\n')
+    environ, args = single_pod_environ(tmp_path, fakes)
+    repo = environ[c.ENV_MODEL_PATH]
+    snapshot = with_snapshot(args, tmp_path, repo)[args.index("--model-path") + 1]
+    (Path(snapshot) / lp.COMPLETE_MARKER).write_text("done\n")
+    environ = hub_down({**environ, c.ENV_MODEL_REVISION: COMMIT})
+    done = launcher(args, environ)
+    assert done.returncode == 0, done.stderr
+    assert f"{snapshot} (complete in the model cache)" in done.stderr
+
+
+def test_an_unverified_snapshot_is_completed_from_the_hub_or_used_with_a_warning(tmp_path, fakes):
+    """A branch (it may have moved) or a snapshot no completed download marked: the hub is asked; when it
+    does not answer, the cached snapshot is used, and the log says it may be incomplete."""
+    fake_program(fakes, "python3", 'echo "$@" > "$FAKE_DIR/python3.args"\n')
+    environ, args = single_pod_environ(tmp_path, fakes)
+    done = launcher(args, hub_down(environ))  # revision unset: main
+    assert done.returncode == 0, done.stderr
+    assert "the hub did not answer" in done.stderr
+    assert "may be incomplete or behind the branch" in done.stderr
 
 
 def test_hf_weights_that_cannot_be_fetched_stop_the_pod_with_the_reason(tmp_path, fakes):
     fake_program(fakes, "python3", "exit 0\n")
     environ, args = single_pod_environ(tmp_path, fakes)
     environ[c.ENV_MODEL_REVISION] = "not-a-revision-in-the-cache"
-    done = launcher(args, environ)
+    done = launcher(args, hub_down(environ))
     assert done.returncode == 1
-    assert "not in the model cache" in done.stderr
     assert "could not be fetched" in done.stderr
     assert not (tmp_path / "python3.args").exists(), "the engine never started"
+    offline = launcher(args, environ)
+    assert offline.returncode == 1
+    assert "are not in the model cache" in offline.stderr
+
+
+@pytest.mark.parametrize(
+    ("revision", "cached", "complete", "offline", "source"),
+    [
+        (COMMIT, True, True, False, "cache"),  # pinned, and a finished download of it: never changes
+        (COMMIT, True, False, False, "download"),  # an interrupted download: complete it
+        ("main", True, True, False, "download"),  # a branch may have moved
+        (None, True, True, False, "download"),
+        (COMMIT, False, False, False, "download"),
+        (COMMIT, True, True, True, "offline"),
+        (None, False, False, True, "offline"),
+    ],
+)
+def test_where_hf_weights_come_from(revision, cached, complete, offline, source):
+    assert lp.weights_source(revision, cached, complete, offline) == source
 
 
 def test_pvc_weights_need_no_fetch():

@@ -145,6 +145,19 @@ def _set_dyn_variables() -> set[str]:
 
 
 @pytest.mark.slow
+def test_the_kubernetes_discovery_names_tokenfab_relies_on_are_in_dynamos_runtime():
+    """The pod identity variables, the EndpointSlice label and the metadata object's group, version and
+    plural are all in the compiled runtime of the pinned ai-dynamo (its kubernetes discovery backend)."""
+    runtime = b"".join(p.read_bytes() for p in dynamo_site().glob("_core*.so"))
+    names = [
+        *(c.ENV_POD_NAME, c.ENV_POD_UID, c.ENV_POD_NAMESPACE, c.ENV_ETCD_ENDPOINTS, c.DISCOVERY_KUBERNETES),
+        *(*c.DISCOVERY_LABELS, c.DYNAMO_METADATA_API, c.DYNAMO_METADATA_KIND, c.DYNAMO_METADATA_PLURAL),
+    ]
+    missing = [n for n in names if n.encode() not in runtime]
+    assert not missing, f"not in ai-dynamo-runtime 1.6.1: {missing}"
+
+
+@pytest.mark.slow
 def test_every_dyn_variable_tokenfab_sets_is_read_by_dynamo_1_6_1():
     site = dynamo_site()
     names = _set_dyn_variables()

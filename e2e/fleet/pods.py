@@ -18,7 +18,10 @@ what simulating the hardware on one machine needs:
   TokenRequest token bound to the pod) in place of the in-cluster files, and HOME an empty directory of
   the pod's, so no other kubeconfig is ever read. A pod that mounts no token gets none.
 
-Nothing else is added: no discovery settings, no Dynamo namespace, no environment the pod lacks.
+Nothing else is added: no discovery settings, no Dynamo namespace. Besides the addresses above, the
+process environment carries only PATH and HOME (a kubelet's image defaults), HF_HUB_OFFLINE and
+TRANSFORMERS_OFFLINE (the weights are the simulated part: the launcher's fetch is not played, see
+tokenfab.launcher.run.Runner.fetch_weights, tested on its own) and PYTHONUNBUFFERED (logs).
 """
 
 from __future__ import annotations

@@ -124,6 +124,9 @@ def doctor(
             help="Check RBAC for this operator ServiceAccount (namespace/name) instead of yourself."
         ),
     ] = None,
+    namespace: Annotated[
+        str, typer.Option("--namespace", "-n", help="Where namespaced permissions are checked.")
+    ] = "default",
     output: Annotated[str, typer.Option("--output", "-o", help="text or json.")] = "text",
 ) -> None:
     """Check a cluster for what tokenfab needs: CRDs, NVIDIA's DRA driver, GPU node labels, Prometheus,
@@ -149,7 +152,9 @@ def doctor(
         raise typer.Exit(d.EXIT_UNREACHABLE) from exc
     kube = Kube(api, timeout=(5.0, 20.0))
     try:
-        checks = d.run(kube, prometheus_url=prometheus_url, service_account=service_account)
+        checks = d.run(
+            kube, prometheus_url=prometheus_url, service_account=service_account, namespace=namespace
+        )
     except d.UnreachableError as exc:
         typer.echo(f"FAIL  kubernetes     the API server does not answer: {exc}", err=True)
         raise typer.Exit(d.EXIT_UNREACHABLE) from exc

@@ -118,6 +118,7 @@ class Controller:
                 ("apps/v1", "Deployment"),
                 ("policy/v1", "PodDisruptionBudget"),
                 ("v1", "ServiceAccount"),
+                ("v1", "PersistentVolumeClaim"),
                 ("rbac.authorization.k8s.io/v1", "Role"),
                 ("rbac.authorization.k8s.io/v1", "RoleBinding"),
             ):

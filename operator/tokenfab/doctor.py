@@ -16,6 +16,7 @@ The checks read only (plus access reviews, which change nothing).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import urllib.parse
 import urllib.request
@@ -34,31 +35,35 @@ CHANNEL_CLASS = "compute-domain-default-channel.nvidia.com"
 IMEX_DRIVER = "compute-domain.nvidia.com"
 MIN_MINOR = 34  # resource.k8s.io/v1 (DRA GA): the IMEX claims of multi-node groups
 
-# (API group, resource, verb, namespaced): what the operator does, as charts/tokenfab/templates/rbac.yaml
-# grants it (tests/test_doctor.py keeps the two equal).
-OPERATOR_ACCESS: tuple[tuple[str, str, str, bool], ...] = (
-    ("", "nodes", "watch", False),
-    ("", "pods", "watch", False),
-    ("", "pods", "create", True),
-    ("", "pods", "deletecollection", True),
-    ("", "pods/status", "patch", True),
-    ("", "services", "patch", True),
-    ("", "configmaps", "patch", True),
-    ("", "events", "create", True),
-    ("", "serviceaccounts", "create", True),
-    ("", "persistentvolumeclaims", "create", True),
-    ("apps", "deployments", "patch", True),
-    ("policy", "poddisruptionbudgets", "patch", True),
-    ("rbac.authorization.k8s.io", "roles", "create", True),
-    ("rbac.authorization.k8s.io", "rolebindings", "create", True),
-    ("discovery.k8s.io", "endpointslices", "watch", True),
-    (DYNAMO_GROUP, DYNAMO_METADATA_PLURAL, "create", True),
-    (GROUP, PLURAL, "watch", True),
-    (GROUP, f"{PLURAL}/status", "patch", True),
-    (GROUP, DOMAIN_PLURAL, "patch", False),
-    ("resource.nvidia.com", "computedomains", "create", True),
-    ("scheduling.k8s.io", "podgroups", "create", True),
-)
+# (API group, resource) -> (verbs, namespaced): every verb the operator uses, as charts/tokenfab/templates/
+# rbac.yaml grants it (tests/test_doctor.py keeps the two equal; the leader Lease's Role is the release's).
+OPERATOR_RULES: dict[tuple[str, str], tuple[frozenset[str], bool]] = {
+    ("apiextensions.k8s.io", "customresourcedefinitions"): (frozenset({"list", "watch"}), False),
+    ("", "nodes"): (frozenset({"list", "watch"}), False),
+    ("", "pods"): (frozenset({"list", "watch", "create", "patch", "deletecollection"}), True),
+    (GROUP, DOMAIN_PLURAL): (frozenset({"list", "create", "patch", "delete"}), False),
+    (GROUP, f"{DOMAIN_PLURAL}/status"): (frozenset({"patch"}), False),
+    (GROUP, PLURAL): (frozenset({"list", "watch", "patch"}), True),
+    (GROUP, f"{PLURAL}/status"): (frozenset({"patch"}), True),
+    ("", "services"): (frozenset({"list", "watch", "create", "patch"}), True),
+    ("", "configmaps"): (frozenset({"list", "watch", "create", "patch", "delete"}), True),
+    ("apps", "deployments"): (frozenset({"list", "watch", "create", "patch"}), True),
+    ("", "events"): (frozenset({"create"}), True),
+    ("", "pods/status"): (frozenset({"patch"}), True),
+    ("policy", "poddisruptionbudgets"): (frozenset({"list", "watch", "create", "patch", "delete"}), True),
+    ("scheduling.k8s.io", "podgroups"): (frozenset({"create", "patch", "delete"}), True),
+    ("resource.nvidia.com", "computedomains"): (frozenset({"list", "create", "patch", "delete"}), True),
+    ("", "persistentvolumeclaims"): (frozenset({"list", "watch", "create", "patch", "delete"}), True),
+    ("", "serviceaccounts"): (frozenset({"list", "watch", "create", "patch", "delete"}), True),
+    ("rbac.authorization.k8s.io", "roles"): (frozenset({"list", "watch", "create", "patch", "delete"}), True),
+    ("rbac.authorization.k8s.io", "rolebindings"): (
+        frozenset({"list", "watch", "create", "patch", "delete"}),
+        True,
+    ),
+    # granted on to the pods' Role (RBAC lets the operator grant only what it holds)
+    ("discovery.k8s.io", "endpointslices"): (frozenset({"get", "list", "watch"}), True),
+    (DYNAMO_GROUP, DYNAMO_METADATA_PLURAL): (frozenset({"get", "list", "watch", "create", "patch"}), True),
+}
 
 
 @dataclass(frozen=True)
@@ -211,13 +216,15 @@ def check_prometheus(url: str | None, autoscaled: int) -> Check:
     )
 
 
-def access_review(kube: Kube, who: str | None, group: str, resource: str, verb: str, ns: bool) -> bool:
+def access_review(
+    kube: Kube, who: str | None, group: str, resource: str, verb: str, namespace: str | None
+) -> bool:
     sub = resource.split("/", 1)
     attrs: dict[str, Any] = {"group": group, "resource": sub[0], "verb": verb}
     if len(sub) == 2:
         attrs["subresource"] = sub[1]
-    if ns:
-        attrs["namespace"] = "default"
+    if namespace is not None:
+        attrs["namespace"] = namespace
     spec: dict[str, Any] = {"resourceAttributes": attrs}
     if who is None:
         kind = "SelfSubjectAccessReview"
@@ -232,16 +239,18 @@ def access_review(kube: Kube, who: str | None, group: str, resource: str, verb: 
     return bool((out or {}).get("status", {}).get("allowed"))
 
 
-def check_rbac(kube: Kube, who: str | None) -> Check:
+def check_rbac(kube: Kube, who: str | None, namespace: str) -> Check:
     identity = f"ServiceAccount {who}" if who else "your identity"
-    try:
-        denied = [
-            f"{verb} {resource}" + (f".{group}" if group else "")
-            for group, resource, verb, ns in OPERATOR_ACCESS
-            if not access_review(kube, who, group, resource, verb, ns)
-        ]
-    except ApiError as exc:
-        return Check("rbac", "fail", f"access reviews refused: {exc}", "run doctor as a cluster admin")
+    asked = [
+        (group, resource, verb, namespace if namespaced else None)
+        for (group, resource), (verbs, namespaced) in OPERATOR_RULES.items()
+        for verb in sorted(verbs)
+    ]
+    denied = [
+        f"{verb} {resource}" + (f".{group}" if group else "")
+        for group, resource, verb, ns in asked
+        if not access_review(kube, who, group, resource, verb, ns)
+    ]
     if denied:
         return Check(
             "rbac",
@@ -249,7 +258,22 @@ def check_rbac(kube: Kube, who: str | None) -> Check:
             f"{identity} may not: {', '.join(denied)}",
             "install the Helm chart (its ClusterRole grants exactly these), or grant them",
         )
-    return Check("rbac", "pass", f"{identity} may do all {len(OPERATOR_ACCESS)} things the operator does")
+    return Check(
+        "rbac", "pass", f"{identity} may do all {len(asked)} things the operator does (namespace {namespace})"
+    )
+
+
+def _guarded(name: str, step: Callable[[], list[Check]]) -> list[Check]:
+    """A check the API server refuses to answer fails with its words (an UnreachableError stops all)."""
+    try:
+        return step()
+    except ApiError as exc:
+        return [Check(name, "fail", f"the API server refused: {exc}", "run doctor with rights to read it")]
+
+
+def _autoscaled(kube: Kube) -> int:
+    items = (_get(kube, f"/apis/{GROUP}/v1alpha1/{PLURAL}") or {}).get("items") or []
+    return sum(1 for md in items if ((md.get("spec") or {}).get("autoscaling") or {}).get("enabled"))
 
 
 def run(
@@ -257,23 +281,20 @@ def run(
     *,
     prometheus_url: str | None,
     service_account: str | None,
+    namespace: str = "default",
     domain_label: str = "nvidia.com/gpu.clique",
     gpu_resource: str = "nvidia.com/gpu",
 ) -> list[Check]:
     """Every check, in order; raises UnreachableError when the API server does not answer."""
-    checks = [check_version(kube), *check_crds(kube)]
-    steps: list[Callable[[], Check]] = [
-        lambda: check_dra(kube),
-        lambda: check_nodes(kube, domain_label, gpu_resource),
-        lambda: check_rbac(kube, service_account),
-    ]
-    checks += [step() for step in steps]
+    checks = _guarded("kubernetes", lambda: [check_version(kube)])
+    checks += _guarded("tokenfab-crds", lambda: check_crds(kube))
+    checks += _guarded("dra-driver", lambda: [check_dra(kube)])
+    checks += _guarded("gpu-nodes", lambda: [check_nodes(kube, domain_label, gpu_resource)])
+    checks += _guarded("rbac", lambda: [check_rbac(kube, service_account, namespace)])
     autoscaled = 0
-    if checks[1].outcome == "pass":
-        items = (_get(kube, f"/apis/{GROUP}/v1alpha1/{PLURAL}") or {}).get("items") or []
-        autoscaled = sum(
-            1 for md in items if ((md.get("spec") or {}).get("autoscaling") or {}).get("enabled")
-        )
+    if any(x.name == "tokenfab-crds" and x.outcome == "pass" for x in checks):
+        with contextlib.suppress(ApiError):  # (then judged as if none were autoscaled)
+            autoscaled = _autoscaled(kube)
     checks.append(check_prometheus(prometheus_url, autoscaled))
     return checks
 

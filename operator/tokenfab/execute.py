@@ -100,7 +100,8 @@ def submit(
     """Every apply and delete of the pass at once (the shared children that differ: the workers'
     headless Service, the frontend Deployment and Service, the engine ConfigMaps of the current revisions,
     a PodDisruptionBudget per role; groups to delete; every pod of every new group with its PodGroup),
-    handed to the writer's threads; nothing waits here."""
+    handed to the writer's threads. Nothing waits here but once in a deployment's life: its first groups
+    wait for the ServiceAccount their pods name (a pod naming one that does not exist is refused)."""
     # In the order of the longest chains to Ready: the new groups' PodGroups and pods (the scheduler
     # binds none of a group before it has seen every one, then kubelets start them), after the workers'
     # headless Service that selects them (the endpoints controller, seeing pods and a new Service at
@@ -115,10 +116,11 @@ def submit(
     shared += identity
     gang = gang_mode(ctx, spec) if any(p.create for p in plans) else "gates"
     creates, pending = _submit_creates(ctx, owner, spec, plans, gang)
-    # The per-node model caches the new pods mount (a pod whose claim is not there yet waits for it).
-    shared += _apply_changed(
-        ctx, key, owner, b.model_cache_claims(owner, spec, [p for *_, ps in pending for p in ps]), now
-    )
+    # The per-node model caches the pods mount, the new ones' included (a pod whose claim is not there yet
+    # waits for it); one that could not be made is made again by a later pass.
+    nodes = {n for p in ctx.view.pods(key) if (n := p.pinned or p.node)}
+    nodes |= b.pinned_nodes(p for *_, new in pending for p in new)
+    shared += _apply_changed(ctx, key, owner, b.model_cache_claims(owner, spec, nodes), now)
     rest = [b.frontend_deployment(owner, spec), b.frontend_service(owner)]
     rest += [b.engine_configmap(owner, spec, role) for role, _ in spec.roles()]
     rest += [
@@ -341,7 +343,10 @@ def _apply_changed(
 def _delete_stale(
     ctx: Context, key: Key, owner: b.Owner, spec: ModelDeploymentSpec
 ) -> list[tuple[Future[Any], Any]]:
-    """Engine ConfigMaps of revisions no group uses any more, and the budgets of roles that are gone."""
+    """Engine ConfigMaps of revisions no group uses any more, the budgets of roles that are gone, model
+    cache claims of another storage class or size (a claim still mounted goes when its last pod does), and
+    the discovery identity once no pod of the deployment needs it (serving.discovery left kubernetes and
+    every pod is of the current revisions)."""
     futures: list[tuple[Future[Any], Any]] = []
     in_use = {(p.labels.get(c.LABEL_ROLE), p.labels.get(c.LABEL_REVISION)) for p in ctx.view.pods(key)}
     current = {(role, b.role_revision(spec, role)) for role, _ in spec.roles()}
@@ -365,7 +370,25 @@ def _delete_stale(
                     None,
                 )
             )
+    wanted = {m["metadata"]["name"] for m in b.model_cache_claims(owner, spec, [pvc.node for pvc in
+              ctx.view.children("PersistentVolumeClaim", key)])}  # fmt: skip
+    for pvc in ctx.view.children("PersistentVolumeClaim", key):
+        if pvc.node and pvc.name not in wanted:
+            futures.append((ctx.kube.pool.submit(ctx.kube.delete, "v1", "PersistentVolumeClaim", pvc.name,
+                                                 owner.namespace), None))  # fmt: skip
+    if not b.uses_kubernetes_discovery(spec) and in_use <= current:
+        for api_version, kind in DISCOVERY_KINDS:
+            for child in ctx.view.children(kind, key):
+                futures.append((ctx.kube.pool.submit(ctx.kube.delete, api_version, kind, child.name,
+                                                     owner.namespace), None))  # fmt: skip
     return futures
+
+
+DISCOVERY_KINDS = (
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ("rbac.authorization.k8s.io/v1", "Role"),
+    ("v1", "ServiceAccount"),
+)
 
 
 def _submit_deletes(

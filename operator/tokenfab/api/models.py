@@ -152,9 +152,10 @@ class ModelCache(_Model):
         max_length=253,
         description="A node-local StorageClass (volumeBindingMode WaitForFirstConsumer: local NVMe through "
         "local-path-provisioner, TopoLVM, OpenEBS LocalPV...). tokenfab then makes one "
-        "PersistentVolumeClaim per node the deployment's pods run on, named <name>-model-<hash of the "
-        "node>, so weights are downloaded once per node and kept across pods, restarts and rollouts. Unset: "
-        "an emptyDir of `size` per pod, downloaded again by every new pod.",
+        "PersistentVolumeClaim per node the deployment's pods run on, named <name>-model-<hash of the node, "
+        "class and size>, so the deployment's weights are downloaded once per node and kept across pods, "
+        "restarts and rollouts (a new class or size is a new claim; the old one goes once unused). Unset: an "
+        "emptyDir of `size` per pod, downloaded again by every new pod.",
         json_schema_extra=_cel_of(STORAGE_CLASS_RULE),
     )
 

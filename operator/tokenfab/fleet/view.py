@@ -194,6 +194,7 @@ class ChildFacts:
     available_replicas: int
     role: str = ""
     revision: str = ""
+    node: str = ""  # a model cache claim's node
 
 
 def child_facts(kind: str, obj: Obj) -> ChildFacts:
@@ -209,6 +210,7 @@ def child_facts(kind: str, obj: Obj) -> ChildFacts:
         available_replicas=int(status.get("availableReplicas") or 0),
         role=labels.get(c.LABEL_ROLE, ""),
         revision=labels.get(c.LABEL_REVISION, ""),
+        node=(meta.get("annotations") or {}).get(c.ANN_NODE, ""),
     )
 
 

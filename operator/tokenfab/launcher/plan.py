@@ -404,6 +404,27 @@ def fetch_of(identity: Identity) -> Fetch | None:
     return Fetch(rest, identity.model_revision, identity.model_cache)
 
 
+# Written into a snapshot's directory once a download of it completed (an interrupted one leaves none).
+COMPLETE_MARKER = ".tokenfab-complete"
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+WeightsSource = Literal["cache", "download", "offline"]
+
+
+def weights_source(revision: str | None, cached: bool, complete: bool, offline: bool) -> WeightsSource:
+    """Where the launcher takes hf:// weights from:
+    - "cache": a pinned commit whose snapshot a completed download left in the cache (what it is can
+      never change);
+    - "offline": HF_HUB_OFFLINE, whatever the cache holds;
+    - "download" otherwise: the hub resolves a branch or tag to its current commit and fetches what the
+      cache lacks (nothing, for a complete snapshot), so every rank of a group loads the same commit."""
+    if offline:
+        return "offline"
+    if cached and complete and revision is not None and _COMMIT.fullmatch(revision):
+        return "cache"
+    return "download"
+
+
 def with_model_path(command: Sequence[str], path: str) -> tuple[str, ...]:
     """The command with the engine's --model-path (or --model) pointing at `path`: the fetched snapshot."""
     out = list(command)

@@ -27,6 +27,7 @@ from pathlib import Path
 from types import FrameType
 
 from tokenfab.launcher.plan import (
+    COMPLETE_MARKER,
     EXIT_CONFIG,
     PROGRAM,
     ConfigError,
@@ -34,6 +35,7 @@ from tokenfab.launcher.plan import (
     LaunchPlan,
     plan_launch,
     read_identity,
+    weights_source,
     with_model_path,
 )
 from tokenfab.planning import contract as c
@@ -61,6 +63,14 @@ the other ranks. The group identity comes from the TOKENFAB_* environment the op
 
 def log(message: str) -> None:
     print(f"{PROGRAM}: {message}", file=sys.stderr, flush=True)
+
+
+class FetchInterruptedError(Exception):
+    """A signal came while the weights were being downloaded."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"signal {signum}")
+        self.signum = signum
 
 
 class LaunchError(Exception):
@@ -123,6 +133,7 @@ class Runner:
     def __init__(self, plan: LaunchPlan, environ: Mapping[str, str]) -> None:
         self.plan = plan
         self.command = plan.command  # (its --model-path becomes the fetched snapshot's directory)
+        self.fetching = False
         self.env = {**environ, **plan.env}
         self.child: subprocess.Popen[bytes] | None = None
         self.signalled: int | None = None
@@ -133,6 +144,8 @@ class Runner:
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self.signalled = signum
+        if self.fetching:  # a download holds no child: stop it now (the grace period would only wait)
+            raise FetchInterruptedError(signum)
         child = self.child
         if child is not None and child.returncode is None:
             with contextlib.suppress(ProcessLookupError):
@@ -172,14 +185,14 @@ class Runner:
                 _write_private(step.stdout, done.stdout)
 
     def fetch_weights(self) -> None:
-        """hf:// weights at the pinned revision, from the model cache when they are there (a node-local
-        volume keeps them across pods and restarts), else downloaded into it. The engine loads that
-        directory; the log says which it was."""
+        """hf:// weights at model.revision into the model cache (a node-local volume keeps them across pods
+        and restarts), then the engine's --model-path points at that snapshot; the log says where they came
+        from. See tokenfab.launcher.plan.weights_source for the choice."""
         fetch = self.plan.fetch
         if fetch is None:
             return
         try:
-            from huggingface_hub import snapshot_download
+            from huggingface_hub import HfApi, snapshot_download
         except ImportError as exc:
             raise LaunchError(
                 f"huggingface_hub is not installed: cannot fetch hf://{fetch.repo} (run the tokenfab worker "
@@ -187,24 +200,53 @@ class Runner:
                 EXIT_NOT_FOUND,
             ) from exc
         what = f"hf://{fetch.repo}@{fetch.revision or 'main'}"
+        try:
+            local = snapshot_download(fetch.repo, revision=fetch.revision, cache_dir=fetch.cache_dir,
+                                      local_files_only=True)  # fmt: skip
+        except Exception:
+            local = None
+        complete = local is not None and (Path(local) / COMPLETE_MARKER).exists()
+        offline = self.env.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+        source = weights_source(fetch.revision, local is not None, complete, offline)
+        self.fetching = True
         t0 = time.monotonic()
         try:
-            path = snapshot_download(fetch.repo, revision=fetch.revision, cache_dir=fetch.cache_dir,
-                                     local_files_only=True)  # fmt: skip
-            origin = f"found in the model cache {fetch.cache_dir}"
-        except Exception:
-            log(f"weights {what}: not in the model cache {fetch.cache_dir}, downloading")
-            try:
-                path = snapshot_download(fetch.repo, revision=fetch.revision, cache_dir=fetch.cache_dir)
-            except Exception as exc:
-                raise LaunchError(
-                    f"weights {what} could not be fetched: {type(exc).__name__}: {exc}"
-                ) from exc
-            origin = f"downloaded into the model cache {fetch.cache_dir} in {time.monotonic() - t0:.0f} s"
-        log(f"weights {what}: {path} ({origin})")
+            if source == "download":
+                # The hub names the commit (a branch or tag may have moved), then what the cache lacks of it
+                # is fetched; a hub that does not answer leaves the cached snapshot, said so.
+                try:
+                    commit = HfApi().model_info(fetch.repo, revision=fetch.revision, timeout=60).sha
+                except Exception as exc:
+                    if local is None:
+                        raise LaunchError(
+                            f"weights {what} could not be fetched: {type(exc).__name__}: {exc}"
+                        ) from exc
+                    log(f"weights {what}: the hub did not answer ({type(exc).__name__}); the cached snapshot "
+                        "may be incomplete or behind the branch")  # fmt: skip
+                else:
+                    log(f"weights {what}: commit {commit}, fetching what {fetch.cache_dir} lacks of it")
+                    try:
+                        local = snapshot_download(fetch.repo, revision=commit, cache_dir=fetch.cache_dir)
+                    except Exception as exc:
+                        raise LaunchError(
+                            f"weights {what} could not be fetched: {type(exc).__name__}: {exc}"
+                        ) from exc
+                    (Path(local) / COMPLETE_MARKER).write_text(f"{what} = {commit}\n")
+        finally:
+            self.fetching = False
+        if local is None:
+            raise LaunchError(
+                f"weights {what} are not in the model cache {fetch.cache_dir} and the hub is off"
+            )
+        origin = {
+            "cache": "complete in the model cache",
+            "download": f"fetched into the model cache in {time.monotonic() - t0:.0f} s",
+            "offline": "from the model cache, HF_HUB_OFFLINE (not checked against the hub)",
+        }[source]
+        log(f"weights {what}: {local} ({origin})")
         if self.plan.kind != "follower":
             try:
-                self.command = with_model_path(self.command, path)
+                self.command = with_model_path(self.command, local)
             except ConfigError as err:
                 raise LaunchError("; ".join(err.problems), EXIT_CONFIG) from err
 
@@ -322,7 +364,11 @@ class Runner:
         self.install_signal_handlers()
         try:
             self.prepare()
-            self.fetch_weights()
+            try:
+                self.fetch_weights()
+            except FetchInterruptedError as sig:
+                log(f"stopped by signal {sig.signum} while fetching the weights")
+                return 128 + sig.signum
             self.wait_for_peers()
             if self.signalled is not None:
                 log(f"stopped by signal {self.signalled} before starting")

@@ -15,7 +15,7 @@ operator recreates the whole group), exact placement, and no second controller d
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -280,7 +280,14 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
 
 def discovery_env(spec: ModelDeploymentSpec) -> list[dict[str, Any]]:
     """What Dynamo's processes need to find each other: the backend, the planes, and for the kubernetes
-    backend the pod's own identity (its DynamoWorkerMetadata is named after the pod and owned by it)."""
+    backend the pod's own identity (its DynamoWorkerMetadata is named after the pod and owned by it).
+    runtime.env may set the backend and planes itself (contract.OVERRIDABLE_ENV): its value is then the
+    only one."""
+    own = {e.name for e in spec.runtime.env}
+    return [e for e in _discovery_env(spec) if e["name"] not in own]
+
+
+def _discovery_env(spec: ModelDeploymentSpec) -> list[dict[str, Any]]:
     env = [
         {"name": c.ENV_DYN_DISCOVERY_BACKEND, "value": spec.serving.discovery},
         {"name": c.ENV_DYN_REQUEST_PLANE, "value": c.REQUEST_PLANE},
@@ -428,9 +435,11 @@ def fetches_weights(spec: ModelDeploymentSpec) -> bool:
     return spec.model.source.startswith("hf://")
 
 
-def model_cache_claim_name(owner: Owner, node: str) -> str:
-    """The model cache of a deployment on one node (node names can be 253 characters: a hash of it)."""
-    return f"{owner.name}-model-{content_hash(node, 10)}"
+def model_cache_claim_name(owner: Owner, spec: ModelDeploymentSpec, node: str) -> str:
+    """The model cache of a deployment on one node (node names can be 253 characters: a hash of it), for
+    one storage class and size: a claim's spec cannot change, so a new class or size is a new claim."""
+    cache = spec.model.cache
+    return f"{owner.name}-model-{content_hash([node, cache.storage_class_name, str(cache.size)], 10)}"
 
 
 def model_cache_claim(owner: Owner, spec: ModelDeploymentSpec, node: str) -> Manifest:
@@ -438,7 +447,7 @@ def model_cache_claim(owner: Owner, spec: ModelDeploymentSpec, node: str) -> Man
     restarts and rollouts (spec.model.cache.storageClassName: a WaitForFirstConsumer class, so the volume
     is made on the node of the first pod that mounts it, and every pod there shares it)."""
     cache = spec.model.cache
-    meta = _meta(owner, model_cache_claim_name(owner, node), "worker")
+    meta = _meta(owner, model_cache_claim_name(owner, spec, node), "worker")
     meta["annotations"] = {c.ANN_NODE: node}
     return {
         "apiVersion": "v1",
@@ -452,12 +461,21 @@ def model_cache_claim(owner: Owner, spec: ModelDeploymentSpec, node: str) -> Man
     }
 
 
-def model_cache_claims(owner: Owner, spec: ModelDeploymentSpec, pods: Sequence[Manifest]) -> list[Manifest]:
-    """The per-node model cache claims the pods mount (none without a storage class)."""
-    if not fetches_weights(spec) or spec.model.cache.storage_class_name is None:
+def uses_model_cache_claims(spec: ModelDeploymentSpec) -> bool:
+    return fetches_weights(spec) and spec.model.cache.storage_class_name is not None
+
+
+def model_cache_claims(owner: Owner, spec: ModelDeploymentSpec, nodes: Iterable[str]) -> list[Manifest]:
+    """The per-node model cache claims of the nodes the deployment's pods run on (none without a storage
+    class)."""
+    if not uses_model_cache_claims(spec):
         return []
-    nodes = sorted({n for p in pods if (n := (p["metadata"].get("annotations") or {}).get(c.ANN_NODE))})
-    return [model_cache_claim(owner, spec, node) for node in nodes]
+    return [model_cache_claim(owner, spec, node) for node in sorted(set(nodes))]
+
+
+def pinned_nodes(pods: Iterable[Manifest]) -> set[str]:
+    """The nodes placement pinned these (new) pods to."""
+    return {n for p in pods if (n := (p["metadata"].get("annotations") or {}).get(c.ANN_NODE))}
 
 
 def _model_cache_volume(owner: Owner, spec: ModelDeploymentSpec, node: str | None) -> dict[str, Any]:
@@ -467,7 +485,7 @@ def _model_cache_volume(owner: Owner, spec: ModelDeploymentSpec, node: str | Non
     if cache.storage_class_name is not None and node is not None:
         return {
             "name": "model-cache",
-            "persistentVolumeClaim": {"claimName": model_cache_claim_name(owner, node)},
+            "persistentVolumeClaim": {"claimName": model_cache_claim_name(owner, spec, node)},
         }
     return {"name": "model-cache", "emptyDir": {"sizeLimit": str(cache.size)}}
 

@@ -76,6 +76,9 @@ ENV_ETCD_ENDPOINTS = "ETCD_ENDPOINTS"
 ENV_POD_NAME = "POD_NAME"
 ENV_POD_NAMESPACE = "POD_NAMESPACE"
 ENV_POD_UID = "POD_UID"
+# Of the variables tokenfab sets, those runtime.env may set instead (its value replaces tokenfab's): the
+# planes and the backend (e.g. a NATS event plane, or etcd set this way before serving.discovery existed).
+OVERRIDABLE_ENV = (ENV_DYN_DISCOVERY_BACKEND, ENV_DYN_REQUEST_PLANE, ENV_DYN_EVENT_PLANE, ENV_ETCD_ENDPOINTS)
 DISCOVERY_KUBERNETES = "kubernetes"
 DISCOVERY_ETCD = "etcd"
 REQUEST_PLANE = "tcp"
@@ -109,9 +112,9 @@ ENGINE_CONFIG_DIR = "/etc/tokenfab/engine"
 ENGINE_CONFIG_FILE = "engine.yaml"
 ENGINE_CONFIG_PATH = f"{ENGINE_CONFIG_DIR}/{ENGINE_CONFIG_FILE}"
 MODEL_MOUNT = "/models"
-# The model cache volume (hf:// sources): Hugging Face's hub cache layout, kept per node when
-# spec.model.cache.storageClassName names a node-local class. HF_HUB_CACHE points there too, so every
-# Hugging Face lookup of the engine and of Dynamo (tokenizer, config) finds the same snapshot.
+# The model cache volume (hf:// sources): Hugging Face's hub cache layout, one per deployment and node when
+# spec.model.cache.storageClassName names a node-local class. The launcher downloads into it and gives the
+# engine the snapshot's directory, so the engine and Dynamo (tokenizer, config) read only that.
 MODEL_CACHE_DIR = "/var/cache/tokenfab/models"
 CACHE_DIR = "/home/tokenfab/.cache"  # writable (an emptyDir): the images' HF_HOME and other caches live here
 HEALTH_PATH = "/health"  # readiness probe path, on the worker metrics port and the frontend port
