@@ -59,7 +59,7 @@ def test_defaults_are_applied_by_the_api_server(factory):
         "gpuResource": "nvidia.com/gpu",
         "gpusPerDomain": 72,
         "placement": "pack",
-        "computeDomain": False,
+        "computeDomain": True,
         "nodeFailureTolerationSeconds": 300,
     }
     assert "speculativeDecoding" not in spec  # left out: no MTP, or with spec.profile the plan's depth

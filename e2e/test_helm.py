@@ -577,7 +577,9 @@ def test_compute_domains_under_the_chart_rbac(chart: ChartOperator) -> None:
     multi-node group (the default), its pods' IMEX claims are allocated by the scheduler, and it is deleted
     with its group."""
     f = chart.f
-    apply_yaml(f, example("llama-405b-multinode-tp.yaml", CD_NS), "--server-side", "--field-manager=e2e")
+    doc = example("llama-405b-multinode-tp.yaml", CD_NS)
+    doc["spec"]["model"]["source"] = "hf://meta-llama/Llama-3.1-405B-Instruct"  # (no PVC of weights here)
+    apply_yaml(f, doc, "--server-side", "--field-manager=e2e")
 
     def one_per_group(n: int) -> bool:
         domains = compute_domains(f, CD_NS)

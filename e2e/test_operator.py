@@ -325,6 +325,7 @@ def test_the_gb200_kv_transfer_network_settings_schedule(operator):
     doc = yaml.safe_load((EXAMPLES / "llama-405b-multinode-tp.yaml").read_text())
     doc["metadata"]["namespace"] = ns
     doc["spec"]["runtime"] = {"resources": {"limits": {"rdma/ib": 4}}, "addCapabilities": ["IPC_LOCK"]}
+    doc["spec"]["model"]["source"] = "hf://meta-llama/Llama-3.1-405B-Instruct"  # (no PVC of weights here)
     apply_yaml(f, doc, "--server-side", "--field-manager=e2e")
     try:
         wait_for("llama-405b Ready with RDMA", lambda: is_ready(f, "llama-405b", ns), timeout=120)
@@ -336,5 +337,45 @@ def test_the_gb200_kv_transfer_network_settings_schedule(operator):
             assert ctr["resources"]["requests"]["rdma/ib"] == "4"
             assert ctr["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
         assert len({p["spec"]["nodeName"] for p in pods}) == 8, "one pod per tray: each holds its 4 NICs"
+    finally:
+        kubectl(f, "delete", "namespace", ns, "--wait=true", "--timeout=120s", check=False)
+
+
+def test_a_group_waits_for_its_imex_channel_and_says_so(operator):
+    """With NVIDIA's DRA driver not answering, a multi-node group's ComputeDomain is written but its pods
+    are not (a pod naming a missing claim template only draws Warnings); the status says what it waits
+    for, and the group comes whole once the driver answers."""
+    f = operator
+    ns = "imex-wait"
+    kubectl(f, "create", "namespace", ns, check=False)
+    state = f.read_state()
+    assert state is not None
+    process.stop(state.pids["drivers"], "tokenfab_factory.drivers")
+    doc = yaml.safe_load((EXAMPLES / "llama-405b-multinode-tp.yaml").read_text())
+    doc["metadata"]["namespace"] = ns
+    doc["spec"]["worker"]["replicas"] = 1
+    doc["spec"]["model"]["source"] = "hf://meta-llama/Llama-3.1-405B-Instruct"  # (no PVC of weights here)
+    try:
+        apply_yaml(f, doc, "--server-side", "--field-manager=e2e")
+
+        def says_it_waits() -> bool:
+            cond = condition(md(f, "llama-405b", ns), "Placed") or {}
+            return "waiting for the IMEX channel of ComputeDomain llama-405b-worker-0-imex" in cond.get(
+                "message", ""
+            )
+
+        wait_for("Placed saying it waits for the IMEX channel", says_it_waits, timeout=60)
+        assert [cd["metadata"]["name"] for cd in get_json(f, "computedomains", "-n", ns)["items"]] == [
+            "llama-405b-worker-0-imex"
+        ]
+        assert not worker_pods(f, ns, "llama-405b"), "no pod before its claim template exists"
+    finally:
+        f.restart_component("drivers")
+    try:
+        wait_for(
+            "llama-405b Ready once the driver answers", lambda: is_ready(f, "llama-405b", ns), timeout=120
+        )
+        warnings = get_json(f, "events", "-n", ns, "--field-selector", "type=Warning")["items"]
+        assert not [e for e in warnings if e["reason"] == "FailedResourceClaimCreation"], warnings
     finally:
         kubectl(f, "delete", "namespace", ns, "--wait=true", "--timeout=120s", check=False)

@@ -87,7 +87,9 @@ def gang_copy(pods: list[dict[str, Any]], groups: list[dict[str, Any]]) -> list[
     out = []
     for o in [*groups, *pods]:
         meta = o["metadata"]
-        spec = {k: v for k, v in o["spec"].items() if k != "nodeName"}
+        spec = {k: v for k, v in o["spec"].items() if k not in ("nodeName", "serviceAccountName")}
+        if o.get("kind", "Pod") == "Pod":  # (the deployment's discovery identity went with it)
+            spec["automountServiceAccountToken"] = False
         out.append(
             {
                 "apiVersion": o.get("apiVersion", "v1"),
@@ -113,6 +115,10 @@ def apply_to_ready(f: Factory, trials: int = 3) -> dict[str, Any]:
     core, apps, custom = client.CoreV1Api(api), client.AppsV1Api(api), client.CustomObjectsApi(api)
     doc = yaml.safe_load((EXAMPLES / "deepseek-r1-disaggregated.yaml").read_text())
     doc["metadata"] = {"name": "bench-ds", "namespace": NS}
+    # What is measured is placement and all-or-nothing binding against its floor, which binds the same pods
+    # with none of the IMEX channels or model cache claims a real cluster's drivers would serve.
+    doc["spec"]["topology"]["computeDomain"] = False
+    doc["spec"]["model"].pop("cache", None)
     plain = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

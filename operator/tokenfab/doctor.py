@@ -53,6 +53,7 @@ OPERATOR_RULES: dict[tuple[str, str], tuple[frozenset[str], bool]] = {
     ("policy", "poddisruptionbudgets"): (frozenset({"list", "watch", "create", "patch", "delete"}), True),
     ("scheduling.k8s.io", "podgroups"): (frozenset({"create", "patch", "delete"}), True),
     ("resource.nvidia.com", "computedomains"): (frozenset({"list", "create", "patch", "delete"}), True),
+    ("resource.k8s.io", "resourceclaimtemplates"): (frozenset({"get"}), True),
     ("", "persistentvolumeclaims"): (frozenset({"list", "watch", "create", "patch", "delete"}), True),
     ("", "serviceaccounts"): (frozenset({"list", "watch", "create", "patch", "delete"}), True),
     ("rbac.authorization.k8s.io", "roles"): (frozenset({"list", "watch", "create", "patch", "delete"}), True),

@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tokenfab.adapters import telemetry
@@ -89,6 +89,8 @@ class Submitted:
     creates: list[tuple[Future[Any], Any]]
     pending: list[tuple[RolePlan, Create, str, list[Obj]]]
     gang: b.GangMode
+    # new groups whose ComputeDomain has no IMEX channel template yet: only the ComputeDomain was written
+    channel_waits: list[tuple[RolePlan, str]] = field(default_factory=list)
 
     def futures(self) -> list[Future[Any]]:
         return [f for f, _ in (*self.shared, *self.deletes, *self.creates)]
@@ -108,14 +110,18 @@ def submit(
     # once, may race itself); then the frontend Deployment and Service (its controller, ReplicaSet and
     # pod follow, ready well before a gang) and the rest.
     shared = _apply_changed(ctx, key, owner, [b.workers_service(owner, spec)], now)
-    identity = _apply_changed(ctx, key, owner, b.discovery_rbac(owner, spec), now)
-    if identity and any(p.create for p in plans):
-        # A pod naming a ServiceAccount that does not exist yet is refused: the deployment's first groups
-        # wait for theirs (once in its life).
-        wait([identity[0][0]])
+    # The pods' identity, in order: a RoleBinding is checked against its Role (RBAC escalation check: it
+    # must exist first), and a pod naming a ServiceAccount that does not exist is refused, so the first
+    # groups of a deployment wait for it (once in its life).
+    sa, role, binding = b.discovery_rbac(owner, spec) or (None, None, None)
+    identity = _apply_changed(ctx, key, owner, [m for m in (sa, role) if m is not None], now)
+    if identity and (binding is not None or any(p.create for p in plans)):
+        wait([f for f, _ in identity])
     shared += identity
+    if binding is not None:
+        shared += _apply_changed(ctx, key, owner, [binding], now)
     gang = gang_mode(ctx, spec) if any(p.create for p in plans) else "gates"
-    creates, pending = _submit_creates(ctx, owner, spec, plans, gang)
+    creates, pending, channel_waits = _submit_creates(ctx, owner, spec, plans, gang)
     # The per-node model caches the pods mount, the new ones' included (a pod whose claim is not there yet
     # waits for it); one that could not be made is made again by a later pass.
     nodes = {n for p in ctx.view.pods(key) if (n := p.pinned or p.node)}
@@ -128,7 +134,7 @@ def submit(
     ]
     shared += _apply_changed(ctx, key, owner, rest, now) + _delete_stale(ctx, key, owner, spec)
     deletes = _submit_deletes(ctx, key, spec, plans)
-    return Submitted(shared, deletes, creates, pending, gang)
+    return Submitted(shared, deletes, creates, pending, gang, channel_waits)
 
 
 def complete(
@@ -174,6 +180,15 @@ def complete(
     for fut, tag in creates:  # (all answered by now)
         if tag in failed_groups and fut.exception() is not None:
             refusals.setdefault(tag, str(fut.exception())[:300])
+    for plan, group in sub.channel_waits:
+        # (its room is promised again by the next pass, a second from now, which writes the pods)
+        ctx.ledger.release(key, group)
+        plan.unbound.setdefault(
+            group,
+            f"waiting for the IMEX channel of ComputeDomain {b.compute_domain_name(group)} (its resource "
+            "claim template, made by NVIDIA's DRA driver)",
+        )
+        result.channel_waits.append(group)
     for plan, cr, group, pods in pending:
         if group in failed_groups:
             # Not whole: take back what was made (its ComputeDomain too), and the room promised to it.
@@ -404,27 +419,47 @@ def _submit_deletes(
 
 def _submit_creates(
     ctx: Context, owner: b.Owner, spec: ModelDeploymentSpec, plans: list[RolePlan], gang: b.GangMode
-) -> tuple[list[tuple[Future[Any], Any]], list[tuple[RolePlan, Create, str, list[Obj]]]]:
-    """Every object of every new group at once. Order does not matter: a pod naming a PodGroup (or a
-    ComputeDomain's claim template) that does not exist yet simply waits for it."""
+) -> tuple[
+    list[tuple[Future[Any], Any]], list[tuple[RolePlan, Create, str, list[Obj]]], list[tuple[RolePlan, str]]
+]:
+    """Every object of every new group at once (a pod naming a PodGroup that does not exist yet waits for
+    it). A group with a ComputeDomain is the exception: its pods are written once NVIDIA's DRA driver has
+    made the domain's IMEX channel template (a pod naming a missing template gets a Warning from the
+    claim controller, and its claim comes late); until then only the ComputeDomain is written."""
     pending: list[tuple[RolePlan, Create, str, list[Obj]]] = []
     futures: list[tuple[Future[Any], Any]] = []
+    waits: list[tuple[RolePlan, str]] = []
     for plan in plans:
         for cr in plan.create:
             group = b.group_name(owner, cr.role, cr.slot)
+            cd = b.compute_domain(owner, spec, cr.role, cr.slot)
+            if cd is not None:
+                futures.append((ctx.kube.pool.submit(ctx.kube.apply, cd), None))
+                if not _channel_ready(ctx, owner.namespace, b.compute_domain_name(group)):
+                    waits.append((plan, group))
+                    continue
             pods = b.group_pods(
                 owner, spec, cr.role, cr.slot, cr.domain, cr.revision, cr.nodes, cr.ranks, gang
             )
             objs: list[Obj] = []
             if b.gang_of(spec, cr.role, gang) == "podgroup":
                 objs.append(b.pod_group(owner, spec, cr.role, cr.slot))
-            cd = b.compute_domain(owner, spec, cr.role, cr.slot)
-            if cd is not None:
-                objs.append(cd)
             pending.append((plan, cr, group, pods))
             for m in [*objs, *pods]:
                 futures.append((ctx.kube.pool.submit(ctx.kube.apply, m), group))
-    return futures, pending
+    return futures, pending, waits
+
+
+def _channel_ready(ctx: Context, namespace: str, template: str) -> bool:
+    """Whether the IMEX channel's ResourceClaimTemplate of a ComputeDomain exists (NVIDIA's DRA driver
+    makes it, in the ComputeDomain's namespace, under the name the ComputeDomain gives)."""
+    try:
+        return (
+            ctx.kube.get(c.RESOURCE_CLAIM_TEMPLATE_API, "ResourceClaimTemplate", template, namespace)
+            is not None
+        )
+    except ApiError:
+        return False
 
 
 def release_groups(ctx: Context, key: Key, plans: list[RolePlan], result: Result, now: float) -> None:

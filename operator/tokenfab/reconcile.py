@@ -583,6 +583,8 @@ def _finish(
     result.requeue_after = _requeue_after(md, plans, groups, health, ctx.settings, now, key in ctx.urgent)
     if defer > 0:
         result.requeue_after = min(result.requeue_after or defer, defer)
+    if result.channel_waits:  # (NVIDIA's DRA driver answers a ComputeDomain within a second or so)
+        result.requeue_after = min(result.requeue_after or 1.0, 1.0)
     if any(p.backoff > 0 for p in plans):
         wait = min(p.backoff for p in plans if p.backoff > 0) + 0.1
         result.requeue_after = min(result.requeue_after or wait, wait)

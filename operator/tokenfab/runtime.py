@@ -62,6 +62,7 @@ class Result:
     deleted: list[str] = field(default_factory=list)
     released: list[str] = field(default_factory=list)
     draining: list[str] = field(default_factory=list)  # groups this pass took out of routing
+    channel_waits: list[str] = field(default_factory=list)  # new groups waiting for their IMEX channel
     applied: list[str] = field(default_factory=list)
     conditions_changed: list[str] = field(default_factory=list)
     decisions: list[str] = field(default_factory=list)

@@ -49,6 +49,7 @@ RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
     (c.POD_GROUP_API, "PodGroup"): ("podgroups", True),
     ("v1", "ServiceAccount"): ("serviceaccounts", True),
     ("v1", "PersistentVolumeClaim"): ("persistentvolumeclaims", True),
+    (c.RESOURCE_CLAIM_TEMPLATE_API, "ResourceClaimTemplate"): ("resourceclaimtemplates", True),
     ("rbac.authorization.k8s.io/v1", "Role"): ("roles", True),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): ("rolebindings", True),
     ("discovery.k8s.io/v1", "EndpointSlice"): ("endpointslices", True),

@@ -131,6 +131,7 @@ MPI_SSH_PRIVATE_KEY = "ssh-privatekey"
 # NVIDIA ComputeDomain (IMEX channels for multi-node NVLink), from NVIDIA's DRA driver.
 COMPUTE_DOMAIN_API = "resource.nvidia.com/v1beta1"
 COMPUTE_DOMAIN_CLAIM = "imex"
+RESOURCE_CLAIM_TEMPLATE_API = "resource.k8s.io/v1"
 
 # Worker metrics in Prometheus carry the pod labels above, named as a standard Kubernetes relabelling
 # (`labelmap: __meta_kubernetes_pod_label_(.+)`) names them: dots and slashes become underscores.
