@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -203,6 +204,16 @@ def test_the_quick_start_leaves_no_warning_event(factory: Factory) -> None:
         time.sleep(10)  # endpoint controllers and the operator's later passes
         warnings = get_json(own, "events", "-A", "--field-selector", "type=Warning")["items"]
         assert warnings == [], [(e["reason"], e["message"]) for e in warnings]
+        # `tokenfab factory status` finds the factory where it runs (its own port base, not the default).
+        status = subprocess.run(
+            [sys.executable, "-m", "tokenfab.cli", "factory", "status"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert f"{port_base + 2}" in status.stdout, status.stdout  # the API server's port
         services = get_json(own, "endpointslices", "-n", "default")["items"]
         assert any(ep.get("addresses") for s in services for ep in s.get("endpoints") or []), (
             "no Service has endpoints"

@@ -375,7 +375,12 @@ def test_a_group_waits_for_its_imex_channel_and_says_so(operator):
         wait_for(
             "llama-405b Ready once the driver answers", lambda: is_ready(f, "llama-405b", ns), timeout=120
         )
+        # No pod named a missing template, and no gang was tried before every pod's claim existed (its
+        # PodGroup is written last): no Warning at all.
         warnings = get_json(f, "events", "-n", ns, "--field-selector", "type=Warning")["items"]
-        assert not [e for e in warnings if e["reason"] == "FailedResourceClaimCreation"], warnings
+        assert warnings == [], [(e["reason"], e["message"]) for e in warnings]
+        assert [
+            pg["metadata"]["name"] for pg in get_json(f, "podgroups.scheduling.k8s.io", "-n", ns)["items"]
+        ] == ["llama-405b-worker-0"]
     finally:
         kubectl(f, "delete", "namespace", ns, "--wait=true", "--timeout=120s", check=False)

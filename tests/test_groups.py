@@ -323,6 +323,18 @@ def test_a_whole_gated_group_is_released():
     assert after == domains_of(cluster(a=4), [g0])
 
 
+def test_a_group_whose_pods_wait_for_their_claims_says_so():
+    # Every pod exists (its PodGroup comes last), but the resource claim controller has not made rank 1's
+    # IMEX channel claim yet: the group is starting, and its status names the pod it waits for.
+    g0 = with_pod(group(0, "a-0", "a-1", bound=False, recorded=False), 1, claims_pending=True)
+    p, _ = plan([replace(g0, released_at=NOW)], 1, cluster(a=4))
+    assert p.states == {"m-decode-0": "starting"}
+    assert p.unbound == {"m-decode-0": "waiting for the resource claims of its pods (pod m-decode-0-1)"}
+    assert (p.create, p.delete, p.release) == ([], [], [])
+    p, _ = plan([replace(with_pod(g0, 1, claims_pending=False), released_at=NOW)], 1, cluster(a=4))
+    assert p.unbound == {"m-decode-0": "waiting for the scheduler to bind its pods"}
+
+
 def test_a_half_released_group_is_released_again():
     # The operator stopped while lifting the gates: one pod is free (and bound already), one is gated.
     g0 = with_pod(group(0, "a-0", "a-1", bound=False, gated=True), 0, gated=False, node="a-0")

@@ -79,6 +79,20 @@ def test_pod_facts_of_a_pending_gated_pinned_pod():
     assert f.usage_node == "a-1"
 
 
+def test_a_pod_waits_for_the_claims_of_its_templates_only():
+    template = {"name": "imex", "resourceClaimTemplateName": "m-decode-0-imex"}
+    named = {"name": "shared", "resourceClaimName": "made-by-the-user"}
+    obj = k.pod("m-decode-0-0", pinned="a-0", gated=True, status={})
+    obj["spec"]["resourceClaims"] = [template, named]
+    assert pod_facts(obj).claims_pending  # the controller has not made the template's claim yet
+    obj["status"]["resourceClaimStatuses"] = [{"name": "imex", "resourceClaimName": "m-decode-0-0-imex-x7"}]
+    assert not pod_facts(obj).claims_pending
+    obj["status"]["resourceClaimStatuses"] = [{"name": "imex"}]  # the controller found no claim needed
+    assert not pod_facts(obj).claims_pending
+    del obj["spec"]["resourceClaims"]
+    assert not pod_facts(obj).claims_pending
+
+
 def test_pod_facts_requests_as_the_scheduler_counts_them():
     obj = k.pod("p-0")
     obj["spec"] = {

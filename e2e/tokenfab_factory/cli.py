@@ -29,6 +29,14 @@ def _factory(run_dir: Path | None, port_base: int = 31000, racks: int = 4, gpu: 
     )
 
 
+def _existing(run_dir: Path | None) -> Factory:
+    """The factory in the run directory, with the ports, racks and GPU system it was started with (not
+    the defaults: a factory started with --port-base answers there)."""
+    f = _factory(run_dir)
+    state = f.read_state()
+    return f if state is None else _factory(run_dir, state.port_base, state.racks, state.gpu)
+
+
 @app.command()
 def up(
     racks: Annotated[int, typer.Option(min=1, max=128, help="NVL72 racks (18 nodes x 4 GPUs each).")] = 4,
@@ -62,7 +70,7 @@ def down(
     purge: Annotated[bool, typer.Option(help="Also delete the run directory and its logs.")] = False,
 ) -> None:
     """Stop every factory process by its PID; logs stay in the run directory unless --purge."""
-    f = _factory(run_dir)
+    f = _existing(run_dir)
     try:
         stopped = f.down(purge=purge)
     except FactoryError as exc:
@@ -81,7 +89,7 @@ def operator(
     ] = None,
 ) -> None:
     """Run the tokenfab operator against this factory in the background (log: <run-dir>/logs/operator.log)."""
-    f = _factory(run_dir)
+    f = _existing(run_dir)
     if stop:
         typer.echo("operator stopped" if f.stop_extra("operator") else "operator was not running")
         return
@@ -96,7 +104,7 @@ def operator(
 @app.command()
 def status(run_dir: RunDir = None) -> None:
     """Report each component's process and health, and the nodes; exit 1 if anything is unhealthy."""
-    f = _factory(run_dir)
+    f = _existing(run_dir)
     if f.read_state() is None:
         typer.echo(f"no factory in {f.run} (start one with `tokenfab factory up`)")
         raise typer.Exit(1)

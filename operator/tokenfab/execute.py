@@ -201,7 +201,12 @@ def complete(
             continue
         ctx.expectations.expect(key, now, created={p["metadata"]["name"] for p in pods})
         result.created.append(group)
-        plan.unbound.setdefault(group, "created; waiting for the scheduler to bind it")
+        plan.unbound.setdefault(
+            group,
+            "created; its PodGroup follows once every pod's IMEX channel claim exists"
+            if b.admits_late(spec, cr.role, gang)
+            else "created; waiting for the scheduler to bind it",
+        )
         if cr.reason != "Complete":
             ctx.kube.post_event(
                 body,
@@ -213,6 +218,9 @@ def complete(
         if b.gang_of(spec, cr.role, gang) == "gates":
             plan.release.append(group)  # released right away: every pod of it exists now
     release_groups(ctx, key, plans, result, now)
+    meta = body["metadata"]
+    owner = b.Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
+    admit_gangs(ctx, key, owner, spec, plans, result)
     _routing(ctx, key, body, plans, result, now)
 
 
@@ -442,7 +450,7 @@ def _submit_creates(
                 owner, spec, cr.role, cr.slot, cr.domain, cr.revision, cr.nodes, cr.ranks, gang
             )
             objs: list[Obj] = []
-            if b.gang_of(spec, cr.role, gang) == "podgroup":
+            if b.gang_of(spec, cr.role, gang) == "podgroup" and not b.admits_late(spec, cr.role, gang):
                 objs.append(b.pod_group(owner, spec, cr.role, cr.slot))
             pending.append((plan, cr, group, pods))
             for m in [*objs, *pods]:
@@ -460,6 +468,52 @@ def _channel_ready(ctx: Context, namespace: str, template: str) -> bool:
         )
     except ApiError:
         return False
+
+
+def admit_gangs(
+    ctx: Context,
+    key: Key,
+    owner: b.Owner,
+    spec: ModelDeploymentSpec,
+    plans: list[RolePlan],
+    result: Result,
+) -> None:
+    """Write the PodGroup of each group that waits for it (`builders.admits_late`) once every pod of the
+    group exists and has its resource claims; once per group in this process (a write of an unchanged
+    PodGroup after a restart is harmless). A group with a bound pod has its PodGroup already."""
+    mem = ctx.mem(key)
+    if not any(b.uses_compute_domain(spec, p.role) for p in plans):
+        mem.admitted.clear()
+        return
+    gang = gang_mode(ctx, spec)
+    pods = ctx.view.pods(key)
+    seen: set[str] = set()
+    futures = []
+    for plan in plans:
+        if not b.admits_late(spec, plan.role, gang):
+            continue
+        by_group: dict[str, list[Any]] = {}
+        for p in pods:
+            if p.labels.get(c.LABEL_ROLE) == plan.role and c.LABEL_GROUP in p.labels:
+                by_group.setdefault(p.labels[c.LABEL_GROUP], []).append(p)
+        for group, members in by_group.items():
+            seen.add(group)
+            if group in mem.admitted or group in result.created:
+                continue
+            if any(p.node for p in members):
+                mem.admitted.add(group)
+                continue
+            whole = {int(p.labels.get(c.LABEL_RANK, "-1")) for p in members} == set(range(plan.shape.nodes))
+            if not whole or any(p.deleting or p.claims_pending for p in members):
+                continue
+            slot = int(members[0].labels[c.LABEL_SLOT])
+            pg = b.pod_group(owner, spec, plan.role, slot)
+            futures.append((ctx.kube.pool.submit(ctx.kube.apply, pg), group))
+    failed = wait_all(futures, result)
+    for _, group in futures:
+        if group not in failed:
+            mem.admitted.add(group)
+    mem.admitted &= seen
 
 
 def release_groups(ctx: Context, key: Key, plans: list[RolePlan], result: Result, now: float) -> None:

@@ -20,6 +20,7 @@ def pod_view(p: PodFacts) -> PodView:
         ready_since=p.ready_since,
         waiting=p.waiting,
         gated=p.gated,
+        claims_pending=p.claims_pending,
         pinned=p.pinned,
         exit_message=p.exit_message,
     )

@@ -36,6 +36,7 @@ class Memory:
     errors_posted: dict[str, float] = field(default_factory=dict)  # error text -> when its Event went out
     legacy_checked: str = ""  # uid whose legacy kopf bookkeeping was already removed
     pod_writes: dict[tuple[str, str], float] = field(default_factory=dict)  # (pod, what) -> when written
+    admitted: set[str] = field(default_factory=set)  # groups whose late PodGroup this process wrote
 
 
 @dataclass

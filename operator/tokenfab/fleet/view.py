@@ -88,6 +88,7 @@ class PodFacts:
     exit_message: str
     containers_ready: bool = False
     routable: bool | None = None  # the tokenfab.dev/routable readiness gate's condition (None: not set)
+    claims_pending: bool = False  # a ResourceClaim of one of its templates not made yet
 
     @property
     def terminal(self) -> bool:
@@ -155,6 +156,18 @@ def pod_facts(obj: Obj) -> PodFacts:
         exit_message=_exit_message(status) if status.get("phase") in ("Failed", "Succeeded") else "",
         containers_ready=conds.get("ContainersReady", {}).get("status") == "True",
         routable=None if routable is None else routable.get("status") == "True",
+        claims_pending=_claims_pending(spec, status),
+    )
+
+
+def _claims_pending(spec: Obj, status: Obj) -> bool:
+    """Whether a claim the pod asks for from a ResourceClaimTemplate has not been made yet (the
+    resource claim controller writes an entry into status.resourceClaimStatuses once it has made it, with
+    the claim's name, or without one when no claim was needed)."""
+    made = {s.get("name") for s in status.get("resourceClaimStatuses") or []}
+    return any(
+        rc.get("resourceClaimTemplateName") and rc.get("name") not in made
+        for rc in spec.get("resourceClaims") or []
     )
 
 

@@ -523,7 +523,9 @@ def group_pods(
 
     A multi-node group binds all or nothing: with `gang` "gates" its pods carry tokenfab's scheduling gate,
     lifted for the whole group once every pod exists; with "podgroup" they name the group's PodGroup
-    (scheduling.k8s.io gang policy, minCount = all ranks), and the scheduler binds none before all fit."""
+    (scheduling.k8s.io gang policy, minCount = all ranks), and the scheduler binds none before all fit.
+    (With an IMEX channel claim the executor writes the PodGroup last, once every pod's claim exists:
+    `admits_late`.)"""
     r = spec.role(role)
     assert r is not None
     shape = group_shape(spec, role)
@@ -706,6 +708,15 @@ def group_pods(
                 meta["annotations"][c.ANN_GROUP_NODES] = ",".join(assigned[i] for i in sorted(assigned))
         pods.append({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec})
     return pods
+
+
+def admits_late(spec: ModelDeploymentSpec, role: RoleName, mode: GangMode) -> bool:
+    """Whether a group's PodGroup is written only after its pods, once the resource claim controller has
+    made every pod's IMEX channel claim from the ComputeDomain's template. Until its PodGroup exists the
+    scheduler holds every pod of the gang back, quietly; a pod whose claim is not made yet is held back
+    too, so a PodGroup written with the pods would let the scheduler try the gang in part, and turn it
+    away with a FailedScheduling Warning, until the last claim is made."""
+    return gang_of(spec, role, mode) == "podgroup" and uses_compute_domain(spec, role)
 
 
 def pod_group(owner: Owner, spec: ModelDeploymentSpec, role: RoleName, slot: int) -> Manifest:

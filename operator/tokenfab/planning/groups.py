@@ -218,6 +218,9 @@ def plan_role(
         elif state == "reserved":
             plan.release.append(g.name)
             plan.unbound[g.name] = "released to the scheduler"
+        elif any(p.claims_pending for p in g.pods):
+            pending = next(p.name for p in sorted(g.pods, key=lambda p: p.rank) if p.claims_pending)
+            plan.unbound[g.name] = f"waiting for the resource claims of its pods (pod {pending})"
         elif any(p.node is None for p in g.pods):
             plan.unbound[g.name] = why or "waiting for the scheduler to bind its pods"
         alive.append(g)

@@ -56,6 +56,7 @@ class PodView:
     ready_since: float | None = None  # unix time the pod last became Ready
     waiting: str = ""  # why it is not running yet (the scheduler's or the kubelet's words), if known
     gated: bool = False  # still behind tokenfab's scheduling gate
+    claims_pending: bool = False  # a ResourceClaim from one of its templates not made yet
     pinned: str | None = None  # the node placement assigned it (it may bind nowhere else)
     exit_message: str = ""  # why its container ended, when it did
 
