@@ -1,5 +1,6 @@
-"""Fleets of ModelDeployments for the burst tests and the scale benchmark, and the offline best-fit
-baseline they are compared with (pure, seeded: the same arguments give the same fleet)."""
+"""Fleets of ModelDeployments for the burst tests and the scale benchmark, and the offline placements
+they are compared with: best fit, first fit and the exact optimum (pure, seeded: the same arguments give
+the same fleet)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from e2e import packing
+from e2e.packing import Packing
 from tokenfab.fleet.view import ClusterView
-from tokenfab.planning.capacity import Constraints
-from tokenfab.planning.topology import GroupShape, best_fit_nodes, choose_domain, take
+from tokenfab.planning.capacity import Constraints, snapshot
+from tokenfab.planning.topology import GroupShape, first_fit
 
 GPUS_PER_NODE = 4
 
@@ -122,28 +125,14 @@ def view_of(nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> ClusterV
     return view
 
 
-def offline_best_fit(view: ClusterView, groups: Sequence[Wanted]) -> int:
-    """GPUs an offline best fit places for `groups` in this order on the view's free capacity: each group
-    whole in one domain (pack), on the fullest nodes that fit, exactly as the operator's policy."""
-    constraints = Constraints()
-    used = view.used()
-    nodes = view.nodes()
-    from tokenfab.planning.capacity import snapshot
-
-    placed = 0
-    for w in groups:
-        shape = GroupShape(w.gpus, GPUS_PER_NODE)
-        domains = snapshot(nodes, used, {constraints.gpu_resource: shape.pod_gpus}, constraints)
-        chosen = choose_domain(domains, shape, "pack")
-        if chosen is None:
-            continue
-        targets = best_fit_nodes(domains[chosen].free, shape.nodes, shape.pod_gpus)
-        assert targets is not None
-        take(domains[chosen], targets, shape.pod_gpus)
-        for n in targets:
-            used[n] = {
-                **used.get(n, {}),
-                constraints.gpu_resource: used.get(n, {}).get(constraints.gpu_resource, 0) + shape.pod_gpus,
-            }
-        placed += w.gpus
-    return placed
+def references(view: ClusterView, groups: Sequence[Wanted]) -> dict[str, Packing]:
+    """The GPUs the same groups take on the view's free capacity, each whole in one domain: in this order
+    by tokenfab's best fit (the operator's `pack` policy) and by first fit, and by an exact optimum that
+    ignores the order (e2e/packing.py: no placement holds more)."""
+    domains = snapshot(view.nodes(), view.used(), {Constraints().gpu_resource: 1}, Constraints())
+    shapes = [GroupShape(w.gpus, GPUS_PER_NODE) for w in groups]
+    return {
+        "best_fit": packing.sequential(domains, shapes, None),
+        "first_fit": packing.sequential(domains, shapes, first_fit),
+        "optimal": packing.optimal(domains, shapes),
+    }

@@ -14,9 +14,18 @@ say "mypy --strict"; mypy operator/tokenfab e2e/tokenfab_factory
 say "import-linter"; lint-imports
 say "CRDs are current"; tokenfab crds --check
 say "pytest"
+# The suite writes outside the checkout (temporary and cache directories): what `git status` shows is
+# the same after it as before, or the run fails.
+before="$(git status --porcelain 2>/dev/null || true)"
 set +e
 python -m pytest "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then say "pytest collected no tests"; fi
+after="$(git status --porcelain 2>/dev/null || true)"
+if [ "$before" != "$after" ]; then
+  say "the test suite changed the checkout (git status before and after):"
+  diff <(printf '%s\n' "$before") <(printf '%s\n' "$after") || true
+  if [ "$rc" -eq 0 ]; then rc=1; fi
+fi
 exit "$rc"

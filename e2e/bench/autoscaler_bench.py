@@ -7,13 +7,21 @@ noise) drives a simple fleet model, the same trace for every policy in the same 
   min(1, load / (serving groups x CAPACITY)) plus measurement noise (KV-cache use saturates at 1);
 - a new group loads its weights for `STARTUP` seconds: it serves nothing and reports near-zero use until
   then, and Kubernetes sees it Ready (serving) only after that;
-- removed groups go at once (the newest first); one decision per step.
+- removed groups go at once (the newest first); one decision per step;
+- the frontend's signals, for the leading policy: requests arrive at `RPS_PER_UNIT` per load unit (with
+  measurement noise); a request stays in flight `SERVICE` seconds; what the serving groups cannot take
+  waits in a backlog (in flight and waiting, spread over the serving groups) that drains as capacity
+  allows, and clients give up on what has waited `GIVE_UP` seconds. This is a model of time, not a
+  measurement: its figures compare policies on one trace, nothing more.
 
 Policies, each started at the same count with empty memory:
 
 - tokenfab: `tokenfab.planning.autoscaling.decide` with the operator's defaults (`models.Autoscaling()`:
-  target 0.7, tolerance 0.1, steps +2/-1, no scale-up window, 300 s scale-down window, 120 s warm-up
-  after Ready during which a group is left out of the mean and blocks scale-down), bounds 1..16;
+  the leading policy, target 0.7, tolerance 0.1, steps +2/-1, no scale-up window, 300 s scale-down
+  window, 30 s warm-up after Ready during which a group is left out of the mean and blocks scale-down),
+  bounds 1..16, fed what operator/tokenfab/autoscale.py feeds it: KV-cache use per group, the arrival
+  rate and requests in flight at the frontend, the waiting requests per group and the groups on their way;
+- tokenfab_kv_only: the same with `policy: kv` (KV-cache use alone, no demand signals);
 - threshold: the naive policy, +1 when the mean utilization of serving groups is above target + 0.1,
   -1 below target - 0.1, no windows;
 - hpa: the Kubernetes HPA algorithm with default settings (tolerance 0.1; ceil(ready x mean / target)
@@ -26,6 +34,9 @@ Policies, each started at the same count with empty memory:
 
 A sensitivity row (not part of the comparison) runs tokenfab with warmupSeconds 0, i.e. a group counts as
 soon as it is Ready, to show what the default extra warm-up after Ready costs in SLO risk and saves.
+Requests are counted too: intended (arrivals of the model), completed (served), failed (given up after
+waiting `GIVE_UP` s) and never sent (none: the model's clients send every request), intended = completed
++ failed + never sent.
 
 Reported per policy: direction reversals (a change in the opposite direction of the previous change),
 GPU-minutes (groups, warming ones included, x 32 GPUs x minutes), minutes when the demand on the serving
@@ -33,25 +44,26 @@ groups was at or above 95% of their capacity (SLO risk: queues build, KV cache i
 or above the 0.7 target. Printed as a table and saved to e2e/bench/results/autoscaler.json, with a plot
 in autoscaler.png when matplotlib is installed.
 
-Run: python e2e/bench/autoscaler_bench.py [--seed 7]
+Run: python -m e2e.bench.autoscaler_bench [--seed 7] [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 import random
+import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from e2e.bench import record
 from tokenfab.api.models import Autoscaling
-from tokenfab.planning.autoscaling import Memory, Sample, config_for, decide
+from tokenfab.planning.autoscaling import Demand, Memory, Sample, config_for, decide
 
-RESULTS = Path(__file__).resolve().parent / "results"
 STEP = 15.0  # seconds between decisions (the operator's default intervalSeconds)
 DURATION = 2 * 3600.0
 CAPACITY = 1.0  # load units one group serves at 100% utilization
@@ -62,6 +74,9 @@ START_GROUPS = 2
 NOISE = 0.04  # standard deviation of the per-group utilization measurement noise
 SLO_UTILIZATION = 0.95
 SEED = 7
+RPS_PER_UNIT = 2.0  # requests/s one group serves at 100% utilization
+SERVICE = 20.0  # seconds a served request stays in flight
+GIVE_UP = 120.0  # seconds a client waits in the backlog before it gives up (a failed request)
 
 
 # ---------------------------------------------------------------------------------------------- trace
@@ -127,6 +142,9 @@ class View:
     now: float
     groups: tuple[Group, ...]
     samples: dict[str, float]
+    rate: float = 0.0  # arrivals at the frontend, requests/s (measured)
+    inflight: float = 0.0  # requests in flight at the frontend (served and waiting)
+    waiting: float = 0.0  # waiting requests per serving group
 
     @property
     def current(self) -> int:
@@ -144,10 +162,14 @@ class Policy(Protocol):
 
 class Tokenfab:
     """tokenfab's pure policy with the operator's defaults, called the way operator/tokenfab/autoscale.py
-    calls it: counted = Ready for at least warmupSeconds, warming = every other group."""
+    calls it: counted = Ready for at least warmupSeconds, warming = every other group; with the leading
+    policy (the default) the frontend's arrival rate and requests in flight, the waiting requests of the
+    counted groups and the groups on their way."""
 
-    def __init__(self, warmup: float | None = None, name: str = "tokenfab") -> None:
-        a = Autoscaling()
+    def __init__(
+        self, warmup: float | None = None, name: str = "tokenfab", policy: str | None = None
+    ) -> None:
+        a = Autoscaling() if policy is None else Autoscaling(policy=policy)
         assert a.interval_seconds == STEP
         self.name = name
         self.warmup = float(a.warmup_seconds if warmup is None else warmup)
@@ -160,8 +182,23 @@ class Tokenfab:
             g.name for g in view.groups if g.serving(view.now) and view.now - g.ready_since() >= self.warmup
         }
         samples = {n: Sample(v, 0.0) for n, v in view.samples.items()}
+        demand = None
+        if self.cfg.leading:
+            demand = Demand(
+                rate=view.rate,
+                inflight=view.inflight,
+                waiting=dict.fromkeys(counted, view.waiting),
+                starting=sum(1 for g in view.groups if not g.serving(view.now)),
+            )
         d = decide(
-            samples, counted, view.current - len(counted), view.current, self.cfg, self.memory, view.now
+            samples,
+            counted,
+            view.current - len(counted),
+            view.current,
+            self.cfg,
+            self.memory,
+            view.now,
+            demand,
         )
         self.memory = d.memory
         self.reasons[d.reason] = self.reasons.get(d.reason, 0) + 1
@@ -234,9 +271,14 @@ class HpaLike:
         return n
 
 
-POLICIES: tuple[Callable[[], Policy], ...] = (Tokenfab, Threshold, HpaLike)
+POLICIES: tuple[Callable[[], Policy], ...] = (
+    Tokenfab,
+    lambda: Tokenfab(name="tokenfab_kv_only", policy="kv"),
+    Threshold,
+    HpaLike,
+)
 # Sensitivity, not part of the comparison: tokenfab with warmupSeconds 0 (a group counts as soon as it is
-# Ready, like HPA's), to show what the default 120 s warm-up after Ready costs and buys.
+# Ready, like HPA's), to show what the default 30 s warm-up after Ready costs and buys.
 SENSITIVITY: tuple[Callable[[], Policy], ...] = (lambda: Tokenfab(warmup=0.0, name="tokenfab-warmup0"),)
 
 
@@ -250,14 +292,19 @@ class Run:
     serving: list[int] = field(default_factory=list)  # serving groups at each step (before it)
     utilization: list[float] = field(default_factory=list)  # true demand / serving capacity
     changes: list[int] = field(default_factory=list)
+    intended: float = 0.0  # requests the trace offered
+    completed: float = 0.0  # served
 
 
 def simulate(policy: Policy, trace: list[float], seed: int = SEED) -> Run:
-    """Run one policy over the trace. Measurement noise comes from its own stream seeded alike."""
+    """Run one policy over the trace. Measurement noise comes from its own stream seeded alike (the
+    policies that read no frontend signals draw them all the same, so every policy sees the same noise)."""
     rng = random.Random(seed * 1000 + 1)
     groups = [Group(f"g{i}", -STARTUP - 3600.0) for i in range(START_GROUPS)]  # warm at the start
     serial = START_GROUPS
     run = Run(policy.name)
+    backlog: list[float] = []  # requests waiting, per step of arrival (oldest first)
+    admitted: list[float] = []  # requests the groups took, per step (newest last)
     for k, load in enumerate(trace):
         now = k * STEP
         serving = [g for g in groups if g.serving(now)]
@@ -267,9 +314,40 @@ def simulate(policy: Policy, trace: list[float], seed: int = SEED) -> Run:
             # a loading group reports near-zero use
             value = min(1.0, demand) + rng.gauss(0, NOISE) if g.serving(now) else rng.uniform(0.0, 0.02)
             samples[g.name] = max(0.0, min(1.0, value))
+        # the frontend: this step's arrivals join the backlog; the serving groups take what they can
+        arrivals = load * RPS_PER_UNIT * STEP
+        run.intended += arrivals
+        backlog.append(arrivals)
+        room = len(serving) * CAPACITY * RPS_PER_UNIT * STEP
+        while backlog and room > 0:
+            took = min(room, backlog[0])
+            run.completed += took
+            room -= took
+            backlog[0] -= took
+            if backlog[0] <= 1e-9:
+                backlog.pop(0)
+        while len(backlog) * STEP > GIVE_UP:
+            backlog.pop(0)  # given up: failed
+        admitted.append(len(serving) * CAPACITY * RPS_PER_UNIT * STEP - room)
+        waiting = sum(backlog)
+        # in flight: each step's admissions (spread over the step) for SERVICE seconds each, so the count
+        # rises over a request's duration after the rate moves, to rate x SERVICE (Little's law)
+        serving_now = sum(
+            took / STEP * max(0.0, min(STEP, SERVICE - age * STEP))
+            for age, took in enumerate(reversed(admitted[-(int(SERVICE // STEP) + 1) :]))
+        )
+        rate = max(0.0, load * RPS_PER_UNIT * (1 + rng.gauss(0, NOISE)))
+        view = View(
+            now,
+            tuple(groups),
+            samples,
+            rate=rate,
+            inflight=serving_now + waiting,
+            waiting=waiting / max(1, len(serving)),
+        )
         run.serving.append(len(serving))
         run.utilization.append(demand)
-        desired = policy.decide(View(now, tuple(groups), samples))
+        desired = policy.decide(view)
         if desired > len(groups):
             for _ in range(desired - len(groups)):
                 groups.append(Group(f"g{serial}", now))
@@ -280,6 +358,7 @@ def simulate(policy: Policy, trace: list[float], seed: int = SEED) -> Run:
         if desired != (run.groups[-1] if run.groups else START_GROUPS):
             run.changes.append(desired - (run.groups[-1] if run.groups else START_GROUPS))
         run.groups.append(desired)
+    # (what still waits when the trace ends was never served: failed too)
     return run
 
 
@@ -299,6 +378,20 @@ def summary(run: Run, target: float) -> dict[str, Any]:
         "minutes_above_95pct": round(sum(minutes for u in run.utilization if u >= SLO_UTILIZATION), 2),
         "minutes_at_or_above_target": round(sum(minutes for u in run.utilization if u >= target), 2),
         "max_groups": max(run.groups),
+        "requests": requests(run),
+    }
+
+
+def requests(run: Run) -> dict[str, int]:
+    """The model's requests, rounded to whole ones: intended = completed + failed + never sent (failed:
+    given up after GIVE_UP s, or still waiting when the trace ended)."""
+    intended, completed = round(run.intended), round(run.completed)
+    return {
+        "intended": intended,
+        "sent": intended,
+        "completed": completed,
+        "failed": intended - completed,
+        "never_sent": 0,
     }
 
 
@@ -330,7 +423,7 @@ def run(seed: int = SEED) -> dict[str, Any]:
 def report(result: dict[str, Any]) -> str:
     head = (
         f"{'policy':<16} {'reversals':>9} {'changes':>8} {'GPU-min':>9} {'min >=95%':>10} "
-        f"{'min >=target':>12} {'max groups':>10}"
+        f"{'min >=target':>12} {'max groups':>10} {'intended':>9} {'completed':>9} {'failed':>7}"
     )
     lines = [
         f"autoscaler benchmark: {result['steps']} steps of {result['step_seconds']:g} s, seed "
@@ -345,7 +438,8 @@ def report(result: dict[str, Any]) -> str:
         lines.append(
             f"{p['policy']:<16} {p['direction_reversals']:>9} {p['scaling_changes']:>8} "
             f"{p['gpu_minutes']:>9.1f} {p['minutes_above_95pct']:>10.2f} "
-            f"{p['minutes_at_or_above_target']:>12.2f} {p['max_groups']:>10}"
+            f"{p['minutes_at_or_above_target']:>12.2f} {p['max_groups']:>10} {p['requests']['intended']:>9} "
+            f"{p['requests']['completed']:>9} {p['requests']['failed']:>7}"
         )
     lines.append(
         f"(oracle, ceil(load / target) with no delay or noise: {result['oracle_gpu_minutes']:.1f} GPU-min)"
@@ -385,22 +479,23 @@ def plot(result: dict[str, Any], path: Path) -> bool:
     return True
 
 
-def save(result: dict[str, Any], out: Path = RESULTS) -> dict[str, Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / "autoscaler.json"}
-    paths["json"].write_text(json.dumps(result, indent=1) + "\n")
+def save(result: dict[str, Any], out: Path, argv: list[str], started: float) -> dict[str, Path]:
+    paths = {"json": record.save("autoscaler", result, out, "e2e.bench.autoscaler_bench", argv, started)}
     if plot(result, out / "autoscaler.png"):
         paths["png"] = out / "autoscaler.png"
     return paths
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=SEED)
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=record.RESULTS)
+    args = parser.parse_args(argv)
+    started = time.time()
     result = run(args.seed)
     print(report(result))
-    for kind, path in save(result).items():
+    for kind, path in save(result, args.out, argv, started).items():
         print(f"{kind}: {path}")
 
 

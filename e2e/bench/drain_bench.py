@@ -1,20 +1,28 @@
 """Zero dropped requests: groups removed under steady load with long outputs, on a live Dynamo fleet.
 
-Three ways a group goes, each played twice in the same run: with tokenfab's drain (drainSeconds 600: out
-of routing first, deleted once its engine reports nothing in flight, pods with a grace period to match)
-and with plain deletion (drainSeconds 0: deleted at once, Kubernetes' 30 s grace period, the baseline):
+Three ways a group goes, each played by three contestants in the same run:
+- tokenfab: its drain (drainSeconds 600, drainMode routing): out of routing first, deleted once its engine
+  reports nothing in flight, pods with a grace period to match;
+- baseline_long_grace: plain deletion with a grace period long enough for the longest stream
+  (drainSeconds 600, drainMode sigterm: deleted at once, each engine finishing its streams on SIGTERM,
+  Dynamo's own graceful shutdown, as a plain workload with a long terminationGracePeriodSeconds would);
+- baseline: plain deletion with Kubernetes' default 30 s grace (drainSeconds 0).
 
+The removals:
 - scale_down: the autoscaler takes decode from 4 groups to 1 as the load stays low;
 - rollout: the engine config changes, so every group is replaced by a new generation;
 - node_drain: `kubectl drain` of a node under a decode group (an eviction, outside tokenfab's control).
 
-aiperf plays a steady trace (long streams, about 40 s each) through the frontend; every request's record
-says whether it completed (all its tokens), failed (an error) or was cut short. Saved to
-e2e/bench/results/drain.json as {"scenarios": {scenario: {"tokenfab"|"baseline": {sent, completed,
-failed, ttft_p99_ms, drain_seconds}}}}; nothing passes or fails on a time.
+aiperf plays a steady trace (long streams, about 40 s each) through the frontend. Every request the trace
+intended is counted once (e2e/fleet/load.py `account`): sent (the frontend's own counter), completed
+(every token asked for), failed (an error, cut short, or still pending when aiperf stopped waiting), never
+sent. A run that delivers less than 80% of what it intended fails loudly: it measured nothing. Saved
+(e2e/bench/record.py) to e2e/bench/results/drain.json and its history copy as {"scenarios": {scenario:
+{contestant: {requests: {intended, sent, completed, failed, never_sent}, ttft_p99_ms, drain_seconds,
+...}}}}; nothing passes or fails on a time.
 
-    python -m e2e.bench.drain_bench                 # every scenario, about 20 minutes
-    python -m e2e.bench.drain_bench --smoke         # one short scale-down pair (the test suite's)
+    python -m e2e.bench.drain_bench                 # every scenario, about 30 minutes
+    python -m e2e.bench.drain_bench --smoke --out /tmp/drain   # the test suite's short pair
 """
 
 from __future__ import annotations
@@ -28,15 +36,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from e2e.bench import record
 from e2e.fleet import fleet, load, plot
 from e2e.helpers import apply_yaml, get_json, kubectl, start_operator, wait_for
 from tokenfab.planning import contract as c
 from tokenfab_factory.factory import Factory, FactoryConfig
 
-ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "e2e" / "bench" / "results"
+ROOT = record.ROOT
 SCENARIOS = ("scale_down", "rollout", "node_drain")
-POLICIES = {"tokenfab": 600, "baseline": 0}  # drainSeconds
+# contestant -> (drainSeconds, drainMode)
+POLICIES = {"tokenfab": (600, "routing"), "baseline_long_grace": (600, "sigterm"), "baseline": (0, "routing")}
+DELIVERED = 0.8  # of the intended requests, at least, or the run measured nothing
 
 
 @dataclass
@@ -44,12 +54,13 @@ class Plan:
     """One scenario's load and timing."""
 
     qps: float = 0.5
-    osl: int = 450  # at the runner's speedup 0.1 a stream lasts about 40 s
+    osl: int = 450  # at the runner's speedup 0.3 a stream lasts 45-80 s, longer on fewer groups
+    grace_s: float = 300.0  # how long aiperf waits for the streams still open when the trace ends
     isl: int = 96
     warm_s: float = 40.0  # load before the event
     after_s: float = 110.0  # load after it
     decode: int = 4
-    speedup: float = 0.1
+    speedup: float = 0.3
     concurrency: int = 64
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -60,18 +71,21 @@ class Plan:
 SMOKE = Plan(decode=3, warm_s=30, after_s=70)
 
 
-def namespaces(scenarios: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(namespace(s, p) for s in scenarios for p in POLICIES)
+SMOKE_CONTESTANTS = ("tokenfab", "baseline")
+
+
+def namespaces(scenarios: tuple[str, ...], contestants: tuple[str, ...] = tuple(POLICIES)) -> tuple[str, ...]:
+    return tuple(namespace(s, p) for s in scenarios for p in contestants)
 
 
 def namespace(scenario: str, policy: str) -> str:
     return f"live-dr-{scenario.replace('_', '-')}-{policy}"
 
 
-def manifest(f: Factory, ns: str, scenario: str, drain: int, plan: Plan) -> dict[str, Any]:
+def manifest(f: Factory, ns: str, scenario: str, policy: tuple[int, str], plan: Plan) -> dict[str, Any]:
     doc = fleet.manifest(f, ns, "drainee", autoscaling=scenario == "scale_down", decode_replicas=plan.decode)
     spec = doc["spec"]
-    spec["serving"]["drainSeconds"] = drain
+    spec["serving"]["drainSeconds"], spec["serving"]["drainMode"] = policy
     spec["serving"]["prefillDecodeRatio"] = "1:4"
     a = spec["autoscaling"]
     a["prometheusUrl"] = f.prometheus_url  # drains read the engines' in-flight counts from Prometheus
@@ -143,8 +157,9 @@ def run_one(
         isl=plan.isl,
         osl=plan.osl,
         concurrency=plan.concurrency,
-        grace_s=120,
+        grace_s=plan.grace_s,
     )
+    started_before = fleet.requests_started(url)
     run.start()
     event: dict[str, Any] = {}
     drain_s: float | None = None
@@ -165,19 +180,27 @@ def run_one(
         if event.get("node"):
             kubectl(f, "uncordon", event["node"], check=False)
     records = run.records()
-    complete = [r for r in records if not r.error and r.output_tokens >= plan.osl]
+    started_after = fleet.requests_started(url)
+    sent = None if started_before is None or started_after is None else started_after - started_before
+    requests = load.account(records, load.intended(plan.points()), sent, plan.osl)
+    if requests["sent"] < DELIVERED * requests["intended"]:
+        raise RuntimeError(
+            f"{ns}: the load was not delivered, so nothing was measured: {requests} (see {run.artifact_dir})"
+        )
     ttft = [r.ttft_ms for r in records if r.ttft_ms is not None and not r.error]
+    streams = [r.latency_ms / 1000 for r in records if r.complete(plan.osl) and r.latency_ms is not None]
     events = get_json(f, "events", "-n", ns, "--field-selector", "involvedObject.name=drainee")["items"]
     reasons: dict[str, int] = {}
     for e in events:
         reasons[e["reason"]] = reasons.get(e["reason"], 0) + 1
     fleet.delete_deployment(f, ns, "drainee")
     return {
-        "sent": len(records),
-        "completed": len(complete),
-        "failed": len(records) - len(complete),
+        "requests": requests,
         "errors": sum(1 for r in records if r.error),
         "cut_short": sum(1 for r in records if not r.error and r.output_tokens < plan.osl),
+        # sent but never answered before aiperf stopped waiting (counted in failed)
+        "pending_at_end": requests["sent"] - requests["recorded"],
+        "stream_p50_s": None if not streams else round(load.percentile(streams, 0.5) or 0, 1),
         "ttft_p99_ms": None if not ttft else round(load.percentile(ttft, 0.99) or 0, 1),
         "drain_seconds": drain_s,
         "event": event,
@@ -185,7 +208,14 @@ def run_one(
     }
 
 
-def run(f: Factory, tools: fleet.Tools, scenarios: tuple[str, ...], plan: Plan, work: Path) -> dict[str, Any]:
+def run(
+    f: Factory,
+    tools: fleet.Tools,
+    scenarios: tuple[str, ...],
+    plan: Plan,
+    work: Path,
+    contestants: tuple[str, ...] = tuple(POLICIES),
+) -> dict[str, Any]:
     out: dict[str, Any] = {
         "benchmark": "drain",
         "plan": {
@@ -199,7 +229,7 @@ def run(f: Factory, tools: fleet.Tools, scenarios: tuple[str, ...], plan: Plan, 
     }
     for scenario in scenarios:
         out["scenarios"][scenario] = {}
-        for policy in ("baseline", "tokenfab"):
+        for policy in contestants:
             print(f"drain bench: {scenario} / {policy}", flush=True)
             out["scenarios"][scenario][policy] = run_one(f, tools, scenario, policy, plan, work)
             print(json.dumps(out["scenarios"][scenario][policy]), flush=True)
@@ -207,51 +237,65 @@ def run(f: Factory, tools: fleet.Tools, scenarios: tuple[str, ...], plan: Plan, 
 
 
 def table(result: dict[str, Any]) -> str:
-    lines = ["scenario     policy    sent  completed  failed  cut  TTFT p99 ms  drain s"]
-    for scenario, pair in result["scenarios"].items():
-        for policy, r in pair.items():
+    lines = [
+        "scenario     contestant           intended  sent  completed  failed  never sent  cut  pending"
+        "  stream p50 s  TTFT p99 ms  drain s"
+    ]
+    for scenario, by in result["scenarios"].items():
+        for policy, r in by.items():
+            q = r["requests"]
             lines.append(
-                f"{scenario:12} {policy:8} {r['sent']:5} {r['completed']:10} {r['failed']:7} "
-                f"{r['cut_short']:4} {r['ttft_p99_ms']!s:>12} {r['drain_seconds']!s:>8}"
+                f"{scenario:12} {policy:20} {q['intended']:8} {q['sent']:5} {q['completed']:10} "
+                f"{q['failed']:7} {q['never_sent']:11} {r['cut_short']:4} {r.get('pending_at_end')!s:>8} "
+                f"{r.get('stream_p50_s')!s:>13} {r['ttft_p99_ms']!s:>12} {r['drain_seconds']!s:>8}"
             )
     return "\n".join(lines)
 
 
 def bring_up(
-    run_dir: Path, port_base: int, tools: fleet.Tools, plan: Plan, scenarios: tuple[str, ...]
+    run_dir: Path,
+    port_base: int,
+    tools: fleet.Tools,
+    plan: Plan,
+    scenarios: tuple[str, ...],
+    contestants: tuple[str, ...],
 ) -> Factory:
     f = Factory(FactoryConfig(run_dir=run_dir, racks=4, port_base=port_base), say=print)
     f.up()
     kubectl(f, "apply", "--server-side", "-f", str(ROOT / "crds"))
     kubectl(f, "wait", "--for=condition=Established", "crd/modeldeployments.tokenfab.dev", "--timeout=60s")
     start_operator(f, port_base + 20)
-    fleet.start_runner(f, tools, speedup_ratio=plan.speedup, namespaces=namespaces(scenarios))
+    fleet.start_runner(f, tools, speedup_ratio=plan.speedup, namespaces=namespaces(scenarios, contestants))
     return f
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="one short scale-down pair")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--port-base", type=int, default=30300)
     ap.add_argument("--run-dir", type=Path, default=None)
-    ap.add_argument("--out", type=Path, default=RESULTS / "drain.json")
+    ap.add_argument(
+        "--out", type=Path, default=record.RESULTS, help="directory (drain.json, drain_smoke.json)"
+    )
     a = ap.parse_args(argv)
+    started = time.time()
     tools = fleet.tools()
     scenarios = ("scale_down",) if a.smoke else tuple(s for s in a.scenarios.split(",") if s)
     plan = SMOKE if a.smoke else Plan()
+    contestants = SMOKE_CONTESTANTS if a.smoke else tuple(POLICIES)
     run_dir = a.run_dir or Path(tempfile.mkdtemp(prefix="tokenfab-drain-"))
-    f = bring_up(run_dir, a.port_base, tools, plan, scenarios)
+    f = bring_up(run_dir, a.port_base, tools, plan, scenarios, contestants)
     try:
-        result = run(f, tools, scenarios, plan, run_dir / "work")
+        result = run(f, tools, scenarios, plan, run_dir / "work", contestants)
     finally:
         f.down()
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(result, indent=1) + "\n")
-    if not a.smoke:
-        plot.drain(result, a.out.with_suffix(".png"))
+    name = "drain_smoke" if a.smoke else "drain"
+    path = record.save(name, result, a.out, "e2e.bench.drain_bench", argv, started)
+    plot.drain(result, a.out / f"{name}.png")
     print(table(result))
-    print(f"saved {a.out}")
+    print(f"saved {path}")
     return 0
 
 

@@ -2,7 +2,8 @@
 Ready) and memory for a small and a large factory, and whether the large one stays healthy.
 
 The 4-rack start is the baseline measured in the same run; nothing here passes or fails on a time.
-Run: python e2e/bench/factory_bench.py [--racks 4 64] [--hold 60]  (prints a table, saves JSON).
+Run: python -m e2e.bench.factory_bench [--racks 4 64] [--hold 60] [--out DIR]  (prints a table, saves
+e2e/bench/results/factory.json by default; the test suite's run saves nothing).
 """
 
 from __future__ import annotations
@@ -10,15 +11,15 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from e2e.bench import record
 from tokenfab_factory import process
 from tokenfab_factory.factory import Factory, FactoryConfig, default_bin_dir
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def build_times(bin_dir: Path) -> list[dict[str, Any]]:
@@ -77,8 +78,6 @@ def run(racks_list: list[int], hold: float, port_base: int = 30500) -> dict[str,
     base = result["starts"][0]
     for s in result["starts"]:
         s["up_vs_baseline"] = round(s["up_seconds"] / base["up_seconds"], 2) if base["up_seconds"] else None
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "factory.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 
@@ -98,14 +97,17 @@ def report(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--racks", type=int, nargs="+", default=[4, 64])
     parser.add_argument("--hold", type=float, default=60.0, help="seconds to watch each factory after Ready")
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=record.RESULTS)
+    args = parser.parse_args(argv)
+    started = time.time()
     result = run(args.racks, args.hold)
     print(report(result))
-    print(f"saved {RESULTS / 'factory.json'}")
+    print(f"saved {record.save('factory', result, args.out, 'e2e.bench.factory_bench', argv, started)}")
 
 
 if __name__ == "__main__":

@@ -42,7 +42,6 @@ comparison between policies under the same load is the point. Dynamo's own plann
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import threading
@@ -50,10 +49,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from e2e.bench import record
 from e2e.fleet import fleet, plot, scenario
 from tokenfab_factory.factory import Factory
 
-RESULTS = Path(__file__).resolve().parent / "results"
 PLANNER_NOTE = (
     "Dynamo's planner (python -m dynamo.planner, ai-dynamo 1.6.1) cannot start here. Its import chain needs "
     "scikit-learn (undeclared) and then aisimulate_core (dynamo/planner/core/perf_model/ais_adapter.py: "
@@ -67,6 +66,7 @@ COLD_START_S = 60.0
 # Kept per policy in the JSON (the time series only for the first repeat, for the plot).
 SUMMARY_KEYS = (
     "gpu_minutes",
+    "requests",
     "slo",
     "reversals",
     "first_serve_s",
@@ -163,6 +163,13 @@ def compact(bench: dict[str, Any], keep_series: bool) -> dict[str, Any]:
     return out
 
 
+def counts(requests: dict[str, int] | None) -> str:
+    if not requests:
+        return "-"
+    r = requests
+    return f"{r['intended']} = {r['completed']} + {r['failed']} + {r['never_sent']}"
+
+
 def table(traces: dict[str, dict[str, Any]], title: str) -> str:
     def ms(v: float | None) -> str:
         return f"{v:.0f}" if v is not None else "-"
@@ -172,7 +179,8 @@ def table(traces: dict[str, dict[str, Any]], title: str) -> str:
         rows.append(f"  {trace}")
         rows.append(
             f"    {'policy':<17} {'GPU-min':>7} {'/static':>7} {'goodput':>8} {'TTFT p50':>8} {'p99':>6} "
-            f"{'ITL p50':>7} {'p99':>5} {'revs':>4} {'1st serve':>9} {'peak':>4}"
+            f"{'ITL p50':>7} {'p99':>5} {'revs':>4} {'1st serve':>9} {'peak':>4}  "
+            "intended = completed + failed + never sent"
         )
         for name, r in by.items():
             s = r["slo"]
@@ -183,16 +191,17 @@ def table(traces: dict[str, dict[str, Any]], title: str) -> str:
                 f"{(f'{100 * gp:.1f}%' if gp is not None else '-'):>8} {ms(s['ttft_p50_ms']):>8} "
                 f"{ms(s['ttft_p99_ms']):>6} {ms(s['itl_p50_ms']):>7} {ms(s['itl_p99_ms']):>5} "
                 f"{r['reversals']:>4} {(f'{fs:.0f} s' if fs is not None else '-'):>9} "
-                f"{r.get('peak_decode_groups', 0):>4}"
+                f"{r.get('peak_decode_groups', 0):>4}  {counts(r.get('requests'))}"
             )
     return "\n".join(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run-dir", type=Path, default=None, help="factory run directory (default: the user's)")
     ap.add_argument("--port-base", type=int, default=int(os.environ.get("TOKENFAB_E2E_PORT_BASE", "31000")))
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--out", type=Path, default=record.RESULTS)
     ap.add_argument("--traces", default=",".join(scenario.TRACES))
     ap.add_argument("--policies", default=",".join(scenario.POLICIES))
     ap.add_argument("--batch", type=int, default=5, help="policies of one trace run at once")
@@ -206,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the tokenfab policies' scaleDownStabilizationSeconds (default: scenario.Config's, 60)",
     )
     a = ap.parse_args(argv)
+    started = time.time()
     traces = tuple(t for t in a.traces.split(",") if t)
     policies = tuple(p for p in a.policies.split(",") if p)
     tools = fleet.tools()
@@ -239,22 +249,29 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     table(run_out[variant]["traces"], f"run {i + 1}, {variant} (start delay {delay:.0f} s)")
                 )
-                save([*runs, run_out], errors, a.out, time.monotonic() - t0)  # after each part: nothing lost
+                # after each part: nothing lost (the same file and history copy, rewritten)
+                save([*runs, run_out], errors, a.out, time.monotonic() - t0, argv, started)
             runs.append(run_out)
     finally:
         f.stop_extra(fleet.RUNNER)
         if not users:
             f.down()
-    paths = save(runs, errors, a.out, time.monotonic() - t0)
+    paths = save(runs, errors, a.out, time.monotonic() - t0, argv, started)
     print("saved: " + ", ".join(str(p) for p in paths.values()))
     return 0 if not errors else 1
 
 
-def save(runs: list[dict[str, Any]], errors: dict[str, str], out: Path, wall: float) -> dict[str, Path]:
-    """fleet_bench.json: the first run's plain traces at the top (`traces`), its cold-start traces under
-    `cold_start`, and every run under `runs`."""
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / "fleet_bench.json", "png": out / "fleet_bench.png"}
+def save(
+    runs: list[dict[str, Any]],
+    errors: dict[str, str],
+    out: Path,
+    wall: float,
+    argv: list[str],
+    started: float,
+) -> dict[str, Path]:
+    """fleet_bench.json (e2e/bench/record.py): the first run's plain traces at the top (`traces`), its
+    cold-start traces under `cold_start`, and every run under `runs`."""
+    paths = {"png": out / "fleet_bench.png"}
     first = runs[0] if runs else {}
     doc = {
         "traces": (first.get("plain") or {}).get("traces", {}),
@@ -264,7 +281,7 @@ def save(runs: list[dict[str, Any]], errors: dict[str, str], out: Path, wall: fl
         "dynamo_planner": {"ran": False, "why": PLANNER_NOTE},
         "wall_seconds": round(wall, 1),
     }
-    paths["json"].write_text(json.dumps(doc, indent=1))
+    paths["json"] = record.save("fleet_bench", doc, out, "e2e.bench.fleet_bench", argv, started)
     if doc["traces"]:
         plot.traces(doc, paths["png"])
     return paths

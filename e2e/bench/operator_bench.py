@@ -6,19 +6,23 @@
    scheduler binds no pod of a group before it has seen all of them). Each is timed from its create
    call to the watch event that says it is done.
 2. Placement of a mixed sequence of multi-node groups: tokenfab's best fit (the planner the operator
-   runs) versus first fit, and versus the kube-scheduler alone (the same groups as plain pods with no
-   domain affinity, placed by the real scheduler): how many groups end up split across NVLink domains.
+   runs) versus the kube-scheduler alone (the same groups as plain pods with no domain affinity, placed
+   by the real scheduler): how many groups end up split across NVLink domains or partly bound.
 
-Figures are printed and saved to e2e/bench/results/operator.json; nothing passes or fails on a time.
-`python -m e2e.bench.operator_bench --compare-ref <commit>` measures (1) with this checkout's operator
-and with an earlier commit's, alternated on one factory (saved to results/operator_compare.json).
+   Also, against kube-scheduler with podAffinity on the clique label (the native way to keep a group in
+   one domain), tokenfab's first fit, and the exact optimum of the same groups (e2e/packing.py).
+
+`python -m e2e.bench.operator_bench` runs both on a factory of its own and saves
+e2e/bench/results/operator.json; `--compare-ref <commit>` measures (1) with this checkout's operator and
+with an earlier commit's, alternated on one factory (results/operator_compare.json). The test suite's
+smoke run saves nothing. Nothing passes or fails on a time alone.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import random
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -29,18 +33,19 @@ from typing import Any
 import yaml
 from kubernetes import client, watch
 
+from e2e import packing
+from e2e.bench import record
 from e2e.bench.scale_bench import baseline_checkout, healthy
 from e2e.helpers import apply_yaml, condition, get_json, kubectl, start_operator, wait_for
 from tests.cases import EXAMPLES
 from tokenfab.fleet.view import node_facts
 from tokenfab.planning import contract as c
 from tokenfab.planning.capacity import Constraints, snapshot
-from tokenfab.planning.topology import GroupShape, first_fit, place_sequence
+from tokenfab.planning.topology import GroupShape, first_fit
 from tokenfab_factory.factory import Factory, FactoryConfig
 from tokenfab_factory.racks import CLIQUE_LABEL, GPU_RESOURCE
 
-RESULTS = Path(__file__).resolve().parent / "results"
-ROOT = RESULTS.parents[2]
+ROOT = record.ROOT
 NS = "bench"
 
 
@@ -87,7 +92,11 @@ def gang_copy(pods: list[dict[str, Any]], groups: list[dict[str, Any]]) -> list[
     out = []
     for o in [*groups, *pods]:
         meta = o["metadata"]
-        spec = {k: v for k, v in o["spec"].items() if k not in ("nodeName", "serviceAccountName")}
+        spec = {
+            k: v
+            for k, v in o["spec"].items()
+            if k not in ("nodeName", "serviceAccountName", "serviceAccount")
+        }
         if o.get("kind", "Pod") == "Pod":  # (the deployment's discovery identity went with it)
             spec["automountServiceAccountToken"] = False
         out.append(
@@ -109,7 +118,8 @@ def apply_to_ready(f: Factory, trials: int = 3) -> dict[str, Any]:
     """Three contestants, alternated, each timed from its create call to the API server's event saying it
     is done: tokenfab (the DeepSeek-R1 ModelDeployment Ready), a plain Deployment of the same 20 GPU pods
     (no gang, no operator: the control-plane floor), and the same PodGroups and worker pods tokenfab
-    wrote, created directly by 16 threads (the floor of whole-gang binding, no operator)."""
+    wrote, created directly by 16 threads (the floor of whole-gang binding, no operator). tokenfab's
+    worker groups are read once it is Ready: each must sit whole in one NVLink domain."""
     kubectl(f, "create", "namespace", NS, check=False)
     api = f.api()
     core, apps, custom = client.CoreV1Api(api), client.AppsV1Api(api), client.CustomObjectsApi(api)
@@ -138,6 +148,12 @@ def apply_to_ready(f: Factory, trials: int = 3) -> dict[str, Any]:
     }
     md = ("tokenfab.dev", "v1alpha1", NS, "modeldeployments")
     tokenfab_s: list[float] = []
+    groups_seen: list[int] = []  # worker groups of each trial
+    split: list[int] = []  # of them, split across domains or not bound (unseen once Ready, in theory)
+    cliques = {
+        n["metadata"]["name"]: n["metadata"]["labels"].get(CLIQUE_LABEL)
+        for n in get_json(f, "nodes")["items"]
+    }
     plain_s: list[float] = []
     gang_s: list[float] = []
     gang: list[dict[str, Any]] = []
@@ -164,18 +180,19 @@ def apply_to_ready(f: Factory, trials: int = 3) -> dict[str, Any]:
                 field_selector="metadata.name=bench-ds",
             )
             tokenfab_s.append(round(time.monotonic() - t0, 2))
-            if not gang:
-                workers = get_json(
-                    f,
-                    "pods",
-                    "-n",
-                    NS,
-                    "-l",
-                    f"{c.LABEL_DEPLOYMENT}=bench-ds,{c.COMPONENT}=worker",
+            workers = get_json(
+                f, "pods", "-n", NS, "-l", f"{c.LABEL_DEPLOYMENT}=bench-ds,{c.COMPONENT}=worker"
+            )
+            spans: dict[str, set[str | None]] = {}
+            for p in workers["items"]:
+                spans.setdefault(p["metadata"]["labels"][c.LABEL_GROUP], set()).add(
+                    cliques.get(p["spec"].get("nodeName") or "")
                 )
-                if any(p["spec"].get("schedulingGroup") for p in workers["items"]):
-                    groups = get_json(f, "podgroups.scheduling.k8s.io", "-n", NS)["items"]
-                    gang = gang_copy(workers["items"], groups)
+            groups_seen.append(len(spans))
+            split.append(sum(1 for s in spans.values() if len(s) != 1 or None in s))
+            if not gang and any(p["spec"].get("schedulingGroup") for p in workers["items"]):
+                groups = get_json(f, "podgroups.scheduling.k8s.io", "-n", NS)["items"]
+                gang = gang_copy(workers["items"], groups)
             custom.delete_namespaced_custom_object(*md, "bench-ds")
             _wait_gone(f, f"{c.LABEL_DEPLOYMENT}=bench-ds")
 
@@ -210,7 +227,13 @@ def apply_to_ready(f: Factory, trials: int = 3) -> dict[str, Any]:
     finally:
         writer.shutdown()
         api.close()
-    return {"pods": 20, "gpus": 80, **against_floor(tokenfab_s, plain_s, gang_s)}
+    return {
+        "pods": 20,
+        "gpus": 80,
+        "tokenfab_groups": groups_seen,
+        "tokenfab_split_groups": sum(split),
+        **against_floor(tokenfab_s, plain_s, gang_s),
+    }
 
 
 def _median(xs: list[float]) -> float:
@@ -248,58 +271,120 @@ def mixed_sequence(seed: int, budget: int) -> list[int]:
         total += g
 
 
-def scheduler_alone(f: Factory, sizes: list[int]) -> dict[str, Any]:
-    """The same groups as plain pods (4 GPUs per pod, no domain affinity), placed by the real scheduler."""
-    kubectl(f, "create", "namespace", NS, check=False)
+def _bench_pods(sizes: list[int], affinity: bool) -> list[dict[str, Any]]:
+    """The groups as plain pods of 4 GPUs (a group of fewer GPUs: one pod of that many), labelled with
+    their group; with `affinity`, every pod of a group requires the others' NVLink domain
+    (podAffinity on the clique label), the native way to keep a group in one domain."""
     pods = []
     for i, gpus in enumerate(sizes):
+        spec: dict[str, Any] = {
+            "containers": [
+                {"name": "w", "image": "worker", "resources": {"limits": {GPU_RESOURCE: str(min(gpus, 4))}}}
+            ]
+        }
+        if affinity:
+            spec["affinity"] = {
+                "podAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": [
+                        {
+                            "labelSelector": {"matchLabels": {"bench-group": str(i)}},
+                            "topologyKey": CLIQUE_LABEL,
+                        }
+                    ]
+                }
+            }
         for rank in range(max(1, gpus // 4)):
             pods.append(
                 {
                     "apiVersion": "v1",
                     "kind": "Pod",
                     "metadata": {"name": f"g{i}-{rank}", "namespace": NS, "labels": {"bench-group": str(i)}},
-                    "spec": {
-                        "containers": [
-                            {
-                                "name": "w",
-                                "image": "worker",
-                                "resources": {"limits": {GPU_RESOURCE: str(min(gpus, 4))}},
-                            }
-                        ]
-                    },
+                    "spec": spec,
                 }
             )
+    return pods
+
+
+def kube_scheduler(f: Factory, sizes: list[int], affinity: bool) -> dict[str, Any]:
+    """The same groups as plain pods placed by the real scheduler (no domain affinity, or podAffinity on
+    the clique label), once it has bound what it can and marked the rest Unschedulable: how many groups
+    ended whole in one domain, split across domains, or partly bound (pods bound, GPUs held, the group
+    unable to run); and the GPUs of the whole ones."""
+    kubectl(f, "create", "namespace", NS, check=False)
+    pods = _bench_pods(sizes, affinity)
     apply_yaml(f, pods)
 
-    def settled() -> list[dict] | None:
-        items = get_json(f, "pods", "-n", NS, "-l", "bench-group")["items"]
-        return items if len(items) == len(pods) and all(p["spec"].get("nodeName") for p in items) else None
+    def unschedulable(p: dict[str, Any]) -> bool:
+        cond = next((c for c in p["status"].get("conditions") or [] if c["type"] == "PodScheduled"), None)
+        return bool(cond and cond["status"] == "False" and cond.get("reason") == "Unschedulable")
 
-    items = wait_for("every bench pod scheduled", settled, timeout=180)
+    last: list[Any] = [None, 0.0]
+
+    def settled() -> list[dict[str, Any]] | None:
+        items = get_json(f, "pods", "-n", NS, "-l", "bench-group")["items"]
+        if len(items) != len(pods) or not all(p["spec"].get("nodeName") or unschedulable(p) for p in items):
+            return None
+        bound = sorted(p["metadata"]["name"] for p in items if p["spec"].get("nodeName"))
+        if bound != last[0]:  # nothing bound for 10 s: the scheduler has done what it can
+            last[0], last[1] = bound, time.monotonic()
+            return None
+        return items if time.monotonic() - last[1] >= 10 or len(bound) == len(items) else None
+
+    items = wait_for("every bench pod scheduled or unschedulable", settled, timeout=300, interval=2)
     cliques = {
         n["metadata"]["name"]: n["metadata"]["labels"][CLIQUE_LABEL] for n in get_json(f, "nodes")["items"]
     }
     spans: dict[str, set[str]] = {}
+    bound: dict[str, int] = {}
     for p in items:
-        spans.setdefault(p["metadata"]["labels"]["bench-group"], set()).add(cliques[p["spec"]["nodeName"]])
+        g = p["metadata"]["labels"]["bench-group"]
+        spans.setdefault(g, set())
+        if p["spec"].get("nodeName"):
+            spans[g].add(cliques[p["spec"]["nodeName"]])
+            bound[g] = bound.get(g, 0) + 1
     kubectl(f, "delete", "pods", "-n", NS, "-l", "bench-group", "--wait=true")
+    _wait_gone(f, "bench-group")
+    whole = split = partial = 0
+    gpus = stranded = 0
+    for i, size in enumerate(sizes):
+        n, members = bound.get(str(i), 0), max(1, size // 4)
+        if 0 < n < members:
+            partial += 1
+            stranded += n * min(size, 4)
+        elif n == members and len(spans[str(i)]) > 1:
+            split += 1
+        elif n == members:
+            whole += 1
+            gpus += size
     multi = [i for i, g in enumerate(sizes) if g > 4]
-    split = sum(1 for i in multi if len(spans[str(i)]) > 1)
-    return {"groups": len(sizes), "multi_node_groups": len(multi), "split_across_domains": split}
+    return {
+        "groups": len(sizes),
+        "multi_node_groups": len(multi),
+        "whole": whole,
+        "split_across_domains": split,
+        "partly_bound": partial,
+        "gpus_in_whole_groups": gpus,
+        "gpus_held_by_partly_bound_groups": stranded,
+    }
 
 
 def planner(f: Factory, sizes: list[int]) -> dict[str, Any]:
+    """tokenfab's best fit, first fit (in order) and the exact optimum (order ignored) on the factory's
+    empty racks."""
     nodes = [node_facts(n) for n in get_json(f, "nodes")["items"]]
     domains = snapshot(nodes, {}, {GPU_RESOURCE: 4}, Constraints(CLIQUE_LABEL, GPU_RESOURCE))
     shapes = [GroupShape(gpus=g, gpus_per_node=4) for g in sizes]
     out = {}
-    for name, chooser in (("best_fit", None), ("first_fit", first_fit)):
-        placed, _ = place_sequence(domains, shapes, "pack", chooser=chooser)
-        rejected = [s.gpus for s, d in zip(shapes, placed, strict=True) if d is None]
+    for name, p in (
+        ("best_fit", packing.sequential(domains, shapes, None)),
+        ("first_fit", packing.sequential(domains, shapes, first_fit)),
+        ("optimal", packing.optimal(domains, shapes)),
+    ):
         out[name] = {
-            "placed": len(shapes) - len(rejected),
-            "rejected_gpus": sum(rejected),
+            "placed": p.groups,
+            "gpus": p.gpus,
+            "rejected_gpus": sum(sizes) - p.gpus if name != "optimal" else None,
+            "proved_optimal": p.optimal,
             "split_across_domains": 0,
         }
     return out
@@ -310,23 +395,50 @@ def placement(f: Factory, seeds: range = range(5)) -> dict[str, Any]:
     for seed in seeds:
         sizes = mixed_sequence(seed, budget=280)
         runs.append(
-            {"seed": seed, "sizes": sizes, "kube_scheduler": scheduler_alone(f, sizes), **planner(f, sizes)}
+            {
+                "seed": seed,
+                "sizes": sizes,
+                "kube_scheduler": kube_scheduler(f, sizes, affinity=False),
+                "kube_scheduler_pod_affinity": kube_scheduler(f, sizes, affinity=True),
+                **planner(f, sizes),
+            }
         )
+
+    def total(contestant: str, key: str) -> int:
+        return sum(r[contestant][key] for r in runs)
+
     return {
         "runs": runs,
-        "total_split_kube_scheduler": sum(r["kube_scheduler"]["split_across_domains"] for r in runs),
-        "total_multi_node_groups": sum(r["kube_scheduler"]["multi_node_groups"] for r in runs),
-        "total_rejected_gpus_best_fit": sum(r["best_fit"]["rejected_gpus"] for r in runs),
-        "total_rejected_gpus_first_fit": sum(r["first_fit"]["rejected_gpus"] for r in runs),
+        "total_multi_node_groups": total("kube_scheduler", "multi_node_groups"),
+        "total_groups": sum(len(r["sizes"]) for r in runs),
+        "total_gpus_asked": sum(sum(r["sizes"]) for r in runs),
+        **{
+            name: {
+                "split_across_domains": total(name, "split_across_domains"),
+                "partly_bound": total(name, "partly_bound"),
+                "gpus_in_whole_groups": total(name, "gpus_in_whole_groups"),
+                "gpus_held_by_partly_bound_groups": total(name, "gpus_held_by_partly_bound_groups"),
+            }
+            for name in ("kube_scheduler", "kube_scheduler_pod_affinity")
+        },
+        **{name: {"gpus": total(name, "gpus")} for name in ("best_fit", "first_fit", "optimal")},
+        "optimal_proved": all(r["optimal"]["proved_optimal"] for r in runs),
     }
 
 
 def report(result: dict[str, Any]) -> str:
     a, p = result["apply_to_ready"], result["placement"]
+    ks, ka = p["kube_scheduler"], p["kube_scheduler_pod_affinity"]
+
+    def row(name: str, r: dict[str, Any]) -> str:
+        gpus = r.get("gpus_in_whole_groups", r.get("gpus"))
+        return f"  {name:34} {r.get('split_across_domains', 0):>6} {r.get('partly_bound', 0):>13} {gpus:>21}"
+
     return "\n".join(
         [
             f"apply -> Ready, {a['pods']} pods / {a['gpus']} GPUs (median of {len(a['tokenfab_seconds'])}):",
-            f"  tokenfab ModelDeployment  {a['median_tokenfab']:>6} s   {a['tokenfab_seconds']}",
+            f"  tokenfab ModelDeployment  {a['median_tokenfab']:>6} s   {a['tokenfab_seconds']}"
+            f"   (groups split across domains: {a['tokenfab_split_groups']})",
             f"  plain Deployment (floor)  {a['median_plain']:>6} s   {a['plain_deployment_seconds']}",
             f"  overhead vs floor         {a['overhead_vs_floor']}x",
             *(
@@ -337,22 +449,27 @@ def report(result: dict[str, Any]) -> str:
                 if "gang_floor_seconds" in a
                 else []
             ),
-            f"placement of mixed group sequences on 4 NVL72 racks ({len(p['runs'])} sequences):",
-            f"  kube-scheduler alone: {p['total_split_kube_scheduler']} of {p['total_multi_node_groups']} "
-            "multi-node groups split across NVLink domains",
-            "  tokenfab best fit:    0 split (by construction); GPUs of groups left unplaced: "
-            f"{p['total_rejected_gpus_best_fit']}",
-            "  first fit:            0 split; GPUs of groups left unplaced: "
-            f"{p['total_rejected_gpus_first_fit']}",
+            f"placement of mixed group sequences on the factory's racks ({len(p['runs'])} sequences, "
+            f"{p['total_groups']} groups, {p['total_multi_node_groups']} multi-node, "
+            f"{p['total_gpus_asked']} GPUs):",
+            f"  {'':34} {'split':>6} {'partly bound':>13} {'GPUs in whole groups':>21}",
+            row("kube-scheduler, no affinity", ks),
+            row("kube-scheduler, podAffinity clique", ka)
+            + f"   ({ka['gpus_held_by_partly_bound_groups']} GPUs held by partly bound groups)",
+            row("tokenfab best fit (in order)", p["best_fit"]),
+            row("first fit (in order)", p["first_fit"]),
+            row("exact optimum (order ignored)", p["optimal"])
+            + ("" if p["optimal_proved"] else "   (not proved optimal within the time limit)"),
         ]
     )
 
 
-def run(f: Factory) -> dict[str, Any]:
-    result = {"benchmark": "operator", "apply_to_ready": apply_to_ready(f), "placement": placement(f)}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "operator.json").write_text(json.dumps(result, indent=2) + "\n")
-    return result
+def run(f: Factory, trials: int = 3, seeds: range = range(5)) -> dict[str, Any]:
+    return {
+        "benchmark": "operator",
+        "apply_to_ready": apply_to_ready(f, trials),
+        "placement": placement(f, seeds),
+    }
 
 
 def compare(f: Factory, ref: str, rounds: int = 3, port: int = 31590) -> dict[str, Any]:
@@ -385,32 +502,50 @@ def compare(f: Factory, ref: str, rounds: int = 3, port: int = 31590) -> dict[st
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(
-        description="Apply -> Ready of the DeepSeek-R1 example: this checkout's operator against an "
-        "earlier commit's, alternated on one 4-rack factory, each against the plain-Deployment floor."
+        description="The reconciler benchmarks on a 4-rack factory of their own (apply -> Ready against its "
+        "floors, placement against kube-scheduler and the exact optimum), or with --compare-ref, apply -> "
+        "Ready of this checkout's operator against an earlier commit's, alternated."
     )
-    ap.add_argument("--compare-ref", required=True, help="the earlier commit whose operator to compare with")
+    ap.add_argument("--compare-ref", default=None, help="the earlier commit whose operator to compare with")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--trials", type=int, default=3, help="apply -> Ready trials (without --compare-ref)")
     ap.add_argument("--port-base", type=int, default=31500)
-    ap.add_argument("--out", type=Path, default=RESULTS / "operator_compare.json")
+    ap.add_argument("--out", type=Path, default=record.RESULTS)
     args = ap.parse_args(argv)
+    started = time.time()
     run_dir = Path(tempfile.mkdtemp(prefix="tokenfab-operator-bench-"))
     f = Factory(FactoryConfig(run_dir=run_dir, racks=4, port_base=args.port_base), say=print)
     f.up()
+    port = args.port_base + 90
     try:
-        result = compare(f, args.compare_ref, args.rounds, port=args.port_base + 90)
+        if args.compare_ref:
+            result = compare(f, args.compare_ref, args.rounds, port=port)
+        else:
+            kubectl(f, "apply", "--server-side", "-f", str(ROOT / "crds"))
+            kubectl(
+                f, "wait", "--for=condition=Established", "crd/modeldeployments.tokenfab.dev", "--timeout=60s"
+            )
+            start_operator(f, port)
+            wait_for("operator healthy", lambda: healthy(port), timeout=60)
+            result = run(f, args.trials)
+            f.stop_extra("operator")
     finally:
         f.down()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    for name in (k for k in result if isinstance(result[k], dict)):
-        r = result[name]
-        print(
-            f"{name:14} median {r['median_tokenfab']} s vs floor {r['median_plain']} s: "
-            f"{r['overhead_vs_floor']}x; vs gang floor {r.get('median_gang_floor')} s: "
-            f"{r.get('overhead_vs_gang_floor')}x"
-        )
-    print(f"saved {args.out}")
+    name = "operator_compare" if args.compare_ref else "operator"
+    path = record.save(name, result, args.out, "e2e.bench.operator_bench", argv, started)
+    if args.compare_ref:
+        for key in (k for k in result if isinstance(result[k], dict)):
+            r = result[key]
+            print(
+                f"{key:14} median {r['median_tokenfab']} s vs floor {r['median_plain']} s: "
+                f"{r['overhead_vs_floor']}x; vs gang floor {r.get('median_gang_floor')} s: "
+                f"{r.get('overhead_vs_gang_floor')}x"
+            )
+    else:
+        print(report(result))
+    print(f"saved {path}")
     return 0
 
 

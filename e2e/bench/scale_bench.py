@@ -11,7 +11,9 @@ operator), it records:
 - reconcile pass durations (p50/p99, from the operator's own histogram) and API requests per idle pass
   (writes and reads per pass, from its request counters).
 
-Saved to e2e/bench/results/scale.json (or --out); nothing passes or fails on a time.
+The baseline operator runs with its own CRDs, and the run fails loudly when it does not make every
+deployment Ready (a baseline that cannot run measures nothing). Saved (e2e/bench/record.py) to
+e2e/bench/results/scale.json and its history copy (or --out DIR); nothing passes or fails on a time.
 
     python -m e2e.bench.scale_bench                      # 64 racks, 200 deployments (about 15 minutes)
     python -m e2e.bench.scale_bench --racks 8 --deployments 25 --no-baseline-ref   # a smoke run
@@ -34,11 +36,11 @@ from typing import Any
 
 import yaml
 
+from e2e.bench import record
 from e2e.fleetmix import SCALE_MIX, asked_gpus, fleet, worker_pods
 from tokenfab_factory.factory import Factory, FactoryConfig
 
-ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "e2e" / "bench" / "results"
+ROOT = record.ROOT
 NS = "scale"
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -461,12 +463,25 @@ def run(
         runs: dict[str, Any] = {}
         if baseline_ref:
             path = baseline_checkout(baseline_ref)
-            print(f"baseline: the operator of {baseline_ref} ({path}), capped at {baseline_cap:.0f} s")
+            print(
+                f"baseline: the operator of {baseline_ref} ({path}), its own CRDs, cap {baseline_cap:.0f} s"
+            )
+            # Its own CRDs: today's would default fields its models do not know, and it would refuse every
+            # spec for that reason alone (a version mismatch, not a measurement).
+            kubectl(f, "apply", "--server-side", "--force-conflicts", "-f", str(path / "crds"))
             runs["baseline_operator"] = {
                 "ref": baseline_ref,
                 **run_operator(f, docs, "baseline-operator", port, baseline_cap, 0, str(path / "operator")),
             }
             clean(f)
+            kubectl(f, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+            base = runs["baseline_operator"]
+            if base["ready_at_end"] != len(docs):
+                raise RuntimeError(
+                    f"the baseline operator of {baseline_ref} made {base['ready_at_end']} of {len(docs)} "
+                    "deployments Ready: it did not run, so there is nothing to compare with "
+                    f"({base.get('last_to_be_ready')})"
+                )
         print("tokenfab (this checkout)")
         runs["tokenfab"] = run_operator(f, docs, "operator", port, cap, idle)
         clean(f)
@@ -505,22 +520,22 @@ def report(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--racks", type=int, default=64)
     ap.add_argument("--deployments", type=int, default=200)
     ap.add_argument("--port-base", type=int, default=30000)  # below the ephemeral range (32768-)
     ap.add_argument("--run-dir", type=Path, default=None)
-    # (a commit whose CRD is older than this checkout's refuses today's defaulted specs: its operator
-    # would show 0 Ready for that reason alone, so the default is the fleet controller before passes
-    # handed their writes on; fc4c33c, the per-object reconciler, was measured with its own CRD)
-    ap.add_argument("--baseline-ref", default="16440b2", help="an earlier commit's operator to compare with")
+    # (the baseline runs with its own CRDs; the default is the last commit before the Parity round)
+    ap.add_argument("--baseline-ref", default="db23fe8", help="an earlier commit's operator to compare with")
     ap.add_argument("--no-baseline-ref", action="store_true")
     ap.add_argument("--baseline-cap", type=float, default=360.0)
     ap.add_argument("--no-floor", action="store_true")
     ap.add_argument("--idle", type=float, default=60.0)
     ap.add_argument("--cap", type=float, default=600.0)
-    ap.add_argument("--out", type=Path, default=RESULTS / "scale.json")
+    ap.add_argument("--out", type=Path, default=record.RESULTS, help="directory (scale.json)")
     args = ap.parse_args(argv)
+    started = time.time()
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="tokenfab-scale-"))
     result = run(
         args.racks,
@@ -533,10 +548,9 @@ def main(argv: list[str] | None = None) -> int:
         args.idle,
         args.cap,
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    path = record.save("scale", result, args.out, "e2e.bench.scale_bench", argv, started)
     print(report(result))
-    print(f"saved {args.out}")
+    print(f"saved {path}")
     return 0
 
 

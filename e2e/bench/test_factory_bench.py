@@ -1,6 +1,6 @@
 """Runs the factory benchmark (4 racks as the baseline, 64 racks = 1,152 nodes) and checks what must
-hold regardless of speed: both come up with every node Ready and stay healthy. Figures are printed and
-saved to e2e/bench/results/factory.json; no time is asserted."""
+hold regardless of speed: both come up with every node Ready and stay healthy. Figures are printed, not
+saved (`python -m e2e.bench.factory_bench` saves e2e/bench/results/factory.json); no time is asserted."""
 
 from __future__ import annotations
 

@@ -1,12 +1,16 @@
 """The fleet benchmark's smoke version (the full one: `python -m e2e.bench.fleet_bench`, about 2 hours):
 one short burst played at once against tokenfab's leading policy, its KV-only policy, static peak, the
 planner baseline and the oracle bound, each on its own live Dynamo fleet. About 5 minutes on 2 cores. The
-table is printed and the JSON kept in the run directory (e2e/bench/results/ holds the full run's).
+table is printed and the JSON kept in the run directory (outside the checkout; `python -m
+e2e.bench.fleet_bench` saves the full run's to e2e/bench/results/).
 
-Asserted: every policy ran the whole trace and served it; static peak holds the most GPU-minutes; both
-tokenfab policies hold fewer than static and brought a new decode group to serve during the burst; the
-oracle scaled at the burst's start (its first new group serves within 15 s).
-Goodput and latency are measured and printed, never asserted (2 shared cores are noisy).
+Asserted: every policy ran the whole trace and every request the trace intended is accounted for
+(intended = completed + failed + never sent); static peak holds the most GPU-minutes; both tokenfab
+policies hold fewer than static and brought a new decode group to serve during the burst; the oracle
+scaled at the burst's start (its first new group serves within 15 s). Quality, against floors measured in
+the same run: tokenfab's goodput (completed within the SLO, of every request intended) is at least that of
+the KV-only policy and of the planner baseline, less 5 points for the noise of 2 shared cores (measured:
+94.5% against 64.4% and 80.8%). Latency is printed, not asserted.
 """
 
 from __future__ import annotations
@@ -49,11 +53,16 @@ def test_fleet_benchmark_smoke(operator: Factory, capsys):
     assert set(by) == set(POLICIES)
     for name, r in by.items():
         assert r["aiperf_exit_code"] == 0, name
-        assert r["slo"]["requests"] > 50, name
+        q = r["requests"]
+        assert q["intended"] == q["completed"] + q["failed"] + q["never_sent"], (name, q)
+        assert q["sent"] >= 0.8 * q["intended"] > 50, (name, q)
     assert by["static"]["gpu_minutes"] >= max(r["gpu_minutes"] for r in by.values())
     for name in ("tokenfab", "tokenfab_kv_only"):
         assert by[name]["gpu_minutes"] < by["static"]["gpu_minutes"], name
         assert by[name]["first_serve_s"] is not None, f"{name} brought no new group to serve in the burst"
+    goodput = {name: r["slo"]["goodput_fraction"] or 0.0 for name, r in by.items()}
+    floor = max(goodput["tokenfab_kv_only"], goodput["planner_baseline"])
+    assert goodput["tokenfab"] >= floor - 0.05, goodput
     oracle = by["oracle"]["first_serve_s"]
     assert oracle is not None, "the oracle found the trace's start on the frontend's counter"
     assert oracle < 15, oracle

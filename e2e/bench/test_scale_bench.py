@@ -1,7 +1,7 @@
 """The scale benchmark's smoke version (the full one: `python -m e2e.bench.scale_bench`, 64 racks and 200
 deployments, about 15 minutes): 8 racks (144 simulated nodes) and 25 mixed ModelDeployments applied in
 one `kubectl apply`, on a factory of its own, with the control-plane floor (plain Deployments of the same
-pods) measured in the same run. About 2 minutes. The report is printed and the JSON kept in the run
+pods) measured in the same run. About 2 minutes. The report is printed and the JSON kept in a temporary
 directory (e2e/bench/results/scale.json holds the full run's).
 
 Asserted: every deployment became Ready, and an idle pass reads nothing from the API server and writes
@@ -21,10 +21,11 @@ pytestmark = pytest.mark.slow
 
 
 def test_scale_benchmark_smoke(tmp_path: Path, capsys):
-    out = tmp_path / "scale-smoke.json"
+    out = tmp_path / "results"
     argv = ["--racks", "8", "--deployments", "25", "--no-baseline-ref", "--idle", "20", "--cap", "300"]
     scale_bench.main([*argv, "--run-dir", str(tmp_path / "run"), "--port-base", "30000", "--out", str(out)])
-    result = json.loads(out.read_text())
+    result = json.loads((out / "scale.json").read_text())
+    assert result["run"]["command"].startswith("python -m e2e.bench.scale_bench --racks 8")
     with capsys.disabled():
         print("\nscale benchmark smoke\n" + scale_bench.report(result))
     ours = result["runs"]["tokenfab"]

@@ -1,6 +1,7 @@
 """A small streaming OpenAI client for the live fleet's tests: long chat completions in threads, each
-recorded as completed (every token it asked for, a finish_reason) or failed (an HTTP error, an error
-event, or a stream cut short)."""
+counted as completed (every token it asked for, by the server's own usage count, and a finish_reason) or
+failed (an HTTP error, an error event, a stream cut short, or one still open when the client stopped
+waiting): every stream issued is one or the other."""
 
 from __future__ import annotations
 
@@ -20,9 +21,13 @@ class Stream:
     error: str = ""
     ended: float | None = None
 
+    completion_tokens: int | None = None  # the server's count (stream_options.include_usage)
+
     def completed(self, want: int) -> bool:
-        """Every token asked for: a finish_reason after at least most of them (chunks may carry several)."""
-        return not self.error and self.finish_reason is not None and self.tokens >= min(want, 1)
+        """Every token asked for, and a finish_reason (a chunk may carry several tokens: the server's usage
+        count is the measure, the chunks only when it sent none)."""
+        got = self.completion_tokens if self.completion_tokens is not None else self.tokens
+        return not self.error and self.ended is not None and self.finish_reason is not None and got >= want
 
 
 @dataclass
@@ -33,12 +38,13 @@ class Streams:
     model: str
     max_tokens: int
     rate: float  # requests per second
-    done: list[Stream] = field(default_factory=list)
+    issued: list[Stream] = field(default_factory=list)  # every stream started, finished or not
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
 
     def one(self) -> Stream:
         s = Stream(started=time.time())
+        self.issued.append(s)
         body = json.dumps(
             {
                 "model": self.model,
@@ -47,6 +53,7 @@ class Streams:
                 "min_tokens": self.max_tokens,
                 "ignore_eos": True,
                 "stream": True,
+                "stream_options": {"include_usage": True},
             }
         ).encode()
         req = urllib.request.Request(
@@ -62,6 +69,9 @@ class Streams:
                     if "error" in event:
                         s.error = json.dumps(event["error"])[:200]
                         break
+                    usage = event.get("usage") or {}
+                    if usage.get("completion_tokens") is not None:
+                        s.completion_tokens = int(usage["completion_tokens"])
                     for choice in event.get("choices") or []:
                         if (choice.get("delta") or {}).get("content"):
                             s.tokens += 1
@@ -73,7 +83,7 @@ class Streams:
         return s
 
     def _issue(self) -> None:
-        t = threading.Thread(target=lambda: self.done.append(self.one()), daemon=True)
+        t = threading.Thread(target=self.one, daemon=True)
         t.start()
         self._threads.append(t)
 
@@ -95,4 +105,5 @@ class Streams:
             t.join(max(0.0, deadline - time.monotonic()))
 
     def failed(self) -> list[Stream]:
-        return [s for s in self.done if not s.completed(self.max_tokens)]
+        """Every issued stream that did not complete, including those still open."""
+        return [s for s in self.issued if not s.completed(self.max_tokens)]

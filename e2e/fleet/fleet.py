@@ -201,6 +201,22 @@ def targets_up(f: Factory, namespace: str, name: str, role: str) -> int:
     return int(float(rows[0]["value"][1])) if rows else 0
 
 
+def requests_started(url: str) -> int | None:
+    """The frontend's own count of the requests it accepted (Dynamo's
+    dynamo_frontend_requests_started_total, every model), read from its /metrics; None if it does not
+    answer. The difference over a run is what the client sent."""
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as r:
+            text = r.read().decode(errors="replace")
+    except OSError:
+        return None
+    total = 0.0
+    for line in text.splitlines():
+        if line.split("{", 1)[0].split(" ", 1)[0] == metrics.FRONTEND_REQUESTS:
+            total += float(line.rsplit(" ", 1)[1])
+    return round(total)
+
+
 def warm_up(url: str, timeout: float = 60) -> None:
     """One small chat request through the frontend (retried while the router learns the workers)."""
     body = json.dumps(

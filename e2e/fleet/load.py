@@ -115,6 +115,33 @@ def duration(points: list[Point]) -> float:
     return points[-1].time_s if points else 0.0
 
 
+def intended(points: list[Point]) -> int:
+    """The requests a trace asks for: the integral of its piecewise-linear rate, rounded."""
+    return round(sum((b.time_s - a.time_s) * (a.qps + b.qps) / 2 for a, b in itertools.pairwise(points)))
+
+
+def account(records: list[Request], intended_n: int, sent: int | None, osl: int) -> dict[str, int]:
+    """Every request a run meant to send, counted once: intended = completed + failed + never_sent.
+
+    - sent: what reached the server (its own counter of requests started; at least what was recorded);
+    - completed: recorded with every token asked for and no error;
+    - failed: sent and not completed: an error, a stream cut short, or one still pending when the client
+      stopped waiting (sent but never recorded);
+    - never_sent: intended but not sent (held back by the client's concurrency limit, or the run ended)."""
+    recorded = len(records)
+    sent_n = max(recorded, sent if sent is not None else recorded)
+    intended_n = max(intended_n, sent_n)  # (the integral rounds; a client may round up)
+    completed = sum(1 for r in records if r.complete(osl))
+    return {
+        "intended": intended_n,
+        "sent": sent_n,
+        "completed": completed,
+        "failed": sent_n - completed,
+        "never_sent": intended_n - sent_n,
+        "recorded": recorded,
+    }
+
+
 @dataclass
 class Slo:
     ttft_ms: float = 2000.0
@@ -130,9 +157,14 @@ class Request:
     output_tokens: int
     error: str = ""
 
-    def good(self, slo: Slo) -> bool:
+    def complete(self, osl: int) -> bool:
+        """No error and every token asked for."""
+        return not self.error and self.output_tokens >= osl
+
+    def good(self, slo: Slo, osl: int) -> bool:
+        """Complete, within the TTFT and ITL targets."""
         return (
-            not self.error
+            self.complete(osl)
             and self.ttft_ms is not None
             and self.ttft_ms <= slo.ttft_ms
             and (self.itl_ms is None or self.itl_ms <= slo.itl_ms)
@@ -349,10 +381,11 @@ def windows(records: list[Request], t0: float, width: float, end: float) -> list
     return out
 
 
-def goodput(records: list[Request], slo: Slo) -> dict[str, Any]:
-    """SLO goodput: the fraction of issued requests that finished within the TTFT and ITL targets."""
-    n = len(records)
-    good = sum(1 for r in records if r.good(slo))
+def goodput(records: list[Request], slo: Slo, requests: dict[str, int], osl: int) -> dict[str, Any]:
+    """SLO goodput: the fraction of the requests the trace intended (`account`) that were sent, completed
+    and within the TTFT and ITL targets; a request never sent or left pending counts as a miss."""
+    n = requests["intended"]
+    good = sum(1 for r in records if r.good(slo, osl))
     ttft = [r.ttft_ms for r in records if r.ttft_ms is not None and not r.error]
     itl = [r.itl_ms for r in records if r.itl_ms is not None and not r.error]
     return {

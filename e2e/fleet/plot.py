@@ -158,35 +158,33 @@ def traces(doc: dict[str, Any], out: Path) -> Path:
 
 
 def drain(doc: dict[str, Any], out: Path) -> Path:
-    """Requests completed, failed and cut short per scenario, tokenfab's drain beside plain deletion."""
+    """Every intended request per scenario and contestant: completed, failed, never sent."""
     scenarios = list(doc["scenarios"])
-    fig, ax = plt.subplots(figsize=(8, 3.6))
-    width = 0.38
-    for i, policy in enumerate(("baseline", "tokenfab")):
-        xs = [j + (i - 0.5) * width for j in range(len(scenarios))]
-        runs = [doc["scenarios"][s].get(policy) or {} for s in scenarios]
-        completed = [r.get("completed", 0) for r in runs]
-        failed = [r.get("failed", 0) for r in runs]
-        color = "tab:gray" if policy == "baseline" else "tab:green"
-        ax.bar(xs, completed, width, color=color, label=f"{policy}: completed")
-        ax.bar(
-            xs,
-            failed,
-            width,
-            bottom=completed,
-            color="tab:red",
-            alpha=0.5 + 0.4 * i,
-            label=f"{policy}: failed or cut short",
-        )
-        for x, c, f in zip(xs, completed, failed, strict=True):
-            ax.text(x, c + f, str(f), ha="center", va="bottom", fontsize=8)
-    tops = [
-        (r.get("completed", 0) + r.get("failed", 0)) for p in doc["scenarios"].values() for r in p.values()
-    ]
-    ax.set_ylim(0, max(tops, default=1) * 1.15)
+    contestants = [c for c in ("baseline", "baseline_long_grace", "tokenfab")
+                   if any(c in by for by in doc["scenarios"].values())]  # fmt: skip
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    width = 0.8 / max(1, len(contestants))
+    colors = {"baseline": "tab:gray", "baseline_long_grace": "tab:blue", "tokenfab": "tab:green"}
+    for i, policy in enumerate(contestants):
+        xs = [j + (i - (len(contestants) - 1) / 2) * width for j in range(len(scenarios))]
+        reqs = [(doc["scenarios"][s].get(policy) or {}).get("requests") or {} for s in scenarios]
+        completed = [q.get("completed", 0) for q in reqs]
+        failed = [q.get("failed", 0) for q in reqs]
+        never = [q.get("never_sent", 0) for q in reqs]
+        ax.bar(xs, completed, width, color=colors[policy], label=f"{policy}: completed")
+        ax.bar(xs, failed, width, bottom=completed, color="tab:red", alpha=0.4 + 0.25 * i,
+               label=f"{policy}: failed")  # fmt: skip
+        bottoms = [c + f for c, f in zip(completed, failed, strict=True)]
+        ax.bar(xs, never, width, bottom=bottoms, color="white", edgecolor="black", hatch="//",
+               label=f"{policy}: never sent" if i == 0 else None)  # fmt: skip
+        for x, b, f in zip(xs, bottoms, failed, strict=True):
+            ax.text(x, b, str(f), ha="center", va="bottom", fontsize=8)
+    tops = [q.get("intended", 0) for by in doc["scenarios"].values() for r in by.values()
+            for q in [r.get("requests") or {}]]  # fmt: skip
+    ax.set_ylim(0, max(tops, default=1) * 1.2)
     ax.set_xticks(range(len(scenarios)), scenarios)
     ax.set_ylabel("requests")
-    ax.set_title("Groups removed under load: failed requests (number above each bar)")
+    ax.set_title("Groups removed under load: every intended request (failed above each bar)")
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(out, dpi=110)

@@ -27,12 +27,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from e2e.bench import record
 from e2e.fleet import fleet, load
 from e2e.helpers import apply_yaml, kubectl, start_operator, wait_for
 from tokenfab_factory import process
 from tokenfab_factory.factory import Factory, FactoryConfig
 
-RESULTS = fleet.ROOT / "e2e" / "bench" / "results"
 POLICIES = ("tokenfab", "tokenfab_kv_only", "static", "threshold", "planner_baseline")
 TRACES = ("single_burst", "repeated_burst", "ramp")
 
@@ -322,6 +322,7 @@ def run_policy(f: Factory, tools: fleet.Tools, cfg: Config, out_dir: Path) -> di
     if controller:
         controller.start()
     t_start = time.time()
+    started_before = fleet.requests_started(url)
     run.start()
     try:
         rc = run.wait(timeout=load.duration(cfg.trace()) + run.grace_s + 240)
@@ -334,7 +335,9 @@ def run_policy(f: Factory, tools: fleet.Tools, cfg: Config, out_dir: Path) -> di
         if controller:
             controller.join(timeout=30)
     records = run.records()
-    result = analyse(cfg, doc, sampler.rows, records, t_start, rc)
+    started_after = fleet.requests_started(url)
+    sent = None if started_before is None or started_after is None else started_after - started_before
+    result = analyse(cfg, doc, sampler.rows, records, t_start, rc, sent)
     if controller:
         result["controller_decisions"] = controller.decisions
     (out_dir / "result.json").write_text(json.dumps(result, indent=1))
@@ -350,8 +353,10 @@ def analyse(
     records: list[load.Request],
     t_start: float,
     rc: int,
+    sent: int | None = None,
 ) -> dict[str, Any]:
-    """Align samples and aiperf records on the trace's clock (0 = aiperf's first request)."""
+    """Align samples and aiperf records on the trace's clock (0 = aiperf's first request); count every
+    request the trace intended (`load.account`; `sent` is the frontend's own count over the run)."""
     t0 = records[0].start if records else t_start
     trace = cfg.trace()
     gpus = fleet.role_gpus(doc)
@@ -389,6 +394,7 @@ def analyse(
     for w in win:
         w["offered_qps"] = round(load.rate_at(trace, w["t"]), 3)
     serve = first_serve(series, trace)
+    requests = load.account(records, load.intended(trace), sent, cfg.osl)
     return {
         "policy": cfg.policy,
         "trace_name": cfg.trace_name,
@@ -400,7 +406,8 @@ def analyse(
         "gpus_per_group": gpus,
         "aiperf_exit_code": rc,
         "gpu_minutes": round(gpu_seconds / 60, 2),
-        "slo": load.goodput(records, cfg.slo),
+        "requests": requests,
+        "slo": load.goodput(records, cfg.slo, requests, cfg.osl),
         "series": series,
         "windows": win,
     }
@@ -527,14 +534,17 @@ def ensure_runner(f: Factory, tools: fleet.Tools, namespaces: tuple[str, ...]) -
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description="The closed autoscaling loop on a live local fleet.")
     ap.add_argument("--ci", action="store_true", help="the CI-sized trace (about 5 minutes of load)")
     ap.add_argument("--run-dir", type=Path, default=None, help="factory run directory (default: the user's)")
     ap.add_argument("--port-base", type=int, default=int(os.environ.get("TOKENFAB_E2E_PORT_BASE", "31000")))
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--out", type=Path, default=record.RESULTS)
     ap.add_argument("--keep", action="store_true", help="leave the deployment, runner and operator up")
     a = ap.parse_args(argv)
+    started = time.time()
     tools = fleet.tools()
+    users = already_up(a.run_dir, a.port_base)  # a factory this run starts, it also stops (unless --keep)
     f = bring_up(a.run_dir, a.port_base)
     ensure_operator(f)
     cfg = ci_config() if a.ci else Config()
@@ -545,10 +555,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not a.keep:
             fleet.delete_deployment(f, cfg.namespace, cfg.name)
+            f.stop_extra(fleet.RUNNER)
+            if not users:
+                f.down()
     result["loop"] = loop_facts(result)
-    a.out.mkdir(parents=True, exist_ok=True)
-    out_json = a.out / "fleet_closed_loop.json"
-    out_json.write_text(json.dumps(result, indent=1))
+    out_json = record.save("fleet_closed_loop", result, a.out, "e2e.fleet.scenario", argv, started)
     from e2e.fleet import plot
 
     png = plot.closed_loop(result, a.out / "fleet_closed_loop.png")
@@ -556,8 +567,6 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(dict(result["slo"].items()), indent=1))
     print(f"GPU-minutes: {result['gpu_minutes']}")
     print(f"saved {out_json} and {png}")
-    if not a.keep:
-        f.stop_extra(fleet.RUNNER)
     return 0
 
 

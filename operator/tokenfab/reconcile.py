@@ -258,10 +258,11 @@ def drain_policy(
     """How this pass's groups leave. With a Prometheus (spec.autoscaling.prometheusUrl) and drainSeconds,
     drains are observed: the engines' in-flight requests are read when a group drains or may start to
     (more groups than wanted, or a rollout); a failed read leaves every group's count unknown (a drain
-    then waits for its deadline). Without one, groups go at once and drain on SIGTERM."""
+    then waits for its deadline). Without one, or with serving.drainMode sigterm, groups go at once and
+    drain on SIGTERM."""
     seconds = float(spec.serving.drain_seconds)
     url = spec.autoscaling.prometheus_url
-    if seconds <= 0 or not url:
+    if seconds <= 0 or not url or spec.serving.drain_mode == "sigterm":
         return DrainPolicy(seconds, None)
     removing = any(g.draining_since is not None for gs in groups.values() for g in gs) or any(
         len(gs) > desired.get(role, 0)

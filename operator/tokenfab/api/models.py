@@ -475,6 +475,14 @@ class Serving(_Model):
         "bound, so a pod evicted by Kubernetes drains too. 600 s fits long reasoning outputs; 0 deletes "
         "at once.",
     )
+    drain_mode: Literal["routing", "sigterm"] = Field(
+        default="routing",
+        description="How a group drains (with drainSeconds > 0). routing: out of routing first (its "
+        "leader's readiness gate), deleted once its engine reports no request in flight (read from "
+        "autoscaling.prometheusUrl; without one, as sigterm) or after drainSeconds. sigterm: deleted at "
+        "once, each engine finishing its requests on SIGTERM (Dynamo's graceful shutdown) within "
+        "drainSeconds, as a plain workload with a long termination grace period would.",
+    )
     discovery: Discovery = Field(
         default="kubernetes",
         description="How Dynamo's frontend and workers find each other. kubernetes: each process writes a "

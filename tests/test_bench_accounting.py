@@ -1,0 +1,65 @@
+"""How the benchmarks count requests and where they write (e2e/fleet/load.py, e2e/bench/record.py): every
+request a trace intended is completed, failed or never sent, goodput divides by what was intended, and
+a result file names the command and commit that made it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from e2e.bench import record
+from e2e.fleet import load
+
+OSL = 100
+
+
+def req(tokens: int = OSL, error: str = "", ttft: float | None = 100.0) -> load.Request:
+    return load.Request(
+        start=0.0, ttft_ms=ttft, itl_ms=20.0, latency_ms=2000.0, output_tokens=tokens, error=error
+    )
+
+
+def test_a_trace_intends_the_integral_of_its_rate():
+    assert load.intended(load.steady(0.5, 150)) == 75
+    assert load.intended([load.Point(0, 0.0), load.Point(100, 2.0), load.Point(200, 2.0)]) == 300
+
+
+def test_every_intended_request_is_completed_failed_or_never_sent():
+    records = [req(), req(), req(tokens=40), req(error="500")]  # 2 complete, 1 cut short, 1 error
+    # The server counted 6 started: 2 more were sent and never came back (pending when the client stopped).
+    q = load.account(records, intended_n=10, sent=6, osl=OSL)
+    assert q == {"intended": 10, "sent": 6, "completed": 2, "failed": 4, "never_sent": 4, "recorded": 4}
+    assert q["intended"] == q["completed"] + q["failed"] + q["never_sent"]
+    # Without the server's counter, what was recorded was sent.
+    assert load.account(records, 10, None, OSL)["never_sent"] == 6
+    # A client that sent more than the rounded integral: intended grows to what was sent.
+    assert load.account(records, 3, None, OSL)["intended"] == 4
+
+
+def test_goodput_divides_by_what_was_intended_not_what_was_recorded():
+    records = [req(), req(), req(ttft=5000.0)]  # one too slow to be good
+    q = load.account(records, intended_n=8, sent=4, osl=OSL)
+    g = load.goodput(records, load.Slo(), q, OSL)
+    assert (g["good"], g["requests"], g["goodput_fraction"]) == (2, 8, 0.25)
+
+
+def test_a_result_names_its_command_and_commit_and_keeps_a_copy_of_its_own(tmp_path: Path):
+    path = record.save("thing", {"figure": 1}, tmp_path, "e2e.bench.thing", ["--fast"], 1_700_000_000.0)
+    doc = json.loads(path.read_text())
+    assert path == tmp_path / "thing.json"
+    assert doc["figure"] == 1
+    run = doc["run"]
+    assert run["command"] == "python -m e2e.bench.thing --fast"
+    assert run["started"] == "2023-11-14T22:13:20Z"
+    assert run["commit"] is None or len(run["commit"]) == 40
+    (copy,) = (tmp_path / "history").iterdir()
+    assert copy.name == f"thing-20231114T221320Z-{(run['commit'] or 'nocommit')[:7]}.json"
+    assert json.loads(copy.read_text()) == doc
+    # A later run replaces the latest, never an earlier run's copy.
+    record.save("thing", {"figure": 2}, tmp_path, "e2e.bench.thing", [], 1_700_000_100.0)
+    assert json.loads(path.read_text())["figure"] == 2
+    assert len(list((tmp_path / "history").iterdir())) == 2
+    with pytest.raises(AssertionError):
+        record.save("thing", {"run": {}}, tmp_path, "e2e.bench.thing", [], 0.0)
