@@ -127,12 +127,17 @@ def view_of(nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> ClusterV
 
 def references(view: ClusterView, groups: Sequence[Wanted]) -> dict[str, Packing]:
     """The GPUs the same groups take on the view's free capacity, each whole in one domain: in this order
-    by tokenfab's best fit (the operator's `pack` policy) and by first fit, and by an exact optimum that
-    ignores the order (e2e/packing.py: no placement holds more)."""
+    by tokenfab's best fit (the operator's `pack` policy) and by first fit; by best fit taking the
+    smallest groups first (`best_fit_smallest_first`, the order that fragments the domains most: the
+    live fleet packs in the order its passes reach the ledger, not the apply order); and by an exact
+    optimum that ignores the order (e2e/packing.py: no placement holds more)."""
     domains = snapshot(view.nodes(), view.used(), {Constraints().gpu_resource: 1}, Constraints())
     shapes = [GroupShape(w.gpus, GPUS_PER_NODE) for w in groups]
     return {
         "best_fit": packing.sequential(domains, shapes, None),
+        "best_fit_smallest_first": packing.sequential(
+            domains, sorted(shapes, key=lambda s: s.gpus), None
+        ),
         "first_fit": packing.sequential(domains, shapes, first_fit),
         "optimal": packing.optimal(domains, shapes),
     }

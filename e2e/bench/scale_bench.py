@@ -130,6 +130,10 @@ def metric_sums(text: str) -> dict[str, float]:
             key = "reads" if kind == "GET" else "writes"
             if resource and resource.group(1).startswith("nvlinkdomains"):
                 key = f"inventory_{key}"  # the NVLinkDomain inventory's own loop, not a reconcile pass
+            elif resource and resource.group(1) == "discovery":
+                # API discovery of optional kinds (the DRA driver's, Dynamo's), rechecked in the
+                # background every KIND_RECHECK_SECONDS per kind whatever the fleet's size: not a pass
+                key = f"discovery_{key}"
             out[key] = out.get(key, 0) + v
         elif name.startswith("tokenfab_reconcile_duration_seconds_bucket"):
             le = re.search(r'le="([^"]+)"', name)
@@ -293,6 +297,7 @@ def run_operator(
             if passes
             else None,
             "inventory_writes": m1.get("inventory_writes", 0) - m0.get("inventory_writes", 0),
+            "discovery_reads": m1.get("discovery_reads", 0) - m0.get("discovery_reads", 0),
         }
     try:
         sums = metric_sums(scrape(port + 1))
@@ -514,7 +519,8 @@ def report(result: dict[str, Any]) -> str:
             f"writes answered p50/p99 {r.get('pass_writes_seconds', {}).get('p50')}/"
             f"{r.get('pass_writes_seconds', {}).get('p99')} s; "
             f"steady CPU {steady.get('cpu_share')}; writes/idle pass {steady.get('writes_per_pass')}; "
-            f"reads/idle pass {steady.get('reads_per_pass')}"
+            f"reads/idle pass {steady.get('reads_per_pass')}; "
+            f"background discovery reads {steady.get('discovery_reads')}"
         )
     return "\n".join(lines)
 
