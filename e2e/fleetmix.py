@@ -135,9 +135,7 @@ def references(view: ClusterView, groups: Sequence[Wanted]) -> dict[str, Packing
     shapes = [GroupShape(w.gpus, GPUS_PER_NODE) for w in groups]
     return {
         "best_fit": packing.sequential(domains, shapes, None),
-        "best_fit_smallest_first": packing.sequential(
-            domains, sorted(shapes, key=lambda s: s.gpus), None
-        ),
+        "best_fit_smallest_first": packing.sequential(domains, sorted(shapes, key=lambda s: s.gpus), None),
         "first_fit": packing.sequential(domains, shapes, first_fit),
         "optimal": packing.optimal(domains, shapes),
     }

@@ -5,7 +5,8 @@ pods) measured in the same run. About 2 minutes. The report is printed and the J
 directory (e2e/bench/results/scale.json holds the full run's).
 
 Asserted: every deployment became Ready, and an idle pass reads nothing from the API server and writes
-(almost) nothing; outside the passes only the background discovery of optional kinds reads, boundedly. Times are printed, never asserted.
+(almost) nothing; outside the passes only the background discovery of optional kinds reads, boundedly.
+Times are printed, never asserted.
 """
 
 from __future__ import annotations
