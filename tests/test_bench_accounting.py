@@ -63,3 +63,24 @@ def test_a_result_names_its_command_and_commit_and_keeps_a_copy_of_its_own(tmp_p
     assert len(list((tmp_path / "history").iterdir())) == 2
     with pytest.raises(AssertionError):
         record.save("thing", {"run": {}}, tmp_path, "e2e.bench.thing", [], 0.0)
+
+
+def test_provenance_names_changed_sources_but_not_results(tmp_path: Path, monkeypatch) -> None:
+    import subprocess
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    (tmp_path / "e2e" / "bench" / "results").mkdir(parents=True)
+    (tmp_path / "e2e" / "x.py").write_text("a\n")
+    (tmp_path / "e2e" / "bench" / "results" / "r.json").write_text("{}\n")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@localhost", "commit", "-qm", "init")
+    (tmp_path / "e2e" / "x.py").write_text("b\n")  # " M e2e/x.py": the leading space is part of the line
+    (tmp_path / "e2e" / "bench" / "results" / "r.json").write_text("[]\n")
+    monkeypatch.setattr(record, "ROOT", tmp_path)
+    run = record.provenance("e2e.bench.x", ["--a"], 0.0)
+    assert run["uncommitted_changes"] == ["e2e/x.py"]
+    assert run["command"] == "python -m e2e.bench.x --a"
+    assert len(run["commit"]) == 40

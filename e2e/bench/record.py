@@ -25,11 +25,13 @@ SOURCES = ("operator", "e2e", "crds", "charts", "pyproject.toml")
 
 
 def _git(*args: str) -> str:
+    """git's output, or "" when git fails (trailing whitespace removed; leading kept: porcelain status
+    lines begin with a space)."""
     try:
         out = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return ""
-    return out.stdout.strip() if out.returncode == 0 else ""
+    return out.stdout.rstrip() if out.returncode == 0 else ""
 
 
 def provenance(module: str, argv: list[str], started: float) -> dict[str, Any]:
