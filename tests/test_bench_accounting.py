@@ -84,3 +84,31 @@ def test_provenance_names_changed_sources_but_not_results(tmp_path: Path, monkey
     assert run["uncommitted_changes"] == ["e2e/x.py"]
     assert run["command"] == "python -m e2e.bench.x --a"
     assert len(run["commit"]) == 40
+
+
+def test_every_committed_result_was_written_by_its_benchmark_and_reconciles() -> None:
+    from e2e.bench import summary
+
+    assert summary.check(record.RESULTS) == []
+    assert "== autoscaler.json: `python -m e2e.bench.autoscaler_bench`" in summary.summary(record.RESULTS)
+
+
+def test_the_results_check_catches_hand_written_and_unreconciled_files(tmp_path: Path, monkeypatch) -> None:
+    from e2e.bench import summary
+
+    git = record._git
+    monkeypatch.setattr(record, "_git", lambda *a: "" if a[0] == "status" else git(*a))  # a clean checkout
+    record.save("drain", {"scenarios": {}}, tmp_path, "e2e.bench.drain_bench", [], 0.0)
+    assert summary.check(tmp_path) == []
+    doc = json.loads((tmp_path / "drain.json").read_text())
+    doc["scenarios"] = {
+        "s": {"p": {"requests": {"intended": 5, "completed": 3, "failed": 1, "never_sent": 0}}}
+    }
+    (tmp_path / "drain.json").write_text(json.dumps(doc))  # merged by hand: differs from its history copy
+    (tmp_path / "scale.json").write_text(json.dumps({"runs": {}}))  # no provenance
+    (tmp_path / "other.json").write_text("{}")
+    problems = "\n".join(summary.check(tmp_path))
+    assert "drain.json: its history copy" in problems
+    assert "drain.json/scenarios/s/p: requests do not reconcile" in problems
+    assert "scale.json: no `run`" in problems
+    assert "other.json: no benchmark writes it" in problems

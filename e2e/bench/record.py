@@ -52,6 +52,11 @@ def provenance(module: str, argv: list[str], started: float) -> dict[str, Any]:
     }
 
 
+def stamp(run: dict[str, Any]) -> str:
+    """The start time of a run as its history file names it (20261125T162001Z)."""
+    return str(run["started"]).replace("-", "").replace(":", "")
+
+
 def save(name: str, result: dict[str, Any], out: Path, module: str, argv: list[str], started: float) -> Path:
     """Writes `<out>/<name>.json` and its history copy; returns the former. `result` must not carry a
     `run` key of its own."""
@@ -62,8 +67,7 @@ def save(name: str, result: dict[str, Any], out: Path, module: str, argv: list[s
     text = json.dumps(doc, indent=1) + "\n"
     path = out / f"{name}.json"
     path.write_text(text)
-    stamp = run["started"].replace("-", "").replace(":", "")
-    history = out / "history" / f"{name}-{stamp}-{(run['commit'] or 'nocommit')[:7]}.json"
+    history = out / "history" / f"{name}-{stamp(run)}-{(run['commit'] or 'nocommit')[:7]}.json"
     history.parent.mkdir(parents=True, exist_ok=True)
     history.write_text(text)
     return path

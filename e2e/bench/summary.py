@@ -1,0 +1,165 @@
+"""Every committed benchmark result, as its own benchmark prints it, under the command and commit that
+made it: `python -m e2e.bench.summary [DIR]` (DIR: e2e/bench/results by default).
+
+The README's figures are copied from this output; each of its benchmark figures names the result file, and
+this prints that file's `run` (e2e/bench/record.py) above its table. `check(DIR)` is what the unit tests
+hold every committed result to: written by the code (a `run` with a commit and a `python -m` command) and
+with a history copy of its own, and every request reconciled (intended = completed + failed + never sent).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from e2e.bench import record
+
+
+def _autoscaler(r: dict[str, Any]) -> str:
+    from e2e.bench import autoscaler_bench
+
+    return autoscaler_bench.report(r)
+
+
+def _operator(r: dict[str, Any]) -> str:
+    from e2e.bench import operator_bench
+
+    return operator_bench.report(r)
+
+
+def _factory(r: dict[str, Any]) -> str:
+    from e2e.bench import factory_bench
+
+    return factory_bench.report(r)
+
+
+def _scale(r: dict[str, Any]) -> str:
+    from e2e.bench import scale_bench
+
+    return scale_bench.report(r)
+
+
+def _drain(r: dict[str, Any]) -> str:
+    from e2e.bench import drain_bench
+
+    return drain_bench.table(r)
+
+
+def _fleet(r: dict[str, Any]) -> str:
+    from e2e.bench import fleet_bench
+
+    out = []
+    for i, run in enumerate(r.get("runs") or [], 1):
+        for variant in ("plain", "cold_start"):
+            traces = (run.get(variant) or {}).get("traces")
+            if traces:
+                out.append(fleet_bench.table(traces, f"run {i}, {variant}"))
+    return "\n".join(out)
+
+
+def _closed_loop(r: dict[str, Any]) -> str:
+    q, slo = r.get("requests") or {}, r.get("slo") or {}
+    gp = slo.get("goodput_fraction")
+    return "\n".join(
+        [
+            f"policy {r.get('policy')}, trace {r.get('trace_name')}",
+            f"requests: intended {q.get('intended')} = completed {q.get('completed')} + failed "
+            f"{q.get('failed')} + never sent {q.get('never_sent')} (sent {q.get('sent')})",
+            f"SLO goodput {'-' if gp is None else f'{100 * gp:.1f}%'} of intended; TTFT p50/p99 "
+            f"{slo.get('ttft_p50_ms')}/{slo.get('ttft_p99_ms')} ms; ITL p50/p99 {slo.get('itl_p50_ms')}/"
+            f"{slo.get('itl_p99_ms')} ms; GPU-minutes {r.get('gpu_minutes')}; "
+            f"reversals {r.get('reversals')}; "
+            f"first serve {r.get('first_serve_per_rise_s')} s",
+            "loop: " + json.dumps(r.get("loop")),
+        ]
+    )
+
+
+def _figures(r: dict[str, Any]) -> str:
+    return json.dumps({k: v for k, v in r.items() if k != "run"}, indent=1)
+
+
+REPORTS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "autoscaler": _autoscaler,
+    "operator": _operator,
+    "operator_compare": _figures,  # operator_bench --compare-ref
+    "factory": _factory,
+    "scale": _scale,
+    "drain": _drain,
+    "fleet_bench": _fleet,
+    "fleet_closed_loop": _closed_loop,
+}
+
+
+def _requests(node: Any, where: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every `requests` count in a result, with where it is."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "requests" and isinstance(value, dict) and "intended" in value:
+                yield where or "/", value
+            else:
+                yield from _requests(value, f"{where}/{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _requests(value, f"{where}/{i}")
+
+
+def check(results: Path) -> list[str]:
+    """What is wrong with the committed results in `results` (nothing: [])."""
+    problems = []
+    for path in sorted(results.glob("*.json")):
+        name = path.stem
+        if name not in REPORTS:
+            problems.append(f"{path.name}: no benchmark writes it (REPORTS)")
+            continue
+        doc = json.loads(path.read_text())
+        run = doc.get("run") or {}
+        commit = str(run.get("commit") or "")
+        if len(commit) != 40 or not str(run.get("command") or "").startswith("python -m e2e."):
+            problems.append(f"{path.name}: no `run` naming the command and commit (written by hand?)")
+            continue
+        if run.get("uncommitted_changes"):
+            problems.append(f"{path.name}: ran with uncommitted changes {run['uncommitted_changes']}")
+        copy = results / "history" / f"{name}-{record.stamp(run)}-{commit[:7]}.json"
+        if not copy.exists() or json.loads(copy.read_text()) != doc:
+            problems.append(f"{path.name}: its history copy {copy.name} is missing or differs")
+        for where, q in _requests(doc):
+            parts = (q.get("completed"), q.get("failed"), q.get("never_sent"))
+            if None in parts or q["intended"] != sum(parts):
+                problems.append(f"{path.name}{where}: requests do not reconcile: {q}")
+    return problems
+
+
+def summary(results: Path) -> str:
+    out = []
+    for path in sorted(results.glob("*.json")):
+        report = REPORTS.get(path.stem)
+        doc = json.loads(path.read_text())
+        run = doc.get("run") or {}
+        out.append(
+            f"== {path.name}: `{run.get('command')}` at {str(run.get('commit'))[:7]}, "
+            f"{run.get('started')} to {run.get('finished')}, {run.get('cpus')} cores"
+        )
+        try:
+            out.append(report(doc) if report else "(no benchmark writes this file)")
+        except (KeyError, TypeError, ValueError) as exc:  # a file of an older format
+            out.append(f"(not in the format its benchmark writes today: {type(exc).__name__} {exc})")
+        out.append("")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    results = Path(argv[0]) if argv else record.RESULTS
+    print(summary(results))
+    problems = check(results)
+    for p in problems:
+        print(f"PROBLEM: {p}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
