@@ -1,5 +1,6 @@
 """Every committed benchmark result, as its own benchmark prints it, under the command and commit that
-made it: `python -m e2e.bench.summary [DIR]` (DIR: e2e/bench/results by default).
+made it: `python -m e2e.bench.summary [DIR]` (DIR: e2e/bench/results by default); `--markdown
+fleet_bench|drain [DIR]` prints that file's tables as the README shows them.
 
 The README's figures are copied from this output; each of its benchmark figures names the result file, and
 this prints that file's `run` (e2e/bench/record.py) above its table. `check(DIR)` is what the unit tests
@@ -151,8 +152,68 @@ def summary(results: Path) -> str:
     return "\n".join(out)
 
 
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}"
+
+
+def markdown_fleet(doc: dict[str, Any]) -> str:
+    """fleet_bench.json's tables as the README shows them, one per run, variant and trace."""
+    out = []
+    for i, run in enumerate(doc.get("runs") or [], 1):
+        for variant in ("plain", "cold_start"):
+            for trace, by in ((run.get(variant) or {}).get("traces") or {}).items():
+                out += [
+                    f"**{trace}** ({variant.replace('_', ' ')}, run {i})",
+                    "",
+                    "| policy | GPU-min | vs static | SLO goodput | intended = completed + failed + "
+                    "never sent | TTFT p50 / p99 ms | ITL p50 / p99 ms | reversals | first serve |",
+                    "|---|---:|---:|---:|---|---:|---:|---:|---:|",
+                ]
+                for name, r in by.items():
+                    slo, q = r["slo"], r.get("requests") or {}
+                    gp = slo.get("goodput_fraction")
+                    serve = ", ".join(
+                        "-" if v is None else f"{v:.0f} s" for v in r.get("first_serve_per_rise_s") or []
+                    )
+                    out.append(
+                        f"| {name} | {r['gpu_minutes']:.2f} | {r.get('gpu_minutes_vs_static') or 0:.2f} | "
+                        f"{'-' if gp is None else f'{100 * gp:.1f}%'} | "
+                        f"{q.get('intended')} = {q.get('completed')} + {q.get('failed')} + "
+                        f"{q.get('never_sent')} | "
+                        f"{_ms(slo.get('ttft_p50_ms'))} / {_ms(slo.get('ttft_p99_ms'))} | "
+                        f"{_ms(slo.get('itl_p50_ms'))} / {_ms(slo.get('itl_p99_ms'))} | {r['reversals']} | "
+                        f"{serve or '-'} |"
+                    )
+                out.append("")
+    return "\n".join(out)
+
+
+def markdown_drain(doc: dict[str, Any]) -> str:
+    """drain.json's table as the README shows it."""
+    out = [
+        "| scenario | contestant | intended | sent | completed | failed (cut short) | never sent "
+        "| stream p50 | TTFT p99 | settled after |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for scenario, by in doc["scenarios"].items():
+        for name, r in by.items():
+            q = r["requests"]
+            ttft = r.get("ttft_p99_ms")
+            out.append(
+                f"| {scenario} | {name} | {q['intended']} | {q['sent']} | {q['completed']} | {q['failed']} "
+                f"({r.get('cut_short')}) | {q['never_sent']} | {r.get('stream_p50_s')} s | "
+                f"{'-' if ttft is None else f'{ttft / 1000:.1f} s'} | {r.get('drain_seconds')} s |"
+            )
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--markdown":  # --markdown fleet_bench|drain [DIR]: the README's tables
+        results = Path(argv[2]) if len(argv) > 2 else record.RESULTS
+        doc = json.loads((results / f"{argv[1]}.json").read_text())
+        print(markdown_fleet(doc) if argv[1] == "fleet_bench" else markdown_drain(doc))
+        return 0
     results = Path(argv[0]) if argv else record.RESULTS
     print(summary(results))
     problems = check(results)
