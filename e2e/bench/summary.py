@@ -19,6 +19,10 @@ from typing import Any
 from e2e.bench import record
 
 
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}"
+
+
 def _autoscaler(r: dict[str, Any]) -> str:
     from e2e.bench import autoscaler_bench
 
@@ -70,10 +74,9 @@ def _closed_loop(r: dict[str, Any]) -> str:
             f"requests: intended {q.get('intended')} = completed {q.get('completed')} + failed "
             f"{q.get('failed')} + never sent {q.get('never_sent')} (sent {q.get('sent')})",
             f"SLO goodput {'-' if gp is None else f'{100 * gp:.1f}%'} of intended; TTFT p50/p99 "
-            f"{slo.get('ttft_p50_ms')}/{slo.get('ttft_p99_ms')} ms; ITL p50/p99 {slo.get('itl_p50_ms')}/"
-            f"{slo.get('itl_p99_ms')} ms; GPU-minutes {r.get('gpu_minutes')}; "
-            f"reversals {r.get('reversals')}; "
-            f"first serve {r.get('first_serve_per_rise_s')} s",
+            f"{_ms(slo.get('ttft_p50_ms'))}/{_ms(slo.get('ttft_p99_ms'))} ms; ITL p50/p99 "
+            f"{_ms(slo.get('itl_p50_ms'))}/{_ms(slo.get('itl_p99_ms'))} ms; GPU-minutes {r.get('gpu_minutes')}; "
+            f"reversals {r.get('reversals')}; first serve {r.get('first_serve_per_rise_s')} s",
             "loop: " + json.dumps(r.get("loop")),
         ]
     )
@@ -150,10 +153,6 @@ def summary(results: Path) -> str:
             out.append(f"(not in the format its benchmark writes today: {type(exc).__name__} {exc})")
         out.append("")
     return "\n".join(out)
-
-
-def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{v:.0f}"
 
 
 def markdown_fleet(doc: dict[str, Any]) -> str:
