@@ -75,8 +75,9 @@ def _closed_loop(r: dict[str, Any]) -> str:
             f"{q.get('failed')} + never sent {q.get('never_sent')} (sent {q.get('sent')})",
             f"SLO goodput {'-' if gp is None else f'{100 * gp:.1f}%'} of intended; TTFT p50/p99 "
             f"{_ms(slo.get('ttft_p50_ms'))}/{_ms(slo.get('ttft_p99_ms'))} ms; ITL p50/p99 "
-            f"{_ms(slo.get('itl_p50_ms'))}/{_ms(slo.get('itl_p99_ms'))} ms; GPU-minutes {r.get('gpu_minutes')}; "
-            f"reversals {r.get('reversals')}; first serve {r.get('first_serve_per_rise_s')} s",
+            f"{_ms(slo.get('itl_p50_ms'))}/{_ms(slo.get('itl_p99_ms'))} ms; "
+            f"GPU-minutes {r.get('gpu_minutes')}; reversals {r.get('reversals')}; "
+            f"first serve {r.get('first_serve_per_rise_s')} s",
             "loop: " + json.dumps(r.get("loop")),
         ]
     )
