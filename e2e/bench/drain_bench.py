@@ -13,10 +13,10 @@ The removals:
 - rollout: the engine config changes, so every group is replaced by a new generation;
 - node_drain: `kubectl drain` of a node under a decode group (an eviction, outside tokenfab's control).
 
-aiperf plays a steady trace (long streams, about 40 s each) through the frontend. Every request the trace
-intended is counted once (e2e/fleet/load.py `account`): sent (the frontend's own counter), completed
-(every token asked for), failed (an error, cut short, or still pending when aiperf stopped waiting), never
-sent. A run that delivers less than 80% of what it intended fails loudly: it measured nothing. Saved
+aiperf plays a steady trace (0.5 requests/s of long streams: 450 tokens, 45-80 s each at the runner's
+speedup 0.3, longer on fewer groups) through the frontend. Every request the trace intended is counted
+once (e2e/fleet/load.py `account`): sent (the frontend's own counter), completed (every token asked
+for), failed (an error, cut short, or still pending when aiperf stopped waiting), never sent. A run that delivers less than 80% of what it intended fails loudly: it measured nothing. Saved
 (e2e/bench/record.py) to e2e/bench/results/drain.json and its history copy as {"scenarios": {scenario:
 {contestant: {requests: {intended, sent, completed, failed, never_sent}, ttft_p99_ms, drain_seconds,
 ...}}}}; nothing passes or fails on a time.
