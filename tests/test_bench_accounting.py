@@ -45,6 +45,14 @@ def test_goodput_divides_by_what_was_intended_not_what_was_recorded():
     assert (g["good"], g["requests"], g["goodput_fraction"]) == (2, 8, 0.25)
 
 
+def test_goodput_keeps_what_the_failed_requests_were_told():
+    records = [req(), req(error="502 Bad Gateway"), req(error="502 Bad Gateway"), req(error="reset")]
+    q = load.account(records, intended_n=4, sent=4, osl=OSL)
+    g = load.goodput(records, load.Slo(), q, OSL)
+    assert g["errors"] == 3
+    assert g["error_texts"] == [{"text": "502 Bad Gateway", "count": 2}, {"text": "reset", "count": 1}]
+
+
 def test_a_result_names_its_command_and_commit_and_keeps_a_copy_of_its_own(tmp_path: Path):
     path = record.save("thing", {"figure": 1}, tmp_path, "e2e.bench.thing", ["--fast"], 1_700_000_000.0)
     doc = json.loads(path.read_text())

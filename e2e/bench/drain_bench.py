@@ -16,10 +16,11 @@ The removals:
 aiperf plays a steady trace (0.5 requests/s of long streams: 450 tokens, 45-80 s each at the runner's
 speedup 0.3, longer on fewer groups) through the frontend. Every request the trace intended is counted
 once (e2e/fleet/load.py `account`): sent (the frontend's own counter), completed (every token asked
-for), failed (an error, cut short, or still pending when aiperf stopped waiting), never sent. A run that delivers less than 80% of what it intended fails loudly: it measured nothing. Saved
-(e2e/bench/record.py) to e2e/bench/results/drain.json and its history copy as {"scenarios": {scenario:
-{contestant: {requests: {intended, sent, completed, failed, never_sent}, ttft_p99_ms, drain_seconds,
-...}}}}; nothing passes or fails on a time.
+for), failed (an error, cut short, or still pending when aiperf stopped waiting), never sent. A run that
+delivers less than 80% of what it intended fails loudly: it measured nothing. Saved (e2e/bench/record.py)
+to e2e/bench/results/drain.json and its history copy as {"scenarios": {scenario: {contestant: {requests:
+{intended, sent, completed, failed, never_sent}, ttft_p99_ms, drain_seconds, ...}}}}; nothing passes or
+fails on a time.
 
     python -m e2e.bench.drain_bench                 # every scenario, about 30 minutes
     python -m e2e.bench.drain_bench --smoke --out /tmp/drain   # the test suite's short pair

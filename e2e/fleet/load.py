@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -392,6 +393,11 @@ def goodput(records: list[Request], slo: Slo, requests: dict[str, int], osl: int
         "requests": n,
         "good": good,
         "errors": sum(1 for r in records if r.error),
+        # what the failed requests were told, most frequent first (kept: a run's directory is not)
+        "error_texts": [
+            {"text": text, "count": count}
+            for text, count in Counter(r.error[:200] for r in records if r.error).most_common(5)
+        ],
         "goodput_fraction": round(good / n, 4) if n else None,
         "ttft_p50_ms": percentile(ttft, 0.5),
         "ttft_p99_ms": percentile(ttft, 0.99),
