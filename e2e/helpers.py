@@ -17,15 +17,24 @@ from tokenfab_factory.factory import Factory
 def kubectl(
     f: Factory, *args: str, input: str | None = None, check: bool = True
 ) -> subprocess.CompletedProcess[str]:
-    """Run the factory's kubectl against it, as a user would."""
-    return subprocess.run(
+    """Run the factory's kubectl against it, as a user would. With `check`, a failure raises with
+    kubectl's own words (its stderr), not only the exit code."""
+    out = subprocess.run(
         [str(f.config.bin_dir / "kubectl"), f"--kubeconfig={f.kubeconfig}", *args],
         input=input,
         capture_output=True,
         text=True,
-        check=check,
+        check=False,
         timeout=120,
     )
+    if check and out.returncode != 0:
+        raise KubectlError(out.returncode, out.args, out.stdout, out.stderr)
+    return out
+
+
+class KubectlError(subprocess.CalledProcessError):
+    def __str__(self) -> str:
+        return f"{super().__str__()}: {(self.stderr or '').strip()[:2000]}"
 
 
 def apply_yaml(

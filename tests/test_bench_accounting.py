@@ -120,3 +120,14 @@ def test_the_results_check_catches_hand_written_and_unreconciled_files(tmp_path:
     assert "drain.json/scenarios/s/p: requests do not reconcile" in problems
     assert "scale.json: no `run`" in problems
     assert "other.json: no benchmark writes it" in problems
+
+
+def test_every_drain_bench_namespace_is_a_dns_label() -> None:
+    import re
+
+    from e2e.bench import drain_bench
+
+    names = drain_bench.namespaces(drain_bench.SCENARIOS)
+    assert len(names) == len(drain_bench.SCENARIOS) * len(drain_bench.POLICIES)
+    for name in names:
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", name), name

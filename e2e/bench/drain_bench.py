@@ -80,7 +80,8 @@ def namespaces(scenarios: tuple[str, ...], contestants: tuple[str, ...] = tuple(
 
 
 def namespace(scenario: str, policy: str) -> str:
-    return f"live-dr-{scenario.replace('_', '-')}-{policy}"
+    """A DNS label (a namespace name allows no underscore)."""
+    return f"live-dr-{scenario}-{policy}".replace("_", "-")
 
 
 def manifest(f: Factory, ns: str, scenario: str, policy: tuple[int, str], plan: Plan) -> dict[str, Any]:
