@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from tokenfab.api.rules import SPEC_RULES
+from tokenfab.api.models import SPEC_RULES
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

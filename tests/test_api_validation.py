@@ -9,7 +9,7 @@ import pytest
 from tests.cases import example_paths, invalid_cases
 from tokenfab.api.crd import model_deployment_crd
 from tokenfab.api.errors import SpecError, load_manifests, parse_model_deployment
-from tokenfab.api.rules import SPEC_RULES
+from tokenfab.api.models import SPEC_RULES
 
 CASES = invalid_cases()
 

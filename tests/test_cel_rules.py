@@ -18,6 +18,8 @@ from pydantic import BaseModel, ValidationError
 
 from tests.cases import example_paths, load_example
 from tokenfab.api import models as m
+from tokenfab.api.cel import ObjectRule, Rule, ValueRule, cel_string
+from tokenfab.api.models import SPEC_RULES
 from tokenfab.api.rules import (
     ENV_ONE_SOURCE,
     ENV_RESERVED_RULE,
@@ -32,13 +34,8 @@ from tokenfab.api.rules import (
     QUERY_RULE,
     SCHEDULER_NAME_RULE,
     SOURCE_RULE,
-    SPEC_RULES,
     TOLERATION_KEY_RULE,
     TOLERATION_RULES,
-    ObjectRule,
-    Rule,
-    ValueRule,
-    cel_string,
     query_formats,
     resource_keys_rule,
 )
@@ -64,7 +61,7 @@ def cel_self(spec: m.ModelDeploymentSpec) -> Any:
     return celpy.json_to_cel(spec.model_dump(by_alias=True, exclude_none=True))
 
 
-def cel_says(rule: Rule, spec: m.ModelDeploymentSpec, doc: Any = None) -> bool:
+def cel_says(rule: Rule[m.ModelDeploymentSpec], spec: m.ModelDeploymentSpec, doc: Any = None) -> bool:
     """What the rule's CEL says of the spec (`doc`: the spec as cel_self gives it, to reuse)."""
     result = PROGRAMS[rule.name].evaluate({"self": cel_self(spec) if doc is None else doc})
     assert isinstance(result, celpy.celtypes.BoolType), f"{rule.name} gave {result!r}"

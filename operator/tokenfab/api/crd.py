@@ -2,7 +2,8 @@
 
 The JSON schema pydantic produces is turned into a Kubernetes structural schema: references inlined,
 optional fields unwrapped, exclusive bounds in OpenAPI v3.0 form, object defaults so nested defaults
-apply, and the rules from `tokenfab.api.rules` attached as `x-kubernetes-validations`.
+apply; the models carry their rules' CEL as `x-kubernetes-validations` (`tokenfab.api.rules`, and the spec's
+cross-field rules in `tokenfab.api.models.spec`), and metadata.name gets the name rules here.
 """
 
 from __future__ import annotations
@@ -114,35 +115,9 @@ def openapi_schema(model: type[BaseModel]) -> JSON:
     return result
 
 
-def printer_columns() -> list[JSON]:
-    ready = '.status.conditions[?(@.type=="Ready")]'
+def _wide_columns(ready: str) -> list[JSON]:
+    """The ModelDeployment columns `kubectl get -o wide` adds (priority 1)."""
     return [
-        {
-            "name": "Mode",
-            "type": "string",
-            "jsonPath": ".spec.serving.mode",
-            "description": "aggregated or disaggregated",
-        },
-        {"name": "Ready", "type": "string", "jsonPath": f"{ready}.status", "description": "Ready condition"},
-        {
-            "name": "Prefill",
-            "type": "string",
-            "jsonPath": ".status.roles.prefill.groups",
-            "description": "ready/desired prefill groups",
-        },
-        {
-            "name": "Decode",
-            "type": "string",
-            "jsonPath": ".status.roles.decode.groups",
-            "description": "ready/desired decode groups",
-        },
-        {
-            "name": "Workers",
-            "type": "string",
-            "jsonPath": ".status.roles.worker.groups",
-            "description": "ready/desired aggregated worker groups",
-        },
-        {"name": "GPUs", "type": "string", "jsonPath": ".status.gpus", "description": "ready/desired GPUs"},
         {
             "name": "Draining",
             "type": "integer",
@@ -178,6 +153,40 @@ def printer_columns() -> list[JSON]:
             "priority": 1,
             "description": "OpenAI-compatible endpoint",
         },
+    ]
+
+
+def printer_columns() -> list[JSON]:
+    """The ModelDeployment columns of `kubectl get`: mode, readiness, groups and GPUs (more with -o wide)."""
+    ready = '.status.conditions[?(@.type=="Ready")]'
+    return [
+        {
+            "name": "Mode",
+            "type": "string",
+            "jsonPath": ".spec.serving.mode",
+            "description": "aggregated or disaggregated",
+        },
+        {"name": "Ready", "type": "string", "jsonPath": f"{ready}.status", "description": "Ready condition"},
+        {
+            "name": "Prefill",
+            "type": "string",
+            "jsonPath": ".status.roles.prefill.groups",
+            "description": "ready/desired prefill groups",
+        },
+        {
+            "name": "Decode",
+            "type": "string",
+            "jsonPath": ".status.roles.decode.groups",
+            "description": "ready/desired decode groups",
+        },
+        {
+            "name": "Workers",
+            "type": "string",
+            "jsonPath": ".status.roles.worker.groups",
+            "description": "ready/desired aggregated worker groups",
+        },
+        {"name": "GPUs", "type": "string", "jsonPath": ".status.gpus", "description": "ready/desired GPUs"},
+        *_wide_columns(ready),
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
 

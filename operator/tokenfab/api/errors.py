@@ -13,8 +13,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from tokenfab.api.cel import REASON_TEXT, go_quote
 from tokenfab.api.models import ModelDeployment
-from tokenfab.api.rules import REASON_TEXT, go_quote
 
 
 class SpecError(ValueError):

@@ -1,0 +1,163 @@
+"""What a deployment serves and how requests reach it: the model and where its weights come from, the
+serving mode, the Dynamo frontend and router, the prefill:decode ratio and the drain of removed groups."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, ConfigDict, Field, model_validator
+
+from tokenfab.api.models.base import Quantity, SpecModel, cel_of, cel_rules, refuse_broken
+from tokenfab.api.rules import (
+    ENDPOINTS_NEED_ETCD,
+    ETCD_NEEDS_ENDPOINTS,
+    S3_SOURCE_RULE,
+    SOURCE_RULE,
+    STORAGE_CLASS_RULE,
+)
+
+RATIO_PATTERN = r"^[1-9][0-9]{0,2}:[1-9][0-9]{0,2}$"
+
+Mode = Literal["aggregated", "disaggregated"]
+RouterMode = Literal["kv", "round-robin", "random"]
+RatioPolicy = Literal["fixed", "independent"]
+Discovery = Literal["kubernetes", "etcd"]
+
+
+class ModelCache(SpecModel):
+    """Where hf:// weights are kept on the GPU nodes: the worker launcher downloads model.revision into
+    this volume once, and every later pod that finds it there loads it from there."""
+
+    size: Quantity = Field(
+        default="1Ti",
+        description="Declared size of the cache: the PersistentVolumeClaim's request, or the emptyDir's "
+        "sizeLimit (DeepSeek-R1 in FP8 is about 690 GB).",
+    )
+    storage_class_name: Annotated[str | None, AfterValidator(STORAGE_CLASS_RULE)] = Field(
+        default=None,
+        max_length=253,
+        description="A node-local StorageClass (volumeBindingMode WaitForFirstConsumer: local NVMe through "
+        "local-path-provisioner, TopoLVM, OpenEBS LocalPV...). tokenfab then makes one "
+        "PersistentVolumeClaim per node the deployment's pods run on, named <name>-model-<hash of the node, "
+        "class and size>, so the deployment's weights are downloaded once per node and kept across pods, "
+        "restarts and rollouts (a new class or size is a new claim; the old one goes once unused). Unset: an "
+        "emptyDir of `size` per pod, downloaded again by every new pod.",
+        json_schema_extra=cel_of(STORAGE_CLASS_RULE),
+    )
+
+
+class ModelSource(SpecModel):
+    """What model to serve and where its weights come from."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        description="Served model name: the `model` field clients send to the OpenAI-compatible API "
+        "(e.g. deepseek-ai/DeepSeek-R1).",
+    )
+    source: Annotated[str, AfterValidator(SOURCE_RULE), AfterValidator(S3_SOURCE_RULE)] = Field(
+        max_length=2048,
+        description="Where the weights live: hf://<org>/<repo> (a model hub: the worker launcher downloads "
+        "model.revision into its model cache before the engine starts) or pvc://<claim>/<path> (a "
+        "PersistentVolumeClaim in this namespace, and the weights' directory in it). s3:// is refused "
+        "until tokenfab fetches it. No whitespace, and a non-empty path after the scheme.",
+        json_schema_extra=cel_rules(
+            [SOURCE_RULE.x_kubernetes_validation(), S3_SOURCE_RULE.x_kubernetes_validation()]
+        ),
+    )
+    revision: str | None = Field(
+        default=None,
+        max_length=256,
+        description="Revision of hf:// weights: a hub commit, branch or tag, downloaded by the worker "
+        "launcher and loaded by the engine (unset: the hub's main branch). For pvc:// a label only. Pin a "
+        "commit in production so every group loads the same weights.",
+    )
+    cache: ModelCache = Field(
+        default_factory=ModelCache,
+        description="The model cache hf:// weights are downloaded into (pvc:// weights are mounted as they "
+        "are).",
+    )
+
+
+class Serving(SpecModel):
+    """How requests reach the workers: mode, router and the prefill:decode ratio."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            [ETCD_NEEDS_ENDPOINTS.x_kubernetes_validation(), ENDPOINTS_NEED_ETCD.x_kubernetes_validation()]
+        )
+    )
+
+    mode: Mode = Field(
+        default="disaggregated",
+        description="aggregated: one worker role does prefill and decode. disaggregated: separate prefill "
+        "and decode roles exchange the KV cache (the fastest layout for reasoning models).",
+    )
+    router_mode: RouterMode = Field(
+        default="kv",
+        description="Dynamo frontend routing: kv (KV-cache-aware, sends a request where its prefix is "
+        "cached), round-robin or random.",
+    )
+    frontend_replicas: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Replicas of the Dynamo frontend (OpenAI-compatible HTTP API and router).",
+    )
+    prefill_decode_ratio: str | None = Field(
+        default=None,
+        pattern=RATIO_PATTERN,
+        description='Prefill groups to decode groups, as "P:D" with positive integers (e.g. "1:3"). With '
+        "ratioPolicy fixed, prefill groups = ceil(decode groups x P / D). Disaggregated mode only.",
+    )
+    ratio_policy: RatioPolicy = Field(
+        default="fixed",
+        description="fixed: prefill follows decode by prefillDecodeRatio (spec.prefill.replicas must be "
+        "left out). independent: prefill has its own replicas and, with autoscaling, its own signal.",
+    )
+    drain_seconds: int = Field(
+        default=600,
+        ge=0,
+        le=86400,
+        description="How long a group that is being removed (scale-down, rollout, a smaller spec) may take "
+        "to finish its requests: it is first taken out of routing (its leader pod's readiness gate "
+        "tokenfab.dev/routable turns False, so the router sends it nothing new), then deleted as soon as "
+        "its engine reports no request in flight, or after drainSeconds (the requests still running are "
+        "cut). Also the pods' terminationGracePeriodSeconds (plus 30 s) and Dynamo's graceful-shutdown "
+        "bound, so a pod evicted by Kubernetes drains too. 600 s fits long reasoning outputs; 0 deletes "
+        "at once.",
+    )
+    drain_mode: Literal["routing", "sigterm"] = Field(
+        default="routing",
+        description="How a group drains (with drainSeconds > 0). routing: out of routing first (its "
+        "leader's readiness gate), deleted once its engine reports no request in flight (read from "
+        "autoscaling.prometheusUrl; without one, as sigterm) or after drainSeconds. sigterm: deleted at "
+        "once, each engine finishing its requests on SIGTERM (Dynamo's graceful shutdown) within "
+        "drainSeconds, as a plain workload with a long termination grace period would.",
+    )
+    discovery: Discovery = Field(
+        default="kubernetes",
+        description="How Dynamo's frontend and workers find each other. kubernetes: each process writes a "
+        "DynamoWorkerMetadata object (nvidia.com/v1alpha1, its CRD installed with tokenfab) and a worker is "
+        "routed to only while its pod is ready in the EndpointSlice of the deployment's workers Service; "
+        "tokenfab gives the pods a ServiceAccount <name>-dynamo with just those rights. etcd: an etcd "
+        "cluster you run (serving.etcdEndpoints).",
+    )
+    etcd_endpoints: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1024,
+        pattern=r"^\S+$",
+        description="etcd client URLs for serving.discovery etcd, comma-separated (Dynamo's "
+        "ETCD_ENDPOINTS), e.g. http://etcd.dynamo-system:2379.",
+    )
+
+    @model_validator(mode="after")
+    def _etcd(self) -> Serving:
+        refuse_broken(
+            [
+                (ETCD_NEEDS_ENDPOINTS, self.discovery != "etcd" or self.etcd_endpoints is not None),
+                (ENDPOINTS_NEED_ETCD, self.etcd_endpoints is None or self.discovery == "etcd"),
+            ]
+        )
+        return self

@@ -1,0 +1,185 @@
+"""The status of a ModelDeployment, written only by the operator: conditions, groups and GPUs per role,
+placement, the autoscaler's memory, the plan made for spec.profile and the roles' failures.
+
+Status objects are read leniently (`StatusModel`): fields a newer operator wrote are dropped on read."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, Field
+
+from tokenfab.api.models.base import StatusModel
+from tokenfab.api.models.roles import Parallelism, RoleName
+from tokenfab.api.models.serving import Mode
+
+
+class Condition(StatusModel):
+    """A Kubernetes-style condition."""
+
+    type: str = Field(
+        description="Ready, Progressing, Degraded, Placed, CapacityLimited, MetricsUnavailable, Planned."
+    )
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(description="CamelCase reason for the last transition.")
+    message: str = Field(default="", description="Human-readable details.")
+    last_transition_time: str | None = Field(default=None, description="When status last changed (RFC 3339).")
+    observed_generation: int | None = Field(default=None, description="Spec generation the condition saw.")
+
+
+class RoleStatus(StatusModel):
+    """Observed groups and GPUs of one role."""
+
+    desired_groups: int = Field(default=0, description="Groups the operator wants (spec or autoscaler).")
+    ready_groups: int = Field(default=0, description="Groups whose every pod is Ready.")
+    gpus_per_group: int = Field(default=0, description="GPUs in one group (tensor x pipeline).")
+    desired_gpus: int = Field(default=0, description="GPUs of the desired groups.")
+    ready_gpus: int = Field(default=0, description="GPUs of the ready groups.")
+    groups: str = Field(default="0/0", description="ready/desired groups, for kubectl get.")
+    draining_groups: int = Field(default=0, description="Groups out of routing, finishing their requests.")
+
+
+class GroupPlacement(StatusModel):
+    """Where one group runs."""
+
+    group: str = Field(description="Group name.")
+    role: RoleName = Field(description="Role of the group.")
+    domain: str = Field(description="NVLink domain (value of topology.domainLabel).")
+    gpus: int = Field(description="GPUs of the group.")
+
+
+class ScalingDecision(StatusModel):
+    """One autoscaling decision."""
+
+    time: str = Field(description="When it was taken (RFC 3339).")
+    role: RoleName = Field(description="Role it applies to.")
+    from_groups: int = Field(description="Groups before.")
+    to_groups: int = Field(description="Groups after.")
+    metric: str = Field(default="", description="Signal used (e.g. kv_cache_utilization).")
+    value: float | None = Field(default=None, description="Observed value of the signal.")
+    target: float | None = Field(default=None, description="Target value of the signal.")
+    reason: str = Field(
+        description="Why, as a CamelCase reason (ScaleUp, ScaleDown, MetricsUnavailable, ...)."
+    )
+    message: str = Field(default="", description="The numbers behind the decision.")
+
+
+class AutoscalingStatus(StatusModel):
+    """The autoscaler's memory and results, kept in status so a restart keeps them."""
+
+    desired: dict[str, int] = Field(default_factory=dict, description="Desired groups per role.")
+    recommendations: dict[str, list[list[float]]] = Field(
+        default_factory=dict,
+        description="Recent recommendations per role as [unix time, groups] pairs (stabilization window).",
+    )
+    last_scale_time: dict[str, str] = Field(default_factory=dict, description="Last change per role.")
+    last_decision: ScalingDecision | None = Field(default=None, description="The most recent decision.")
+    last_evaluation: dict[str, float] = Field(
+        default_factory=dict, description="Unix time of the last evaluation per role."
+    )
+    arrivals: list[list[float]] = Field(
+        default_factory=list,
+        description="Recent arrivals at the frontend as [unix time, requests/s, input tokens/s, requests in "
+        "flight] (the forecast's window).",
+    )
+    capacity: dict[str, float] = Field(
+        default_factory=dict,
+        description="Requests/s one group of each role serves at the target, learned from the load it "
+        "served (or from the profile's plan).",
+    )
+    concurrency: dict[str, float] = Field(
+        default_factory=dict,
+        description="Requests in flight one group of each role holds at the target, learned from the "
+        "requests in flight at the frontend and the groups' KV-cache utilization.",
+    )
+    startup_seconds: float | None = Field(
+        default=None, description="Learned seconds from a group's creation to Ready (the forecast horizon)."
+    )
+    frontend_replicas: int | None = Field(default=None, description="Desired frontend replicas.")
+    frontend_recommendations: list[list[float]] = Field(
+        default_factory=list, description="Recent frontend recommendations as [unix time, replicas] pairs."
+    )
+
+
+def _drop_unknown(model: type[BaseModel]) -> BeforeValidator:
+    """Read a spec model (strict) leniently inside status: unknown keys are dropped before validation."""
+    known = set(model.model_fields) | {f.alias for f in model.model_fields.values() if f.alias}
+
+    def drop(value: Any) -> Any:
+        return {k: v for k, v in value.items() if k in known} if isinstance(value, dict) else value
+
+    return BeforeValidator(drop)
+
+
+class PlannedRole(StatusModel):
+    """One role of a plan."""
+
+    # The spec's own Parallelism (so a plan compares equal to a spec), read leniently.
+    parallelism: Annotated[Parallelism, _drop_unknown(Parallelism)] = Field(
+        description="Parallelism of one group."
+    )
+    replicas: int = Field(description="Groups of this role in the plan.")
+
+
+class PlanPrediction(StatusModel):
+    """What the performance model predicts for the plan."""
+
+    gpus: int = Field(description="GPUs of the whole plan.")
+    tokens_per_second_per_gpu: float = Field(description="Output tokens/s per GPU the plan uses.")
+    tokens_per_second_per_user: float = Field(description="Output tokens/s of one request.")
+    ttft_ms: float = Field(description="Time to first token, milliseconds.")
+    itl_ms: float = Field(description="Inter-token latency, milliseconds.")
+    request_rate: float | None = Field(default=None, description="Requests/s the plan serves.")
+
+
+class ProfileStatus(StatusModel):
+    """The plan made for spec.profile, kept so it is made once per profile."""
+
+    profile_hash: str = Field(description="Hash of the profile (and model, mode) this plan answers.")
+    planner: str = Field(default="", description="Planner and version (e.g. aiconfigurator 0.12.0).")
+    time: str | None = Field(default=None, description="When the plan was made (RFC 3339).")
+    ok: bool = Field(default=False, description="Whether a configuration meets the profile.")
+    reason: str = Field(
+        default="", description="CamelCase outcome: Planned, UnknownModel, SLAUnreachable, ..."
+    )
+    message: str = Field(default="", description="Details of the outcome.")
+    mode: Mode | None = Field(default=None, description="Serving mode of the plan.")
+    roles: dict[str, PlannedRole] = Field(default_factory=dict, description="Per-role plan.")
+    prefill_decode_ratio: str | None = Field(default=None, description="Planned prefill:decode ratio.")
+    mtp_depth: int | None = Field(default=None, description="Planned MTP depth.")
+    predicted: PlanPrediction | None = Field(default=None, description="Predicted figures of the plan.")
+
+
+class RoleFailures(StatusModel):
+    """Consecutive failures of a role's groups (an engine that exits, pods that cannot bind in time), which
+    space out its replacements: 10 s, 20 s, 40 s ... up to 5 minutes."""
+
+    failures: int = Field(description="Groups of the role that failed in a row.")
+    last_failure: str = Field(description="When the last one failed (RFC 3339).")
+    message: str = Field(
+        default="", description="Why the last one failed (the pod's exit, the scheduler's words)."
+    )
+    retry_after: str | None = Field(default=None, description="No replacement before this time (RFC 3339).")
+    healthy_since: str | None = Field(
+        default=None,
+        description="Since when every group of the role serves (the count resets after 2 minutes).",
+    )
+
+
+class ModelDeploymentStatus(StatusModel):
+    """Observed state of a ModelDeployment, written only by the operator."""
+
+    observed_generation: int | None = Field(default=None, description="Spec generation last reconciled.")
+    conditions: list[Condition] = Field(default_factory=list, description="Current conditions.")
+    roles: dict[str, RoleStatus] = Field(default_factory=dict, description="Per-role groups and GPUs.")
+    gpus: str = Field(default="0/0", description="ready/desired GPUs over all roles, for kubectl get.")
+    draining_groups: int = Field(
+        default=0, description="Groups draining over all roles (out of routing, finishing their requests)."
+    )
+    placement: list[GroupPlacement] = Field(default_factory=list, description="Group to NVLink domain.")
+    endpoint: str | None = Field(default=None, description="In-cluster URL of the OpenAI-compatible API.")
+    autoscaling: AutoscalingStatus | None = Field(default=None, description="Autoscaler state.")
+    profile: ProfileStatus | None = Field(default=None, description="The plan made for spec.profile.")
+    failures: dict[str, RoleFailures] = Field(
+        default_factory=dict, description="Roles whose groups keep failing, and when they may be replaced."
+    )
