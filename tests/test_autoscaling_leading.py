@@ -1,5 +1,5 @@
 """The leading policy: the forecast (tokenfab.planning.forecast), `decide` with demand, and the autoscaling
-step `tokenfab.autoscale.autoscale` with a fake Prometheus.
+step `tokenfab.planning.scaler.autoscale` with a fake Prometheus.
 
 Properties (Hypothesis): with any demand the decision stays within the bounds and the step caps; missing,
 stale or bad data never lowers the count; a stationary noisy load never makes the count reverse
@@ -26,10 +26,10 @@ from tests.cases import load_example, merge_patch
 from tokenfab.adapters.metrics import Reading
 from tokenfab.api.errors import parse_model_deployment
 from tokenfab.api.models import Autoscaling, ModelDeployment
-from tokenfab.autoscale import WARMING_BOUND_SECONDS, autoscale, learned_startup
 from tokenfab.planning import forecast
 from tokenfab.planning.autoscaling import Config, Demand, Memory, Sample, config_for, decide
 from tokenfab.planning.lifecycle import GroupView, NodeHealth, PodView
+from tokenfab.planning.scaler import WARMING_BOUND_SECONDS, autoscale, learned_startup
 from tokenfab.planning.topology import Domain
 
 PROPS = settings(max_examples=200, deadline=None, database=None)
@@ -291,8 +291,8 @@ def test_property_with_demand_missing_or_bad_data_never_scales_down(s, how):
         samples = None
     elif how == "stale":
         samples = {g: Sample(v.value, cfg.stale_after + 1.0) for g, v in samples.items()}
-    else:
-        samples = {**samples, "rX": Sample(-3.0, 0.0)}
+    else:  # a counted group's sample is bad (an uncounted group's signal is never read)
+        samples, counted = {**samples, "rX": Sample(-3.0, 0.0)}, counted | {"rX"}
     d = decide(samples, counted, warming, current, cfg, mem, 10_000.0, demand)
     if current <= cfg.max_groups:
         assert d.desired >= current, d.message
@@ -708,7 +708,7 @@ QUIET = [[NOW - 15, 0.3, 0.0, 1.0], [NOW - 10, 0.3, 0.0, 2.0], [NOW - 5, 0.3, 0.
 def test_the_burst_watch_wakes_a_deployment_whose_requests_in_flight_step_up():
     """About 1.3 in flight over the window; 14 is a burst (a Poisson count of 1.3 reaches it less than once
     in a million); 4 is not; the same 14 right after an evaluation waits (URGENT_GAP_SECONDS)."""
-    from tokenfab.autoscale import URGENT_GAP_SECONDS, burst_watch
+    from tokenfab.planning.scaler import URGENT_GAP_SECONDS, burst_watch
 
     body = watched_body(QUIET, NOW - 5)
     assert burst_watch(body, 14.0, NOW)
@@ -727,7 +727,7 @@ def test_the_burst_watch_wakes_a_deployment_whose_requests_in_flight_step_up():
 def test_an_urgent_evaluation_comes_before_the_interval_and_not_sooner_than_the_gap():
     """Evaluated 3 s ago with an interval of 5 s: a pass evaluates only when the burst watch asked for it;
     1 s after the last evaluation, not even then."""
-    from tokenfab.autoscale import due_queries
+    from tokenfab.planning.scaler import due_queries
 
     md = with_status(deployment(), {"desired": {"decode": 2}, "lastEvaluation": {"decode": NOW - 3}})
     groups = serving_decode(2)
@@ -795,7 +795,7 @@ def test_a_step_is_not_doubled_while_groups_are_on_their_way():
 def test_the_burst_watch_leaves_a_deployment_alone_while_its_new_groups_come():
     """A scale-up less than a startup time ago has groups on their way: no wake at every look while the
     backlog waiting for them grows (the evaluations at the interval size it); after that, a step wakes."""
-    from tokenfab.autoscale import burst_watch
+    from tokenfab.planning.scaler import burst_watch
     from tokenfab.planning.status import rfc3339
 
     body = watched_body(QUIET, NOW - 5)
@@ -810,7 +810,7 @@ def test_an_urgent_pass_reads_exactly_what_it_evaluates_and_old_samples_are_no_l
     """As reconcile wires it: the queries `due_queries` names are all `autoscale` reads (a missing one would
     be a KeyError). Samples of the frontend from before a pause (two hours old) are no level to step up
     from: 14 in flight against them is no burst (decided from the cache, the rate and the level now)."""
-    from tokenfab.autoscale import due_queries
+    from tokenfab.planning.scaler import due_queries
 
     old = [[NOW - 7200 + i, 0.3, 0.0, 1.0] for i in range(0, 30, 5)]
     st = {"desired": {"decode": 2}, "lastEvaluation": {"decode": NOW - 3}, "arrivals": old}

@@ -29,7 +29,8 @@ from tokenfab.api.errors import parse_model_deployment
 from tokenfab.api.models import ModelDeploymentSpec
 from tokenfab.planning import builders as b
 from tokenfab.planning import contract as c
-from tokenfab.planning.engine import engine_config, render
+from tokenfab.planning.builders.engine import _revision_inputs
+from tokenfab.planning.engine import content_hash, engine_config, render
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 UPDATE = os.environ.get("TOKENFAB_UPDATE_GOLDEN") == "1"
@@ -397,8 +398,8 @@ def test_an_aggregated_revision_is_not_a_disaggregated_generations():
     # generation's hash covers both roles' inputs.
     spec = spec_of("deepseek-r1-disaggregated.yaml")
     generation = b.role_revision(spec, "decode")
-    assert generation != b.content_hash(b._revision_inputs(spec, "decode"))
-    assert generation == b.content_hash({r: b._revision_inputs(spec, r) for r in ("prefill", "decode")})
+    assert generation != content_hash(_revision_inputs(spec, "decode"))
+    assert generation == content_hash({r: _revision_inputs(spec, r) for r in ("prefill", "decode")})
 
 
 @pytest.mark.parametrize(

@@ -170,44 +170,8 @@ def _lead(
         notes += note
         holds = forecast.groups_for(d.inflight, mem.streams)
     if d.rate is not None and forecast.valid_count(d.rate):
-        rates = forecast.observe(memory.rates, now, d.rate, cfg.forecast_window)
-        capacity = memory.capacity
-        prev = memory.rates[-1][1] if memory.rates else None
-        # A fair sample of what a group serves: the cache not saturated, no queue, and the rate not in the
-        # middle of a jump (the cache fills a request's duration after the rate moves).
-        if (
-            cfg.utilization
-            and queued <= cfg.queue_per_group / 2
-            and (prev is None or not forecast.jumped(prev, d.rate))
-        ):
-            capacity = forecast.learn(memory.capacity, d.rate, groups, signal, cfg.target)
-        mem = replace(mem, rates=rates, capacity=capacity)
-        f = forecast.forecast(rates, now, cfg.forecast_window, cfg.forecast_horizon)
-        held = f.ahead  # the demand a scale-down must leave room for
-        if memory.rates and not (prev is not None and forecast.jumped(prev, d.rate)):
-            # Short of a jump, demand must hold for two decisions in a row (a noisy sample, or a chance run
-            # of them that reads as a trend, rarely does): the forecast made one decision ago caps this one.
-            # For a scale-down the other way round: the higher of the two must fit the groups left (a
-            # single low sample at a group boundary must not take a group that the next one needs).
-            before = forecast.forecast(
-                memory.rates, memory.rates[-1][0], cfg.forecast_window, cfg.forecast_horizon
-            )
-            held = max(f.ahead, before.ahead)
-            f = replace(f, ahead=min(f.ahead, before.ahead))
-        per_group = d.capacity or capacity
-        # The same band as the KV target's: a group more once the demand passes the groups' capacity by
-        # the tolerance; one fewer only while the rest would still have the tolerance to spare.
-        up = forecast.groups_for(f.ahead, None if per_group is None else per_group * (1 + cfg.tolerance))
-        keep = forecast.groups_for(held, None if per_group is None else per_group * (1 - cfg.tolerance))
-        if up is not None and per_group is not None and up > rec:
-            ahead = (
-                f" heading to {f.ahead:.2f}/s in {cfg.forecast_horizon:.0f} s" if f.ahead > f.rate_now else ""
-            )
-            notes.append(f"demand {f.rate_now:.2f}/s{ahead} at {per_group:.2f}/s per group needs {up}")
-            rec = up
-        if keep is not None and rec < current and keep > rec:
-            rec = min(current, keep)
-            notes.append(f"demand {held:.2f}/s keeps {rec}")
+        rec, note, mem = _rate(rec, current, groups, signal, cfg, mem, d.rate, queued, now, d.capacity)
+        notes += note
     if (
         waits
         and queued > cfg.queue_per_group
@@ -220,6 +184,69 @@ def _lead(
         rec = current + max(1, min(cfg.max_step_up, math.floor(queued / (2 * cfg.queue_per_group))))
         notes.append(f"queues forming ({queued:.1f} waiting per group)")
     return rec, ("; " + "; ".join(notes)) if notes else "", mem
+
+
+def _rate(
+    rec: int,
+    current: int,
+    groups: int,
+    signal: float,
+    cfg: Config,
+    memory: Memory,
+    rate: float,
+    queued: float,
+    now: float,
+    planned: float | None,
+) -> tuple[int, list[str], Memory]:
+    """The recommendation raised by the arrival rate forecast ahead, divided by what one group serves
+    (`planned`, from a plan, else learned from the load being served), and kept by the demand a
+    scale-down must leave room for."""
+    notes = []
+    capacity = memory.capacity
+    prev = memory.rates[-1][1] if memory.rates else None
+    # A fair sample of what a group serves: the cache not saturated, no queue, and the rate not in the
+    # middle of a jump (the cache fills a request's duration after the rate moves).
+    if (
+        cfg.utilization
+        and queued <= cfg.queue_per_group / 2
+        and (prev is None or not forecast.jumped(prev, rate))
+    ):
+        capacity = forecast.learn(memory.capacity, rate, groups, signal, cfg.target)
+    rates = forecast.observe(memory.rates, now, rate, cfg.forecast_window)
+    f, held = _forecast_held(memory, rates, rate, now, cfg)
+    per_group = planned or capacity
+    # The same band as the KV target's: a group more once the demand passes the groups' capacity by
+    # the tolerance; one fewer only while the rest would still have the tolerance to spare.
+    up = forecast.groups_for(f.ahead, None if per_group is None else per_group * (1 + cfg.tolerance))
+    keep = forecast.groups_for(held, None if per_group is None else per_group * (1 - cfg.tolerance))
+    if up is not None and per_group is not None and up > rec:
+        ahead = f" heading to {f.ahead:.2f}/s in {cfg.forecast_horizon:.0f} s" if f.ahead > f.rate_now else ""
+        notes.append(f"demand {f.rate_now:.2f}/s{ahead} at {per_group:.2f}/s per group needs {up}")
+        rec = up
+    if keep is not None and rec < current and keep > rec:
+        rec = min(current, keep)
+        notes.append(f"demand {held:.2f}/s keeps {rec}")
+    return rec, notes, replace(memory, rates=rates, capacity=capacity)
+
+
+def _forecast_held(
+    memory: Memory, rates: tuple[tuple[float, float], ...], rate: float, now: float, cfg: Config
+) -> tuple[forecast.Forecast, float]:
+    """The demand forecast ahead for a scale-up, and the demand a scale-down must leave room for."""
+    f = forecast.forecast(rates, now, cfg.forecast_window, cfg.forecast_horizon)
+    held = f.ahead
+    prev = memory.rates[-1][1] if memory.rates else None
+    if memory.rates and not (prev is not None and forecast.jumped(prev, rate)):
+        # Short of a jump, demand must hold for two decisions in a row (a noisy sample, or a chance run
+        # of them that reads as a trend, rarely does): the forecast made one decision ago caps this one.
+        # For a scale-down the other way round: the higher of the two must fit the groups left (a
+        # single low sample at a group boundary must not take a group that the next one needs).
+        before = forecast.forecast(
+            memory.rates, memory.rates[-1][0], cfg.forecast_window, cfg.forecast_horizon
+        )
+        held = max(f.ahead, before.ahead)
+        f = replace(f, ahead=min(f.ahead, before.ahead))
+    return f, held
 
 
 def _in_flight(
@@ -295,51 +322,13 @@ def decide(
     samples: per group, or None when the query failed. counted: groups that are ready and warm (only
     their samples count). warming: groups that exist but are not ready or still warming up.
     """
-    keep = max(cfg.up_window, cfg.down_window)
-    history = in_window(memory.recommendations, now, keep)
-
-    def hold(reason: str, message: str, metrics_ok: bool, signal: float | None = None) -> Decision:
-        desired = _clamp(current, cfg)
-        if desired != current:
-            reason, message = (
-                "OutOfBounds",
-                f"{current} groups is outside [{cfg.min_groups}, {cfg.max_groups}]",
-            )
-        # Without data the count that runs is the recommendation: once samples come back, a scale-down
-        # still waits for a whole window of them.
-        mem = replace(memory, recommendations=history if metrics_ok else prune((*history, (now, desired))))
-        if desired != current:
-            mem = replace(mem, last_scale_time=now)
-        return Decision(desired, current, reason, message, signal, None, mem, metrics_ok)
-
-    if samples is None:
-        return hold("MetricsUnavailable", "the metrics query failed: holding the current groups", False)
-    valid = forecast.valid_utilization if cfg.utilization else forecast.valid_count
-    # Only the groups that count can spoil a decision: a bad sample of a warming group is ignored.
-    bad = {g: s.value for g, s in samples.items() if g in counted and not valid(s.value)}
-    if bad:
-        shown = ", ".join(f"{g}={v!r}" for g, v in sorted(bad.items())[:3])
-        return hold("MetricsUnavailable", f"bad samples ({shown}): holding the current groups", False)
-    fresh = {g: s for g, s in samples.items() if g in counted and s.age_seconds <= cfg.stale_after}
-    if not fresh:
-        if counted:
-            stale = [g for g in counted if g in samples]
-            what = "stale" if stale else "missing"
-            return hold(
-                "MetricsUnavailable",
-                f"samples {what} for {len(counted)} ready group(s): holding the current groups",
-                False,
-            )
-        return hold("Warming", f"no group has finished warming up ({warming} warming)", True)
-
+    history = in_window(memory.recommendations, now, max(cfg.up_window, cfg.down_window))
+    fresh = _fresh(samples, counted, warming, cfg)
+    if isinstance(fresh, _Hold):
+        return _hold(fresh, current, cfg, memory, history, now)
     signal = sum(s.value for s in fresh.values()) / len(fresh)
     missing = len(counted) - len(fresh)  # groups that count but sent no fresh sample
-    ratio = signal / cfg.target
-    if abs(ratio - 1) <= cfg.tolerance:
-        rec = current
-    else:
-        rec = math.ceil(len(fresh) * signal / cfg.target - 1e-9)
-        rec = max(rec, 1 if signal > 0 else 0)
+    rec = _proportional(signal, len(fresh), current, cfg)
     leads = ""
     mem = memory
     if cfg.leading and demand is not None:
@@ -347,21 +336,7 @@ def decide(
     rec = _clamp(rec, cfg)  # the windows compare recommendations; the step caps come after them
     history = (*history, (now, rec))
     mem = replace(mem, recommendations=prune(history))
-
-    if rec > current:
-        window = [n for t, n in history if now - t <= cfg.up_window] if cfg.up_window > 0 else [rec]
-        desired = min(current + cfg.max_step_up, max(current, min(window)))
-        reason = "ScaleUp" if desired > current else "ScaleUpStabilizing"
-    elif rec < current and (warming or missing):
-        desired, reason = current, "Warming" if warming else "MetricsIncomplete"
-    elif rec < current:
-        window = [n for t, n in history if now - t <= cfg.down_window] if cfg.down_window > 0 else [rec]
-        desired = max(current - cfg.max_step_down, min(current, max(window)))
-        reason = "ScaleDown" if desired < current else "ScaleDownStabilizing"
-    else:
-        desired, reason = current, "WithinTolerance"
-    if _clamp(desired, cfg) != desired:
-        desired, reason = _clamp(desired, cfg), "OutOfBounds"
+    desired, reason = _stabilized(rec, current, bool(warming or missing), warming, history, cfg, now)
     if desired != current:
         mem = replace(mem, last_scale_time=now)
     if reason == "Warming":
@@ -376,6 +351,102 @@ def decide(
             ": no scale-down" if rec < current else ""
         )
     return Decision(desired, current, reason, message, signal, rec, mem, metrics_ok=not missing)
+
+
+@dataclass(frozen=True)
+class _Hold:
+    """Why a decision holds the current count (no usable samples)."""
+
+    reason: str
+    message: str
+    metrics_ok: bool
+
+
+def _fresh(
+    samples: Mapping[str, Sample] | None, counted: set[str], warming: int, cfg: Config
+) -> dict[str, Sample] | _Hold:
+    """The fresh samples of the groups that count, or why there is nothing to decide on."""
+    if samples is None:
+        return _Hold("MetricsUnavailable", "the metrics query failed: holding the current groups", False)
+    valid = forecast.valid_utilization if cfg.utilization else forecast.valid_count
+    # Only the groups that count can spoil a decision: a bad sample of a warming group is ignored.
+    bad = {g: s.value for g, s in samples.items() if g in counted and not valid(s.value)}
+    if bad:
+        shown = ", ".join(f"{g}={v!r}" for g, v in sorted(bad.items())[:3])
+        return _Hold("MetricsUnavailable", f"bad samples ({shown}): holding the current groups", False)
+    fresh = {g: s for g, s in samples.items() if g in counted and s.age_seconds <= cfg.stale_after}
+    if fresh:
+        return fresh
+    if counted:
+        stale = [g for g in counted if g in samples]
+        what = "stale" if stale else "missing"
+        return _Hold(
+            "MetricsUnavailable",
+            f"samples {what} for {len(counted)} ready group(s): holding the current groups",
+            False,
+        )
+    return _Hold("Warming", f"no group has finished warming up ({warming} warming)", True)
+
+
+def _hold(
+    why: _Hold,
+    current: int,
+    cfg: Config,
+    memory: Memory,
+    history: tuple[tuple[float, int], ...],
+    now: float,
+) -> Decision:
+    """The current count (within the bounds) with no recommendation."""
+    reason, message = why.reason, why.message
+    desired = _clamp(current, cfg)
+    if desired != current:
+        reason, message = (
+            "OutOfBounds",
+            f"{current} groups is outside [{cfg.min_groups}, {cfg.max_groups}]",
+        )
+    # Without data the count that runs is the recommendation: once samples come back, a scale-down
+    # still waits for a whole window of them.
+    mem = replace(memory, recommendations=history if why.metrics_ok else prune((*history, (now, desired))))
+    if desired != current:
+        mem = replace(mem, last_scale_time=now)
+    return Decision(desired, current, reason, message, None, None, mem, why.metrics_ok)
+
+
+def _proportional(signal: float, groups: int, current: int, cfg: Config) -> int:
+    """The groups that hold the mean signal of `groups` at the target (the current count within the
+    tolerance band)."""
+    if abs(signal / cfg.target - 1) <= cfg.tolerance:
+        return current
+    return max(math.ceil(groups * signal / cfg.target - 1e-9), 1 if signal > 0 else 0)
+
+
+def _stabilized(
+    rec: int,
+    current: int,
+    incomplete: bool,
+    warming: int,
+    history: tuple[tuple[float, int], ...],
+    cfg: Config,
+    now: float,
+) -> tuple[int, str]:
+    """The count to run and why: the lowest recommendation of the up window or the highest of the down
+    window, capped by the steps and the bounds; no scale-down while groups warm or samples are missing
+    (`incomplete`)."""
+    if rec > current:
+        window = [n for t, n in history if now - t <= cfg.up_window] if cfg.up_window > 0 else [rec]
+        desired = min(current + cfg.max_step_up, max(current, min(window)))
+        reason = "ScaleUp" if desired > current else "ScaleUpStabilizing"
+    elif rec < current and incomplete:
+        desired, reason = current, "Warming" if warming else "MetricsIncomplete"
+    elif rec < current:
+        window = [n for t, n in history if now - t <= cfg.down_window] if cfg.down_window > 0 else [rec]
+        desired = max(current - cfg.max_step_down, min(current, max(window)))
+        reason = "ScaleDown" if desired < current else "ScaleDownStabilizing"
+    else:
+        desired, reason = current, "WithinTolerance"
+    if _clamp(desired, cfg) != desired:
+        desired, reason = _clamp(desired, cfg), "OutOfBounds"
+    return desired, reason
 
 
 def in_window(

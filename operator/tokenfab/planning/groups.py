@@ -151,6 +151,66 @@ def _completion_nodes(
     )
 
 
+@dataclass(frozen=True)
+class _Judge:
+    """How this plan classifies a group: node health, the clock and the timeouts."""
+
+    nodes: Mapping[str, NodeHealth]
+    now: float
+    toleration: float
+    bind_timeout: float
+
+    def classify(self, g: GroupView) -> tuple[GroupState, str]:
+        return classify(g, self.nodes, self.now, self.toleration, self.bind_timeout)
+
+
+@dataclass(frozen=True)
+class _Generation:
+    """Where the deployment's other roles stand in a rollout (see `plan_role`)."""
+
+    other_roles_ready: bool
+    retired: bool
+    others_short: bool
+
+
+@dataclass
+class _Placer:
+    """Creates groups of the plan's revision, each whole in one NVLink domain on the nodes best fit
+    chooses there, keeping the room this plan takes out of `domains` and the slots it uses."""
+
+    plan: RolePlan
+    domains: dict[str, Domain]
+    policy: PlacementPolicy
+    used_slots: set[int]
+    per_domain: dict[str, int]  # alive groups per domain (placement may spread them)
+
+    def place(self, reason: str) -> bool:
+        plan, shape = self.plan, self.plan.shape
+        if plan.backoff > 0:
+            return False
+        chosen = choose_domain(self.domains, shape, self.policy, self.per_domain)
+        targets = (
+            None if chosen is None else best_fit_nodes(self.domains[chosen].free, shape.nodes, shape.pod_gpus)
+        )
+        if chosen is None or targets is None:
+            plan.unplaced = 1  # the caller counts the rest
+            plan.largest_block = largest_block(self.domains, shape)
+            return False
+        slot = next(i for i in range(len(self.used_slots) + 1) if i not in self.used_slots)
+        self.used_slots.add(slot)
+        self.domains = {**self.domains, chosen: take(self.domains[chosen], targets, shape.pod_gpus)}
+        self.per_domain[chosen] = self.per_domain.get(chosen, 0) + 1
+        plan.create.append(Create(plan.role, slot, chosen, plan.revision, reason, tuple(targets)))
+        return True
+
+    def place_up_to(self, count: int, reason: str) -> None:
+        """Up to `count` groups; the plan counts those that found no room."""
+        for placed in range(count):
+            if not self.place(reason):
+                self.plan.unplaced = count - placed
+                break
+
+
 def plan_role(
     role: RoleName,
     desired: int,
@@ -184,177 +244,231 @@ def plan_role(
     A `retired` role (it left the spec: serving.mode changed) keeps its groups serving until every role
     of the spec has a serving group (`other_roles_ready`); while the spec's new groups find no room
     (`others_short`) it gives up one group at a time, as long as another of its groups still serves."""
-    policy_drain = drain or DrainPolicy()
+    leave = drain or DrainPolicy()
+    judge = _Judge(nodes, now, toleration, bind_timeout)
     plan = RolePlan(role=role, desired=desired, revision=revision, shape=shape)
+    alive, domains = _classify_groups(plan, groups, domains, judge)
+    hold = hold_seconds(list(plan.broken_reasons.values())) if callable(hold_seconds) else hold_seconds
+    plan.backoff = max(0.0, hold)
+    placer = _Placer(plan, domains, policy, {g.slot for g in groups}, _per_domain(alive))
+    counted = [g for g in alive if plan.states[g.name] != "draining"]
+    _settle_draining(plan, alive, counted, judge, leave)
+    new = [g for g in counted if g.revision == revision]
+    old = [g for g in counted if g.revision != revision]
+    plan.old_groups = len(old)
+    leaving = _leaving(plan, groups, nodes)
+    if plan.backoff > 0 and len(new) + len(old) < desired:
+        pass  # replacements wait for the backoff to run out
+    elif not old:
+        _scale(plan, placer, new, leave)
+    else:
+        _rollout(
+            plan, placer, new, old, leaving, leave, _Generation(other_roles_ready, retired, others_short)
+        )
+    return plan, _drop_doomed(plan, groups, placer.domains)
+
+
+def _classify_groups(
+    plan: RolePlan, groups: Sequence[GroupView], domains: dict[str, Domain], judge: _Judge
+) -> tuple[list[GroupView], dict[str, Domain]]:
+    """Each group's state: broken groups are deleted, reserved ones completed or released, and the groups
+    still alive are returned with the domains less the room their completion takes."""
     alive: list[GroupView] = []
     for g in sorted(groups, key=lambda g: g.slot):  # (completions compete for room: a fixed order)
-        state, why = classify(g, nodes, now, toleration, bind_timeout)
+        state, why = judge.classify(g)
         plan.states[g.name] = state
         if state == "broken":
             plan.broken_reasons[g.name] = why
-            plan.delete.append(Delete(role, g.name, "Broken"))
+            plan.delete.append(Delete(plan.role, g.name, "Broken"))
             continue
         if state not in ALIVE:
             continue
-        missing = missing_ranks(g)
-        if state == "reserved" and missing:
-            # Finish a group the operator started before it stopped, on the nodes it was given, if they
-            # still have room and its revision is current; otherwise start it over.
-            targets = (
-                _completion_nodes(g, missing, domains.get(g.domain), shape)
-                if g.revision == revision
-                else None
-            )
-            if targets is None:
-                plan.states[g.name] = "broken"
-                plan.broken_reasons[g.name] = "could not be completed where it was started"
-                plan.delete.append(Delete(role, g.name, "Broken"))
+        if state == "reserved":
+            completed = _reserved(plan, g, domains)
+            if completed is None:
                 continue
-            domains = {**domains, g.domain: take(domains[g.domain], targets, shape.pod_gpus)}
-            plan.create.append(
-                Create(role, g.slot, g.domain, g.revision, "Complete", tuple(targets), tuple(missing))
-            )
-            plan.unbound[g.name] = f"creating ranks {missing}"
-        elif state == "reserved":
-            plan.release.append(g.name)
-            plan.unbound[g.name] = "released to the scheduler"
-        elif any(p.claims_pending for p in g.pods):
-            pending = next(p.name for p in sorted(g.pods, key=lambda p: p.rank) if p.claims_pending)
-            plan.unbound[g.name] = f"waiting for the resource claims of its pods (pod {pending})"
-        elif any(p.node is None for p in g.pods):
-            plan.unbound[g.name] = why or "waiting for the scheduler to bind its pods"
+            domains = completed
+        else:
+            _note_binding(plan, g, why)
         alive.append(g)
         stuck = [p for p in sorted(g.pods, key=lambda p: p.rank) if p.waiting and not p.ready]
         if state == "starting" and stuck:
             plan.waiting[g.name] = f"pod {stuck[0].name}: {stuck[0].waiting}"
-    hold = hold_seconds(list(plan.broken_reasons.values())) if callable(hold_seconds) else hold_seconds
-    plan.backoff = max(0.0, hold)
-    used_slots = {g.slot for g in groups}
+    return alive, domains
+
+
+def _reserved(plan: RolePlan, g: GroupView, domains: dict[str, Domain]) -> dict[str, Domain] | None:
+    """A reserved group whose pods all exist is released to the scheduler. One whose creation was
+    interrupted is finished on the nodes it was given, if they still have room and its revision is
+    current (the domains less that room are returned); otherwise it is deleted to start over (None)."""
+    missing = missing_ranks(g)
+    if not missing:
+        plan.release.append(g.name)
+        plan.unbound[g.name] = "released to the scheduler"
+        return domains
+    shape = plan.shape
+    targets = (
+        _completion_nodes(g, missing, domains.get(g.domain), shape) if g.revision == plan.revision else None
+    )
+    if targets is None:
+        plan.states[g.name] = "broken"
+        plan.broken_reasons[g.name] = "could not be completed where it was started"
+        plan.delete.append(Delete(plan.role, g.name, "Broken"))
+        return None
+    plan.create.append(
+        Create(plan.role, g.slot, g.domain, g.revision, "Complete", tuple(targets), tuple(missing))
+    )
+    plan.unbound[g.name] = f"creating ranks {missing}"
+    return {**domains, g.domain: take(domains[g.domain], targets, shape.pod_gpus)}
+
+
+def _note_binding(plan: RolePlan, g: GroupView, why: str) -> None:
+    """Why an alive group is not fully bound yet, if it is not."""
+    if any(p.claims_pending for p in g.pods):
+        pending = next(p.name for p in sorted(g.pods, key=lambda p: p.rank) if p.claims_pending)
+        plan.unbound[g.name] = f"waiting for the resource claims of its pods (pod {pending})"
+    elif any(p.node is None for p in g.pods):
+        plan.unbound[g.name] = why or "waiting for the scheduler to bind its pods"
+
+
+def _per_domain(alive: Sequence[GroupView]) -> dict[str, int]:
     per_domain: dict[str, int] = {}
     for g in alive:
         per_domain[g.domain] = per_domain.get(g.domain, 0) + 1
+    return per_domain
 
-    def place(reason: str) -> bool:
-        nonlocal domains
-        if plan.backoff > 0:
-            return False
-        chosen = choose_domain(domains, shape, policy, per_domain)
-        targets = (
-            None if chosen is None else best_fit_nodes(domains[chosen].free, shape.nodes, shape.pod_gpus)
-        )
-        if chosen is None or targets is None:
-            plan.unplaced = 1  # the caller counts the rest
-            plan.largest_block = largest_block(domains, shape)
-            return False
-        slot = next(i for i in range(len(used_slots) + 1) if i not in used_slots)
-        used_slots.add(slot)
-        domains = {**domains, chosen: take(domains[chosen], targets, shape.pod_gpus)}
-        per_domain[chosen] = per_domain.get(chosen, 0) + 1
-        plan.create.append(Create(role, slot, chosen, revision, reason, tuple(targets)))
-        return True
 
+def _settle_draining(
+    plan: RolePlan, alive: Sequence[GroupView], counted: list[GroupView], judge: _Judge, leave: DrainPolicy
+) -> None:
+    """Groups already draining: back into routing if needed again (they count again: `counted`), else
+    gone once idle or out of time."""
     states = plan.states
-    counted = [g for g in alive if states[g.name] != "draining"]
-    current = [g for g in counted if g.revision == revision]
-
-    # Groups already draining: back into routing if needed again, else gone once idle or out of time.
+    current = [g for g in counted if g.revision == plan.revision]
     for g in sorted((g for g in alive if states[g.name] == "draining"), key=lambda g: g.slot):
-        since = now - (g.draining_since or now)
-        if g.revision == revision and len(current) < desired:
+        since = judge.now - (g.draining_since or judge.now)
+        if g.revision == plan.revision and len(current) < plan.desired:
             plan.undrain.append(g.name)
             # (serving, or starting if a pod stopped being ready while it drained)
-            back = replace(g, draining_since=None)
-            states[g.name] = classify(back, nodes, now, toleration, bind_timeout)[0]
+            states[g.name] = judge.classify(replace(g, draining_since=None))[0]
             counted.append(g)
             current.append(g)
             continue
         plan.draining[g.name] = since
-        inflight = None if policy_drain.inflight is None else policy_drain.inflight.get(g.name)
-        if not policy_drain.observed:
-            plan.delete.append(Delete(role, g.name, "Drained", inflight, since))
-        elif inflight == 0 and since >= policy_drain.settle:
-            plan.delete.append(Delete(role, g.name, "Drained", 0, since))
-        elif since >= policy_drain.seconds:
-            plan.delete.append(Delete(role, g.name, "DrainTimedOut", inflight, since))
+        inflight = None if leave.inflight is None else leave.inflight.get(g.name)
+        if not leave.observed:
+            plan.delete.append(Delete(plan.role, g.name, "Drained", inflight, since))
+        elif inflight == 0 and since >= leave.settle:
+            plan.delete.append(Delete(plan.role, g.name, "Drained", 0, since))
+        elif since >= leave.seconds:
+            plan.delete.append(Delete(plan.role, g.name, "DrainTimedOut", inflight, since))
 
-    def remove(g: GroupView, reason: str) -> None:
-        """A serving group drains first (when drains are observed); any other goes at once."""
-        if states[g.name] == "serving" and policy_drain.observed:
-            known = policy_drain.inflight.get(g.name) if policy_drain.inflight is not None else None
-            plan.drain.append(Drain(role, g.name, reason, known))
-            states[g.name] = "draining"
-        else:
-            plan.delete.append(Delete(role, g.name, reason))
 
-    new = [g for g in counted if g.revision == revision]
-    old = [g for g in counted if g.revision != revision]
-    plan.old_groups = len(old)
-    new_all_ready = all(states[g.name] == "serving" for g in new)
-    # Old groups already on their way out (draining, or their pods terminating): the room they hold comes
-    # back (unless a pod of theirs sits on a node that is gone or not ready).
-    leaving = sum(
+def _leaving(plan: RolePlan, groups: Sequence[GroupView], nodes: Mapping[str, NodeHealth]) -> int:
+    """Old groups already on their way out (draining, or their pods terminating): the room they hold comes
+    back (unless a pod of theirs sits on a node that is gone or not ready)."""
+    states = plan.states
+    return sum(
         1
         for g in groups
-        if g.revision != revision
+        if g.revision != plan.revision
         and (g.name in plan.draining or states[g.name] in ("deleting", "broken"))
         and all(nodes.get(p.node, NodeHealth(False)).ready for p in g.pods if p.node is not None)
     )
 
-    if plan.backoff > 0 and len(new) + len(old) < desired:
-        pass  # replacements wait for the backoff to run out
-    elif not old:
-        if len(new) < desired:
-            reason = "Replace" if any(d.reason == "Broken" for d in plan.delete) else "Missing"
-            for placed in range(desired - len(new)):
-                if not place(reason):
-                    plan.unplaced = desired - len(new) - placed
-                    break
-        elif len(new) > desired:
-            for g in _order_for_removal(new, states)[: len(new) - desired]:
-                remove(g, "Surplus")
+
+def _remove(plan: RolePlan, g: GroupView, reason: str, leave: DrainPolicy) -> None:
+    """A serving group drains first (when drains are observed); any other goes at once."""
+    if plan.states[g.name] == "serving" and leave.observed:
+        known = leave.inflight.get(g.name) if leave.inflight is not None else None
+        plan.drain.append(Drain(plan.role, g.name, reason, known))
+        plan.states[g.name] = "draining"
     else:
-        # A rollout: the new generation comes up where capacity allows, the old one drains once the new
-        # one can serve (every role has a serving group of it).
-        short = desired - len(new)
-        if short > 0 and plan.backoff <= 0:
-            for placed in range(short):
-                if not place("Surge"):
-                    plan.unplaced = short - placed
-                    break
-        elif short < 0:
-            for g in _order_for_removal(new, states)[:-short]:
-                remove(g, "Surplus")
-        serving_new = [g for g in new if states[g.name] == "serving"]
-        generation_ready = bool(serving_new) and other_roles_ready
-        if retired and not other_roles_ready:
-            serving_old = [g for g in old if states[g.name] == "serving"]
-            if others_short and not leaving and len(serving_old) > 1:
-                remove(_order_for_removal(old, states)[0], "Rollout")
-        elif desired == 0 or (generation_ready and len(new) >= desired and new_all_ready):
-            for g in _order_for_removal(old, states):
-                remove(g, "Rollout")
-        elif generation_ready and plan.unplaced > leaving:
-            for g in _order_for_removal(old, states)[: plan.unplaced - leaving]:
-                remove(g, "Rollout")  # room for the next new groups, batch by batch
-        elif plan.unplaced and not new and not any(cr.reason == "Surge" for cr in plan.create):
-            # No room for even one group of the new generation: make room with one old group, as long
-            # as the old generation keeps one serving; a lone old group stays, and the rollout waits.
-            serving_old = [g for g in old if states[g.name] == "serving"]
-            if len(serving_old) > 1 and not leaving:
-                remove(_order_for_removal(old, states)[0], "Rollout")
-            elif not leaving:
-                plan.rollout_blocked = True
-                plan.largest_block = largest_block(domains, shape)
-    # A group deleted by this plan is neither completed nor released.
+        plan.delete.append(Delete(plan.role, g.name, reason))
+
+
+def _scale(plan: RolePlan, placer: _Placer, new: Sequence[GroupView], leave: DrainPolicy) -> None:
+    """No rollout: missing groups are created (replacements when groups broke), surplus ones leave."""
+    if len(new) < plan.desired:
+        reason = "Replace" if any(d.reason == "Broken" for d in plan.delete) else "Missing"
+        placer.place_up_to(plan.desired - len(new), reason)
+    elif len(new) > plan.desired:
+        for g in _order_for_removal(new, plan.states)[: len(new) - plan.desired]:
+            _remove(plan, g, "Surplus", leave)
+
+
+def _rollout(
+    plan: RolePlan,
+    placer: _Placer,
+    new: Sequence[GroupView],
+    old: Sequence[GroupView],
+    leaving: int,
+    leave: DrainPolicy,
+    gen: _Generation,
+) -> None:
+    """A rollout: the new generation comes up where capacity allows, the old one drains once the new
+    one can serve (every role has a serving group of it)."""
+    short = plan.desired - len(new)
+    if short > 0 and plan.backoff <= 0:
+        placer.place_up_to(short, "Surge")
+    elif short < 0:
+        for g in _order_for_removal(new, plan.states)[:-short]:
+            _remove(plan, g, "Surplus", leave)
+    # The new generation is whole once the groups it keeps all serve (a surplus group leaving by this
+    # plan does not hold the old one back for another pass).
+    removed = {d.name for d in plan.delete} | {d.name for d in plan.drain}
+    new_all_ready = all(plan.states[g.name] == "serving" for g in new if g.name not in removed)
+    _retire_old(plan, placer.domains, new, old, new_all_ready, leaving, leave, gen)
+
+
+def _retire_old(
+    plan: RolePlan,
+    domains: dict[str, Domain],
+    new: Sequence[GroupView],
+    old: Sequence[GroupView],
+    new_all_ready: bool,
+    leaving: int,
+    leave: DrainPolicy,
+    gen: _Generation,
+) -> None:
+    """Which old groups leave: all once the new generation serves whole, else as many as new groups found
+    no room, else one to make room while another old one serves; a lone old group stays."""
+    states = plan.states
+    serving_new = [g for g in new if states[g.name] == "serving"]
+    generation_ready = bool(serving_new) and gen.other_roles_ready
+    serving_old = [g for g in old if states[g.name] == "serving"]
+    if gen.retired and not gen.other_roles_ready:
+        if gen.others_short and not leaving and len(serving_old) > 1:
+            _remove(plan, _order_for_removal(old, states)[0], "Rollout", leave)
+    elif plan.desired == 0 or (generation_ready and len(new) >= plan.desired and new_all_ready):
+        for g in _order_for_removal(old, states):
+            _remove(plan, g, "Rollout", leave)
+    elif generation_ready and plan.unplaced > leaving:
+        for g in _order_for_removal(old, states)[: plan.unplaced - leaving]:
+            _remove(plan, g, "Rollout", leave)  # room for the next new groups, batch by batch
+    elif plan.unplaced and not new and not any(cr.reason == "Surge" for cr in plan.create):
+        # No room for even one group of the new generation: make room with one old group, as long
+        # as the old generation keeps one serving; a lone old group stays, and the rollout waits.
+        if len(serving_old) > 1 and not leaving:
+            _remove(plan, _order_for_removal(old, states)[0], "Rollout", leave)
+        elif not leaving:
+            plan.rollout_blocked = True
+            plan.largest_block = largest_block(domains, plan.shape)
+
+
+def _drop_doomed(
+    plan: RolePlan, groups: Sequence[GroupView], domains: dict[str, Domain]
+) -> dict[str, Domain]:
+    """A group deleted by this plan is neither completed (its room is given back) nor released."""
     doomed = {d.name for d in plan.delete}
     doomed_slots = {g.slot for g in groups if g.name in doomed}
     for cr in plan.create:
         if cr.reason == "Complete" and cr.slot in doomed_slots:  # give its room back
             d = domains[cr.domain]
-            free = {n: f + shape.pod_gpus * cr.nodes.count(n) for n, f in d.free.items()}
+            free = {n: f + plan.shape.pod_gpus * cr.nodes.count(n) for n, f in d.free.items()}
             domains = {**domains, cr.domain: replace(d, free=free)}
     plan.create = [cr for cr in plan.create if not (cr.reason == "Complete" and cr.slot in doomed_slots)]
     plan.release = [name for name in plan.release if name not in doomed]
     for name in doomed:
         plan.unbound.pop(name, None)
-    return plan, domains
+    return domains

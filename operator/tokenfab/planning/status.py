@@ -52,10 +52,87 @@ def _placement_message(p: RolePlan) -> str:
 
 
 def conditions(plans: Sequence[RolePlan], obs: Observed) -> list[Condition]:
+    """Ready, Progressing, Degraded and Placed, in that order."""
+    placed = _placed(plans)
+    return [_ready(plans, obs), _progressing(plans), _degraded(plans, obs, placed), placed]
+
+
+def _broken(plans: Sequence[RolePlan]) -> dict[str, str]:
+    """Broken group -> why."""
+    return {name: why for p in plans for name, why in p.broken_reasons.items()}
+
+
+def _errors(obs: Observed) -> str:
+    return "; ".join(obs.errors)[:900]
+
+
+def _placed(plans: Sequence[RolePlan]) -> Condition:
+    """Placed: every group bound whole inside one NVLink domain, or what keeps one from it."""
     unplaced = [p for p in plans if p.unplaced]
     blocked = [p for p in plans if p.rollout_blocked]
-    broken = {name: why for p in plans for name, why in p.broken_reasons.items()}
+    held = [p for p in plans if p.blocked]
+    refused = [f"{g}: {why}" for p in plans for g, why in sorted(p.refused.items())]
+    if held:
+        return _cond("Placed", False, "ComputeDomainUnavailable", "; ".join(p.blocked for p in held))
+    if refused:
+        return _cond(
+            "Placed",
+            False,
+            "CreateRefused",
+            f"{len(refused)} group(s) not created, the API server refused them (tried again with backoff): "
+            + "; ".join(refused)[:600],
+        )
+    if unplaced:
+        return _cond(
+            "Placed",
+            False,
+            "InsufficientCapacity",
+            "; ".join(f"{p.unplaced} {_placement_message(p)}" for p in unplaced),
+        )
+    if blocked:
+        return _cond(
+            "Placed",
+            False,
+            "RolloutBlocked",
+            "; ".join(f"new revision not started, old groups kept: {_placement_message(p)}" for p in blocked),
+        )
+    if any(p.unbound for p in plans):
+        waiting = [f"{g} ({why})" for p in plans for g, why in sorted(p.unbound.items())]
+        return Condition(
+            type="Placed",
+            status="Unknown",
+            reason="Binding",
+            message=f"{len(waiting)} group(s) placed but not bound yet: " + "; ".join(waiting)[:600],
+        )
+    return _cond("Placed", True, "AllGroupsPlaced", "every group is bound whole inside one NVLink domain")
+
+
+def _ready(plans: Sequence[RolePlan], obs: Observed) -> Condition:
+    """Ready: every role has its desired groups serving and the frontend is available."""
     short = [p for p in plans if p.ready < p.desired]
+    counts = ", ".join(f"{p.role} {p.ready}/{p.desired}" for p in plans)
+    if obs.crashloop and short:
+        return _cond("Ready", False, "CrashLooping", f"ready groups: {counts}; {obs.crashloop}"[:900])
+    if obs.errors and (short or obs.frontend_available < 1):
+        return _cond(
+            "Ready",
+            False,
+            "ReconcileError",
+            f"ready groups: {counts}; the API server refused: {_errors(obs)}",
+        )
+    if short:
+        waiting = [why for p in short for _, why in sorted(p.waiting.items())]
+        detail = f"; waiting: {waiting[0][:300]}" if waiting else ""
+        return _cond("Ready", False, "GroupsNotReady", f"ready groups: {counts}{detail}")
+    if obs.frontend_available < 1:
+        return _cond(
+            "Ready", False, "FrontendNotReady", f"frontend {obs.frontend_available}/{obs.frontend_desired}"
+        )
+    return _cond("Ready", True, "AllGroupsReady", f"ready groups: {counts}; serving at {obs.endpoint}")
+
+
+def _progressing(plans: Sequence[RolePlan]) -> Condition:
+    """Progressing: draining, rolling out, recovering broken groups, scaling, or stable."""
     rolling = [
         p
         for p in plans
@@ -63,114 +140,58 @@ def conditions(plans: Sequence[RolePlan], obs: Observed) -> list[Condition]:
         or any(d.reason == "Rollout" for d in p.delete)
         or any(d.reason == "Rollout" for d in p.drain)
     ]
-
-    held = [p for p in plans if p.blocked]
-    refused = [f"{g}: {why}" for p in plans for g, why in sorted(p.refused.items())]
-    if held:
-        placed = _cond("Placed", False, "ComputeDomainUnavailable", "; ".join(p.blocked for p in held))
-    elif refused:
-        placed = _cond(
-            "Placed",
-            False,
-            "CreateRefused",
-            f"{len(refused)} group(s) not created, the API server refused them (tried again with backoff): "
-            + "; ".join(refused)[:600],
-        )
-    elif unplaced:
-        placed = _cond(
-            "Placed",
-            False,
-            "InsufficientCapacity",
-            "; ".join(f"{p.unplaced} {_placement_message(p)}" for p in unplaced),
-        )
-    elif blocked:
-        placed = _cond(
-            "Placed",
-            False,
-            "RolloutBlocked",
-            "; ".join(f"new revision not started, old groups kept: {_placement_message(p)}" for p in blocked),
-        )
-    elif any(p.unbound for p in plans):
-        waiting = [f"{g} ({why})" for p in plans for g, why in sorted(p.unbound.items())]
-        placed = Condition(
-            type="Placed",
-            status="Unknown",
-            reason="Binding",
-            message=f"{len(waiting)} group(s) placed but not bound yet: " + "; ".join(waiting)[:600],
-        )
-    else:
-        placed = _cond(
-            "Placed", True, "AllGroupsPlaced", "every group is bound whole inside one NVLink domain"
-        )
-
-    counts = ", ".join(f"{p.role} {p.ready}/{p.desired}" for p in plans)
-    errors = "; ".join(obs.errors)[:900]
-    if obs.crashloop and short:
-        ready = _cond("Ready", False, "CrashLooping", f"ready groups: {counts}; {obs.crashloop}"[:900])
-    elif obs.errors and (short or obs.frontend_available < 1):
-        ready = _cond(
-            "Ready", False, "ReconcileError", f"ready groups: {counts}; the API server refused: {errors}"
-        )
-    elif short:
-        waiting = [why for p in short for _, why in sorted(p.waiting.items())]
-        detail = f"; waiting: {waiting[0][:300]}" if waiting else ""
-        ready = _cond("Ready", False, "GroupsNotReady", f"ready groups: {counts}{detail}")
-    elif obs.frontend_available < 1:
-        ready = _cond(
-            "Ready", False, "FrontendNotReady", f"frontend {obs.frontend_available}/{obs.frontend_desired}"
-        )
-    else:
-        ready = _cond("Ready", True, "AllGroupsReady", f"ready groups: {counts}; serving at {obs.endpoint}")
-
     creating = sum(len(p.create) for p in plans)
     deleting = sum(len(p.delete) for p in plans)
     starting = sum(1 for p in plans for s in p.states.values() if s in ("starting", "reserved"))
     drains = {g: t for p in plans for g, t in p.draining.items()} | {
         d.name: 0.0 for p in plans for d in p.drain
     }
+    broken = _broken(plans)
     if drains and not (rolling or any(p.old_groups for p in plans)):
-        progressing = _cond(
+        return _cond(
             "Progressing",
             True,
             "Draining",
             f"{len(drains)} group(s) out of routing, finishing their requests: "
             + ", ".join(f"{g} ({t:.0f} s)" for g, t in sorted(drains.items())),
         )
-    elif rolling or any(p.old_groups for p in plans):
-        progressing = _cond(
+    if rolling or any(p.old_groups for p in plans):
+        return _cond(
             "Progressing",
             True,
             "RollingOut",
             f"replacing groups one at a time ({creating} creating, {deleting} deleting)",
         )
-    elif broken:
-        progressing = _cond("Progressing", True, "Recovering", f"recreating {len(broken)} broken group(s)")
-    elif creating or deleting or starting:
-        progressing = _cond(
+    if broken:
+        return _cond("Progressing", True, "Recovering", f"recreating {len(broken)} broken group(s)")
+    if creating or deleting or starting:
+        return _cond(
             "Progressing",
             True,
             "Scaling",
             f"{creating} group(s) creating, {starting} starting, {deleting} deleting",
         )
-    else:
-        progressing = _cond("Progressing", False, "Stable", "nothing to do")
+    return _cond("Progressing", False, "Stable", "nothing to do")
 
+
+def _degraded(plans: Sequence[RolePlan], obs: Observed, placed: Condition) -> Condition:
+    """Degraded: the API server refused something, groups crash-loop or failed, or capacity is short
+    (with the Placed condition's message)."""
+    broken = _broken(plans)
     if obs.errors:
-        degraded = _cond("Degraded", True, "ReconcileError", f"the API server refused: {errors}")
-    elif obs.crashloop:
-        degraded = _cond("Degraded", True, "CrashLooping", obs.crashloop[:900])
-    elif broken:
-        degraded = _cond(
+        return _cond("Degraded", True, "ReconcileError", f"the API server refused: {_errors(obs)}")
+    if obs.crashloop:
+        return _cond("Degraded", True, "CrashLooping", obs.crashloop[:900])
+    if broken:
+        return _cond(
             "Degraded",
             True,
             "GroupFailed",
             "; ".join(f"{name}: {why}" for name, why in sorted(broken.items()))[:900],
         )
-    elif unplaced:
-        degraded = _cond("Degraded", True, "InsufficientCapacity", placed.message)
-    else:
-        degraded = _cond("Degraded", False, "AsExpected", "no failed groups")
-    return [ready, progressing, degraded, placed]
+    if any(p.unplaced for p in plans):
+        return _cond("Degraded", True, "InsufficientCapacity", placed.message)
+    return _cond("Degraded", False, "AsExpected", "no failed groups")
 
 
 def merge_conditions(

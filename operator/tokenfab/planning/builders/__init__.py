@@ -1,0 +1,162 @@
+"""Child manifests of a ModelDeployment, built from the spec and a placement (pure: dicts out, no I/O).
+
+Children: per role an engine ConfigMap; per group its pods (one per node, ranks 0..n-1, pinned by node
+affinity to the group's NVLink domain) and optionally an NVIDIA ComputeDomain; one headless Service
+that gives every worker a stable DNS name (rank 0 is the group's leader); the Dynamo frontend
+Deployment and its Service. Every child carries an owner reference, so deleting the ModelDeployment
+deletes them all.
+
+Why operator-managed pods rather than a StatefulSet per group: a group must be created, restarted and
+moved as one. A StatefulSet restarts pods one by one and can only move by being replaced; managing the
+pods directly gives whole-group recreation (restartPolicy Never: a failed rank fails its pod, and the
+operator recreates the whole group), exact placement, and no second controller deciding replica counts.
+
+Every name is importable from here; the modules split the builders by concern:
+  - common: the owner, owner reference, labels, metadata and names of the children;
+  - roles: a role's group shape, worker resources, placement constraints and group counts;
+  - placement: node affinity, tolerations, scheduling fields, the gang (gate or PodGroup), ComputeDomain;
+  - engine: the worker's arguments and environment, the engine ConfigMap, the role's revision;
+  - security: security contexts, the ServiceAccount and RBAC of kubernetes discovery, discovery env;
+  - probes: readiness probes and gates, the preStop pause, the termination grace period;
+  - volumes: the worker's volumes, the model volume and the per-node model cache claims;
+  - pods: the pods of one group, composed from the above;
+  - shared: the workers Service, the frontend Deployment and Service, PodDisruptionBudgets.
+"""
+
+from __future__ import annotations
+
+from tokenfab.planning.builders.common import (
+    Manifest,
+    Owner,
+    child_meta,
+    compute_domain_name,
+    dynamo_namespace,
+    dynamo_namespace_prefix,
+    endpoint,
+    engine_configmap_name,
+    frontend_name,
+    group_name,
+    owner_reference,
+    pod_name,
+    selector_labels,
+    worker_address,
+    workers_service_name,
+)
+from tokenfab.planning.builders.engine import (
+    POD_TEMPLATE_VERSION,
+    engine_configmap,
+    model_path,
+    role_revision,
+    worker_args,
+    worker_env,
+)
+from tokenfab.planning.builders.placement import (
+    GangMode,
+    admits_late,
+    compute_domain,
+    gang_of,
+    pod_group,
+    uses_compute_domain,
+)
+from tokenfab.planning.builders.pods import group_pods
+from tokenfab.planning.builders.probes import PRESTOP_SECONDS
+from tokenfab.planning.builders.roles import (
+    DEFAULT_CPU_PER_GPU,
+    DEFAULT_MEMORY_GI_PER_GPU,
+    follow_ratio,
+    group_shape,
+    placement_constraints,
+    pod_requests,
+    ratio_prefill,
+    spec_groups,
+    worker_resources,
+)
+from tokenfab.planning.builders.security import (
+    DISCOVERY_RULES,
+    POD_SECURITY,
+    RUN_AS,
+    container_security,
+    discovery_env,
+    discovery_rbac,
+    dynamo_service_account_name,
+    pod_identity,
+    uses_kubernetes_discovery,
+)
+from tokenfab.planning.builders.shared import (
+    applied_hash,
+    frontend_deployment,
+    frontend_service,
+    pod_disruption_budget,
+    with_applied_hash,
+    workers_service,
+)
+from tokenfab.planning.builders.volumes import (
+    fetches_weights,
+    model_cache_claim,
+    model_cache_claim_name,
+    model_cache_claims,
+    pinned_nodes,
+    uses_model_cache_claims,
+)
+
+__all__ = [
+    "DEFAULT_CPU_PER_GPU",
+    "DEFAULT_MEMORY_GI_PER_GPU",
+    "DISCOVERY_RULES",
+    "POD_SECURITY",
+    "POD_TEMPLATE_VERSION",
+    "PRESTOP_SECONDS",
+    "RUN_AS",
+    "GangMode",
+    "Manifest",
+    "Owner",
+    "admits_late",
+    "applied_hash",
+    "child_meta",
+    "compute_domain",
+    "compute_domain_name",
+    "container_security",
+    "discovery_env",
+    "discovery_rbac",
+    "dynamo_namespace",
+    "dynamo_namespace_prefix",
+    "dynamo_service_account_name",
+    "endpoint",
+    "engine_configmap",
+    "engine_configmap_name",
+    "fetches_weights",
+    "follow_ratio",
+    "frontend_deployment",
+    "frontend_name",
+    "frontend_service",
+    "gang_of",
+    "group_name",
+    "group_pods",
+    "group_shape",
+    "model_cache_claim",
+    "model_cache_claim_name",
+    "model_cache_claims",
+    "model_path",
+    "owner_reference",
+    "pinned_nodes",
+    "placement_constraints",
+    "pod_disruption_budget",
+    "pod_group",
+    "pod_identity",
+    "pod_name",
+    "pod_requests",
+    "ratio_prefill",
+    "role_revision",
+    "selector_labels",
+    "spec_groups",
+    "uses_compute_domain",
+    "uses_kubernetes_discovery",
+    "uses_model_cache_claims",
+    "with_applied_hash",
+    "worker_address",
+    "worker_args",
+    "worker_env",
+    "worker_resources",
+    "workers_service",
+    "workers_service_name",
+]

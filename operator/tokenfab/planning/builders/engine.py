@@ -1,0 +1,154 @@
+"""What a role's Dynamo TensorRT-LLM worker runs: its arguments, its environment, its engine ConfigMap,
+and the revision that says when running groups must be replaced."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tokenfab.api.models import ModelDeploymentSpec, RoleName
+from tokenfab.planning import contract as c
+from tokenfab.planning.builders.common import (
+    Manifest,
+    Owner,
+    child_meta,
+    dynamo_namespace,
+    engine_configmap_name,
+    worker_address,
+)
+from tokenfab.planning.builders.security import discovery_env
+from tokenfab.planning.builders.volumes import fetches_weights
+from tokenfab.planning.engine import content_hash, disaggregation_mode, engine_config, render
+from tokenfab.planning.topology import GroupShape
+
+
+def model_path(spec: ModelDeploymentSpec) -> str:
+    """What the worker loads: a hub id for hf://, a mounted directory for pvc:// and s3://."""
+    scheme, rest = spec.model.source.split("://", 1)
+    if scheme == "hf":
+        return rest
+    if scheme == "pvc":
+        _, _, sub = rest.partition("/")
+        return f"{c.MODEL_MOUNT}/{sub}".rstrip("/")
+    return c.MODEL_MOUNT
+
+
+def worker_args(spec: ModelDeploymentSpec, role: RoleName) -> list[str]:
+    """Arguments of `python3 -m dynamo.trtllm` for a role: the single source of the Dynamo worker's
+    arguments. They are the worker container's args; the launcher (its command) passes them on."""
+    args = [
+        "--model-path",
+        model_path(spec),
+        "--served-model-name",
+        spec.model.name,
+        "--extra-engine-args",
+        c.ENGINE_CONFIG_PATH,
+    ]
+    mode = disaggregation_mode(spec, role)
+    if mode is not None:
+        args += ["--disaggregation-mode", mode]
+    # Both publishers are off in Dynamo by default: KV events feed the KV-aware router, metrics are the
+    # engine's KV-cache utilization and queue that the autoscaler reads.
+    return [*args, c.PUBLISH_KV_EVENTS_FLAG, c.PUBLISH_METRICS_FLAG]
+
+
+def worker_env(
+    owner: Owner,
+    spec: ModelDeploymentSpec,
+    role: RoleName,
+    group: str,
+    rank: int,
+    shape: GroupShape,
+    revision: str,
+    service: str,
+) -> list[dict[str, Any]]:
+    """The worker container's environment: the rank's place in its group, the model, the engine, Dynamo's
+    namespace and discovery, then runtime.env."""
+    drain = spec.serving.drain_seconds
+    mode = disaggregation_mode(spec, role) or c.MODE_AGGREGATED
+    return [
+        {"name": c.ENV_ROLE, "value": role},
+        {"name": c.ENV_GROUP, "value": group},
+        {"name": c.ENV_RANK, "value": str(rank)},
+        {"name": c.ENV_WORLD_SIZE, "value": str(shape.nodes)},
+        {"name": c.ENV_GPUS_PER_POD, "value": str(shape.pod_gpus)},
+        {"name": c.ENV_LEADER_ADDRESS, "value": worker_address(group, 0, service, owner.namespace)},
+        {"name": c.ENV_WORKERS_SERVICE, "value": service},
+        {"name": c.ENV_NAMESPACE, "value": owner.namespace},
+        {"name": c.ENV_ENGINE_CONFIG, "value": c.ENGINE_CONFIG_PATH},
+        {"name": c.ENV_MODEL_NAME, "value": spec.model.name},
+        {"name": c.ENV_MODEL_SOURCE, "value": spec.model.source},
+        {"name": c.ENV_MODEL_REVISION, "value": spec.model.revision or ""},
+        {"name": c.ENV_MODEL_PATH, "value": model_path(spec)},
+        *([{"name": c.ENV_MODEL_CACHE, "value": c.MODEL_CACHE_DIR}] if fetches_weights(spec) else []),
+        {"name": c.ENV_DISAGGREGATION_MODE, "value": mode},
+        {"name": c.ENV_DYNAMO_NAMESPACE, "value": dynamo_namespace(owner, revision)},
+        {"name": c.ENV_DYN_SYSTEM_PORT, "value": str(c.WORKER_METRICS_PORT)},
+        # A SIGTERMed Dynamo worker leaves discovery at once and finishes its requests up to this bound.
+        *([{"name": c.ENV_DYN_SHUTDOWN_TIMEOUT, "value": str(drain)}] if drain else []),
+        {"name": c.ENV_DYN_HEALTH_ENDPOINTS, "value": '["generate"]'},
+        *discovery_env(spec),
+        {"name": "NCCL_MNNVL_ENABLE", "value": "1"},
+        {"name": "NCCL_CUMEM_ENABLE", "value": "1"},
+        *([{"name": c.ENV_MPI_SSH_DIR, "value": c.MPI_SSH_DIR}] if shape.nodes > 1 else []),
+        *[e.model_dump(by_alias=True, exclude_none=True) for e in spec.runtime.env],
+    ]
+
+
+def engine_configmap(owner: Owner, spec: ModelDeploymentSpec, role: RoleName) -> Manifest:
+    revision = role_revision(spec, role)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": child_meta(
+            owner,
+            engine_configmap_name(owner, role, revision),
+            "worker",
+            {c.LABEL_ROLE: role, c.LABEL_REVISION: revision},
+        ),
+        "data": {c.ENGINE_CONFIG_FILE: render(engine_config(spec, role))},
+    }
+
+
+# Bumped when the worker pods tokenfab builds change in a way running groups must adopt (a new security
+# context, say): the revision of every role changes, so an operator upgrade rolls every group once, one
+# group at a time, like a Deployment whose template changed.
+POD_TEMPLATE_VERSION = 3
+
+
+def role_revision(spec: ModelDeploymentSpec, role: RoleName) -> str:
+    """Hash of everything that shapes a role's pods: a change means new groups (a rollout). A
+    disaggregated deployment's prefill and decode share one revision, a generation: a change to either
+    rolls both, so a new generation of prefill and decode groups comes up together in its own Dynamo
+    namespace and never exchanges KV caches with the old one."""
+    if spec.serving.mode == "disaggregated" and role in ("prefill", "decode"):
+        return content_hash({r: _revision_inputs(spec, r) for r in ("prefill", "decode") if spec.role(r)})
+    return content_hash(_revision_inputs(spec, role))
+
+
+def _revision_inputs(spec: ModelDeploymentSpec, role: RoleName) -> dict[str, Any]:
+    r = spec.role(role)
+    assert r is not None
+    return {
+        "engine": engine_config(spec, role),
+        "args": worker_args(spec, role),
+        "image": spec.runtime.image,
+        "env": [e.model_dump(by_alias=True, exclude_none=True) for e in spec.runtime.env],
+        "resources": spec.runtime.resources.model_dump(by_alias=True),
+        **({"capabilities": list(spec.runtime.add_capabilities)} if spec.runtime.add_capabilities else {}),
+        "model": spec.model.model_dump(by_alias=True, exclude_none=True, exclude={"cache"}),
+        **({"cache": spec.model.cache.model_dump(by_alias=True)} if fetches_weights(spec) else {}),
+        "discovery": [spec.serving.discovery, spec.serving.etcd_endpoints],
+        "topology": [
+            spec.topology.gpus_per_node,
+            spec.topology.gpu_resource,
+            spec.topology.compute_domain,
+            spec.topology.node_failure_toleration_seconds,
+            spec.topology.domain_label,
+        ],
+        **(
+            {"scheduling": spec.scheduling.model_dump(by_alias=True, exclude_none=True)}
+            if spec.scheduling is not None
+            else {}
+        ),
+        "template": POD_TEMPLATE_VERSION,
+    }

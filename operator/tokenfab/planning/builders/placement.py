@@ -1,0 +1,145 @@
+"""Where a group's pods run and how they bind: node affinity to the group's NVLink domain (and to the
+node reserved for each rank), tolerations and the spec's scheduling fields, the all-or-nothing gang (a
+scheduling gate or a PodGroup) and the NVIDIA ComputeDomain whose IMEX channel a multi-node group claims."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from tokenfab.api.models import ModelDeploymentSpec, RoleName
+from tokenfab.planning import contract as c
+from tokenfab.planning.builders.common import Manifest, Owner, child_meta, compute_domain_name, group_name
+from tokenfab.planning.builders.roles import group_shape
+
+GangMode = Literal["podgroup", "gates"]
+
+
+def uses_compute_domain(spec: ModelDeploymentSpec, role: RoleName) -> bool:
+    return spec.topology.compute_domain and group_shape(spec, role).nodes > 1
+
+
+def gang_of(spec: ModelDeploymentSpec, role: RoleName, mode: GangMode) -> GangMode | None:
+    """How a group of this role binds all or nothing: None for a one-pod group (nothing to coordinate),
+    else the cluster's PodGroup gang API or tokenfab's scheduling gate."""
+    return mode if group_shape(spec, role).nodes > 1 else None
+
+
+def admits_late(spec: ModelDeploymentSpec, role: RoleName, mode: GangMode) -> bool:
+    """Whether a group's PodGroup is written only after its pods, once the resource claim controller has
+    made every pod's IMEX channel claim from the ComputeDomain's template. Until its PodGroup exists the
+    scheduler holds every pod of the gang back, quietly; a pod whose claim is not made yet is held back
+    too, so a PodGroup written with the pods would let the scheduler try the gang in part, and turn it
+    away with a FailedScheduling Warning, until the last claim is made."""
+    return gang_of(spec, role, mode) == "podgroup" and uses_compute_domain(spec, role)
+
+
+def pod_group(owner: Owner, spec: ModelDeploymentSpec, role: RoleName, slot: int) -> Manifest:
+    """The gang PodGroup of a multi-node group (scheduling.k8s.io, Kubernetes 1.35+ with the
+    GenericWorkload and GangScheduling feature gates): the scheduler binds none of its pods until all
+    of them can bind."""
+    group = group_name(owner, role, slot)
+    return {
+        "apiVersion": c.POD_GROUP_API,
+        "kind": "PodGroup",
+        "metadata": child_meta(owner, group, "worker", {c.LABEL_ROLE: role, c.LABEL_GROUP: group}),
+        "spec": {"schedulingPolicy": {"gang": {"minCount": group_shape(spec, role).nodes}}},
+    }
+
+
+def compute_domain(owner: Owner, spec: ModelDeploymentSpec, role: RoleName, slot: int) -> Manifest | None:
+    """NVIDIA ComputeDomain (IMEX channel) for a multi-node group, if the spec asks for one."""
+    if not uses_compute_domain(spec, role):
+        return None
+    group = group_name(owner, role, slot)
+    return {
+        "apiVersion": c.COMPUTE_DOMAIN_API,
+        "kind": "ComputeDomain",
+        "metadata": child_meta(
+            owner, compute_domain_name(group), "worker", {c.LABEL_ROLE: role, c.LABEL_GROUP: group}
+        ),
+        "spec": {
+            # Deprecated by the driver and immutable: 0 (its recommended value since IMEX daemons find each
+            # other by DNS) is valid on every release; a count would only gate the object's own status.
+            "numNodes": 0,
+            "channel": {
+                "resourceClaimTemplate": {"name": compute_domain_name(group)},
+                "allocationMode": "Single",
+            },
+        },
+    }
+
+
+# ----------------------------------------------------------------------------------- pod-spec fields
+
+
+def node_affinity(spec: ModelDeploymentSpec, domain: str, node: str | None) -> dict[str, Any]:
+    """Required node affinity to the group's NVLink domain and, when placement reserved one, the rank's
+    node."""
+    term: dict[str, Any] = {
+        "matchExpressions": [{"key": spec.topology.domain_label, "operator": "In", "values": [domain]}]
+    }
+    if node is not None:
+        # The node the ledger reserved for this rank: the scheduler binds it there or nowhere.
+        term["matchFields"] = [{"key": "metadata.name", "operator": "In", "values": [node]}]
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+
+
+def worker_tolerations(spec: ModelDeploymentSpec) -> list[dict[str, Any]]:
+    """How long a worker stays on a node that is not ready or unreachable
+    (topology.nodeFailureTolerationSeconds), then the taints scheduling.tolerations tolerates."""
+    sched = spec.scheduling
+    return [
+        *(
+            {
+                "key": key,
+                "operator": "Exists",
+                "effect": "NoExecute",
+                "tolerationSeconds": spec.topology.node_failure_toleration_seconds,
+            }
+            for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+        ),
+        *(t.model_dump(by_alias=True, exclude_none=True) for t in (sched.tolerations if sched else [])),
+    ]
+
+
+def scheduling_fields(spec: ModelDeploymentSpec) -> dict[str, Any]:
+    """The pod-spec fields of spec.scheduling that are set: node selector, priority class, scheduler."""
+    sched = spec.scheduling
+    out: dict[str, Any] = {}
+    if sched is not None:
+        if sched.node_selector:
+            out["nodeSelector"] = dict(sched.node_selector)
+        if sched.priority_class_name:
+            out["priorityClassName"] = sched.priority_class_name
+        if sched.scheduler_name:
+            out["schedulerName"] = sched.scheduler_name
+    return out
+
+
+def gang_fields(gang: GangMode | None, group: str) -> dict[str, Any]:
+    """How a pod of a multi-node group waits for the rest of its gang: tokenfab's scheduling gate (lifted
+    once every pod exists) or the group's PodGroup."""
+    if gang == "gates":
+        return {"schedulingGates": [{"name": c.GANG_GATE}]}
+    if gang == "podgroup":
+        return {"schedulingGroup": {"podGroupName": group}}
+    return {}
+
+
+def compute_domain_claims(spec: ModelDeploymentSpec, role: RoleName, group: str) -> dict[str, Any]:
+    """The pod-spec field that claims the group's IMEX channel from its ComputeDomain's template (none
+    without a ComputeDomain); the worker container names the claim (`container_claims`)."""
+    if not uses_compute_domain(spec, role):
+        return {}
+    return {
+        "resourceClaims": [
+            {"name": c.COMPUTE_DOMAIN_CLAIM, "resourceClaimTemplateName": compute_domain_name(group)}
+        ]
+    }
+
+
+def container_claims(spec: ModelDeploymentSpec, role: RoleName) -> dict[str, Any]:
+    """The worker container's resources.claims: the IMEX channel claim, with a ComputeDomain."""
+    if not uses_compute_domain(spec, role):
+        return {}
+    return {"claims": [{"name": c.COMPUTE_DOMAIN_CLAIM}]}

@@ -1,0 +1,203 @@
+"""The worker pods of one group, composed from the per-concern parts: placement, engine, security,
+probes and volumes.
+
+One pod per node, ranks 0..n-1, each pinned by node affinity to the group's NVLink domain (and to the
+node placement reserved for it); rank 0 is the group's leader. restartPolicy Never: a failed rank fails
+its pod, and the operator recreates the whole group."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tokenfab.api.models import ModelDeploymentSpec, RoleName
+from tokenfab.planning import contract as c
+from tokenfab.planning.builders.common import (
+    Manifest,
+    Owner,
+    child_meta,
+    group_name,
+    pod_name,
+    workers_service_name,
+)
+from tokenfab.planning.builders.engine import worker_args, worker_env
+from tokenfab.planning.builders.placement import (
+    GangMode,
+    compute_domain_claims,
+    container_claims,
+    gang_fields,
+    gang_of,
+    node_affinity,
+    scheduling_fields,
+    worker_tolerations,
+)
+from tokenfab.planning.builders.probes import (
+    readiness_gates,
+    termination_grace_seconds,
+    worker_lifecycle,
+    worker_readiness_probe,
+)
+from tokenfab.planning.builders.roles import group_shape, worker_resources
+from tokenfab.planning.builders.security import POD_SECURITY, container_security, pod_identity
+from tokenfab.planning.builders.volumes import Volumes, group_volumes, pod_mounts, pod_volumes
+from tokenfab.planning.engine import content_hash, engine_config
+from tokenfab.planning.topology import GroupShape
+
+
+@dataclass(frozen=True)
+class _Group:
+    """What every pod of one group shares."""
+
+    owner: Owner
+    spec: ModelDeploymentSpec
+    role: RoleName
+    slot: int
+    domain: str
+    revision: str
+    shape: GroupShape
+    name: str
+    service: str
+    gang: GangMode | None
+    assigned: dict[int, str]  # rank -> the node placement reserved for it
+    volumes: Volumes
+    mounts: Volumes
+    requests: dict[str, str]
+    limits: dict[str, str]
+    engine_hash: str
+
+
+def group_pods(
+    owner: Owner,
+    spec: ModelDeploymentSpec,
+    role: RoleName,
+    slot: int,
+    domain: str,
+    revision: str,
+    nodes: Sequence[str] = (),
+    ranks: Sequence[int] = (),
+    gang: GangMode = "gates",
+) -> list[Manifest]:
+    """Pods of one group (all ranks, or `ranks`), pinned to `domain` and, when `nodes` are given (one per
+    rank of `ranks`, or per rank of the group), each to its node.
+
+    A multi-node group binds all or nothing: with `gang` "gates" its pods carry tokenfab's scheduling gate,
+    lifted for the whole group once every pod exists; with "podgroup" they name the group's PodGroup
+    (scheduling.k8s.io gang policy, minCount = all ranks), and the scheduler binds none before all fit.
+    (With an IMEX channel claim the executor writes the PodGroup last, once every pod's claim exists:
+    `admits_late`.)"""
+    r = spec.role(role)
+    assert r is not None
+    shape = group_shape(spec, role)
+    wanted = list(ranks) if ranks else list(range(shape.nodes))
+    if nodes and len(nodes) != len(wanted):
+        raise ValueError(
+            f"{len(nodes)} nodes for {len(wanted)} ranks of group {group_name(owner, role, slot)}"
+        )
+    assigned = dict(zip(wanted, nodes, strict=True)) if nodes else {}
+    group = _group(owner, spec, role, slot, domain, revision, shape, assigned, gang_of(spec, role, gang))
+    return [_pod(group, rank) for rank in wanted]
+
+
+def _group(
+    owner: Owner,
+    spec: ModelDeploymentSpec,
+    role: RoleName,
+    slot: int,
+    domain: str,
+    revision: str,
+    shape: GroupShape,
+    assigned: dict[int, str],
+    gang: GangMode | None,
+) -> _Group:
+    volumes, mounts = group_volumes(owner, spec, role, revision, shape.nodes > 1)
+    requests, limits = worker_resources(spec, role)
+    return _Group(
+        owner=owner,
+        spec=spec,
+        role=role,
+        slot=slot,
+        domain=domain,
+        revision=revision,
+        shape=shape,
+        name=group_name(owner, role, slot),
+        service=workers_service_name(owner),
+        gang=gang,
+        assigned=assigned,
+        volumes=volumes,
+        mounts=mounts,
+        requests=requests,
+        limits=limits,
+        engine_hash=content_hash(engine_config(spec, role)),
+    )
+
+
+def _pod(g: _Group, rank: int) -> Manifest:
+    node = g.assigned.get(rank)
+    drain = g.spec.serving.drain_seconds
+    pod_spec: dict[str, Any] = {
+        "hostname": pod_name(g.name, rank),
+        "subdomain": g.service,
+        **pod_identity(g.owner, g.spec),
+        "securityContext": POD_SECURITY,
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": termination_grace_seconds(drain),
+        "affinity": node_affinity(g.spec, g.domain, node),
+        "tolerations": worker_tolerations(g.spec),
+        "containers": [_container(g, rank)],
+        "volumes": pod_volumes(g.owner, g.spec, g.volumes, node),
+        **scheduling_fields(g.spec),
+        **readiness_gates(rank, drain),
+        **gang_fields(g.gang, g.name),
+        **compute_domain_claims(g.spec, g.role, g.name),
+    }
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": _pod_meta(g, rank, node), "spec": pod_spec}
+
+
+def _container(g: _Group, rank: int) -> dict[str, Any]:
+    multi_node = g.shape.nodes > 1
+    return {
+        "name": "worker",
+        "image": g.spec.runtime.image,
+        # The launcher starts `python3 -m dynamo.trtllm <args>` (under mpirun on rank 0 of a
+        # multi-node group; an SSH daemon for mpirun on the other ranks): see tokenfab.launcher.
+        "command": [c.PYTHON, "-m", c.LAUNCHER_MODULE],
+        "args": worker_args(g.spec, g.role),
+        "env": worker_env(g.owner, g.spec, g.role, g.name, rank, g.shape, g.revision, g.service),
+        "ports": [
+            {"name": "metrics", "containerPort": c.WORKER_METRICS_PORT},
+            *([{"name": "mpi-ssh", "containerPort": c.MPI_SSH_PORT}] if multi_node else []),
+        ],
+        "readinessProbe": worker_readiness_probe(),
+        "resources": {"requests": g.requests, "limits": g.limits, **container_claims(g.spec, g.role)},
+        "securityContext": container_security(g.spec),
+        "volumeMounts": pod_mounts(g.spec, g.mounts),
+        "lifecycle": worker_lifecycle(),
+    }
+
+
+def _pod_meta(g: _Group, rank: int, node: str | None) -> dict[str, Any]:
+    """The pod's labels (its role, group, slot, rank, revision and domain) and annotations (its engine
+    config's hash, its group's size, metrics scraping, and the nodes placement reserved)."""
+    labels = {
+        c.LABEL_ROLE: g.role,
+        c.LABEL_GROUP: g.name,
+        c.LABEL_SLOT: str(g.slot),
+        c.LABEL_RANK: str(rank),
+        c.LABEL_REVISION: g.revision,
+        c.LABEL_DOMAIN: g.domain,
+        **({c.LABEL_PEERS: "true"} if g.shape.nodes > 1 else {}),
+    }
+    meta = child_meta(g.owner, pod_name(g.name, rank), "worker", labels)
+    meta["annotations"] = {
+        c.ANN_ENGINE_HASH: g.engine_hash,
+        c.ANN_GROUP_SIZE: str(g.shape.nodes),
+        c.ANN_GROUP_GPUS: str(g.shape.gpus),
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(c.WORKER_METRICS_PORT),
+    }
+    if node is not None:
+        meta["annotations"][c.ANN_NODE] = node
+        if len(g.assigned) == g.shape.nodes:
+            meta["annotations"][c.ANN_GROUP_NODES] = ",".join(g.assigned[i] for i in sorted(g.assigned))
+    return meta
