@@ -4,6 +4,8 @@ the ModelDeployment status subresource, Events, and the raw lists and watches th
 Every request has a timeout (a hung API server never pins a worker), is counted per verb and resource
 (`tokenfab_api_requests_total`, and per pass for the benchmarks), and fails with an `ApiError` carrying
 the API server's own reason and message, so the reconciler can show the user what the server said.
+Paths and error translation are tokenfab.adapters.kube_rest's; `ApiError` and `resource_path` are
+importable from here too.
 """
 
 from __future__ import annotations
@@ -17,13 +19,16 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
 
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
 from tokenfab.adapters import telemetry
-from tokenfab.api.models import API_VERSION, DOMAIN_KIND, KIND
+from tokenfab.adapters.kube_rest import RESOURCES as RESOURCES  # re-exported: callers import them from here
+from tokenfab.adapters.kube_rest import ApiError as ApiError
+from tokenfab.adapters.kube_rest import api_prefix, error_of, resource_of
+from tokenfab.adapters.kube_rest import resource_path as resource_path
+from tokenfab.api.models import API_VERSION, KIND
 from tokenfab.planning import contract as c
 
 log = logging.getLogger(__name__)
@@ -31,64 +36,6 @@ Obj = dict[str, Any]
 KIND_RECHECK_SECONDS = 15.0
 TIMEOUT = (5.0, 20.0)  # connect, read: every request but watches
 WATCH_SECONDS = 240  # server-side timeout of one watch request (then it is resumed)
-
-# (apiVersion, kind) -> (plural, namespaced)
-RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
-    ("v1", "Pod"): ("pods", True),
-    ("v1", "Service"): ("services", True),
-    ("v1", "ConfigMap"): ("configmaps", True),
-    ("v1", "Event"): ("events", True),
-    ("v1", "Node"): ("nodes", False),
-    ("v1", "Namespace"): ("namespaces", False),
-    ("apps/v1", "Deployment"): ("deployments", True),
-    ("policy/v1", "PodDisruptionBudget"): ("poddisruptionbudgets", True),
-    ("coordination.k8s.io/v1", "Lease"): ("leases", True),
-    (API_VERSION, KIND): ("modeldeployments", True),
-    (API_VERSION, DOMAIN_KIND): ("nvlinkdomains", False),
-    (c.COMPUTE_DOMAIN_API, "ComputeDomain"): ("computedomains", True),
-    (c.POD_GROUP_API, "PodGroup"): ("podgroups", True),
-    ("v1", "ServiceAccount"): ("serviceaccounts", True),
-    ("v1", "PersistentVolumeClaim"): ("persistentvolumeclaims", True),
-    (c.RESOURCE_CLAIM_TEMPLATE_API, "ResourceClaimTemplate"): ("resourceclaimtemplates", True),
-    ("rbac.authorization.k8s.io/v1", "Role"): ("roles", True),
-    ("rbac.authorization.k8s.io/v1", "RoleBinding"): ("rolebindings", True),
-    ("discovery.k8s.io/v1", "EndpointSlice"): ("endpointslices", True),
-    (c.DYNAMO_METADATA_API, c.DYNAMO_METADATA_KIND): (c.DYNAMO_METADATA_PLURAL, True),
-}
-
-
-@dataclass
-class ApiError(Exception):
-    """A request the API server refused (or that never got an answer)."""
-
-    status: int  # HTTP status; 0 when there was no answer (timeout, connection refused)
-    reason: str  # the API server's reason (Forbidden, Invalid, Conflict, ...) or the client's error
-    message: str  # the API server's own words
-    verb: str = ""
-    what: str = ""  # "Pod ds/x-decode-0-1"
-
-    def __str__(self) -> str:
-        return f"{self.verb} {self.what}: {self.message}".strip(": ") if self.what else self.message
-
-    @property
-    def not_found(self) -> bool:
-        return self.status == 404
-
-
-def resource_path(
-    api_version: str, kind: str, namespace: str | None = None, name: str | None = None, sub: str = ""
-) -> str:
-    plural, namespaced = RESOURCES[(api_version, kind)]
-    prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-    path = prefix
-    if namespaced and namespace:
-        path += f"/namespaces/{quote(namespace)}"
-    path += f"/{plural}"
-    if name:
-        path += f"/{quote(name)}"
-    if sub:
-        path += f"/{sub}"
-    return path
 
 
 @dataclass
@@ -144,7 +91,7 @@ class Kube:
         if content_type:
             headers["Content-Type"] = content_type
         verb = method if not stream else "WATCH"
-        resource = _resource_of(path)
+        resource = resource_of(path)
         counter: Counter | None = getattr(_local, "counter", None)
         if counter is not None:
             if method in ("GET",):
@@ -164,7 +111,7 @@ class Kube:
                 return resp.response
             data = resp.read()
             if not 200 <= resp.status < 300:
-                raise _error(resp.status, data, method, what or path)
+                raise error_of(resp.status, data, method, what or path)
             return json.loads(data) if data else None
         except ApiException as exc:  # raised by the transport itself (e.g. SSL, or status 0)
             raise ApiError(
@@ -218,10 +165,9 @@ class Kube:
                 self._rediscovering.discard((api_version, kind))
 
     def _discover(self, api_version: str, kind: str) -> bool:
-        prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
         now = time.monotonic()
         try:
-            found = self.request("GET", prefix, what=f"discovery {api_version}")
+            found = self.request("GET", api_prefix(api_version), what=f"discovery {api_version}")
             served = any(r.get("kind") == kind for r in (found or {}).get("resources") or [])
         except ApiError as exc:
             if exc.status not in (403, 404, 503):
@@ -479,25 +425,3 @@ def count_requests() -> Counter:
 
 def stop_counting() -> None:
     _local.counter = None
-
-
-def _resource_of(path: str) -> str:
-    """The resource of a request path, with its subresource: /api/v1/namespaces/x/pods/y -> pods,
-    /apis/g/v/namespaces/x/modeldeployments/y/status -> modeldeployments/status."""
-    parts = [p for p in path.split("/") if p]
-    rest = parts[2:] if parts and parts[0] == "api" else parts[3:]
-    if len(rest) >= 2 and rest[0] == "namespaces":
-        rest = rest[2:] or ["namespaces"]
-    if not rest:
-        return "discovery"
-    return rest[0] + (f"/{rest[2]}" if len(rest) > 2 else "")
-
-
-def _error(status: int, data: bytes, verb: str, what: str) -> ApiError:
-    try:
-        body = json.loads(data)
-        return ApiError(
-            status, str(body.get("reason") or status), str(body.get("message") or data[:300]), verb, what
-        )
-    except ValueError:
-        return ApiError(status, str(status), data[:300].decode(errors="replace"), verb, what)

@@ -2,8 +2,9 @@
 
 Informers (tokenfab.adapters.informer) call the `on_*` methods with each watch event; a reconcile pass
 reads the view instead of listing the cluster, so a pass that finds nothing to do costs no API request.
-Every object is reduced to the few facts tokenfab uses (frozen dataclasses), which keeps memory small at
-the scale of an AI factory (thousands of nodes and pods).
+Every object is reduced to the few facts tokenfab uses (frozen dataclasses of tokenfab.fleet.facts, whose
+names are importable from here too), which keeps memory small at the scale of an AI factory (thousands of
+nodes and pods).
 
 Each `on_*` method returns a `Change`: the deployments the event concerns (to reconcile) and whether it
 freed capacity (so deployments waiting for room are tried again). Pods and nodes are indexed so an event
@@ -18,220 +19,38 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
+from tokenfab.fleet.facts import (
+    ChildFacts,
+    PodFacts,
+    child_facts,
+    more_room,
+    node_facts,
+    parse_time,
+    pod_facts,
+    pod_requests,
+    same_node,
+    status_only,
+)
 from tokenfab.planning import contract as c
-from tokenfab.planning.capacity import NodeFacts, Taint, add, to_units
+from tokenfab.planning.capacity import NodeFacts, add
+
+__all__ = [
+    "Change",
+    "ChildFacts",
+    "ClusterView",
+    "Key",
+    "Obj",
+    "PodFacts",
+    "child_facts",
+    "node_facts",
+    "parse_time",
+    "pod_facts",
+]
 
 Key = tuple[str, str]  # (namespace, name)
 Obj = dict[str, Any]
-
-
-def parse_time(ts: str | None) -> float | None:
-    if not ts:
-        return None
-    try:
-        return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-def _requests(spec: Obj) -> dict[str, int]:
-    """A pod's effective requests, as the scheduler counts them: the sum over containers (limits stand in
-    for missing requests), at least the largest init container, plus the pod overhead."""
-
-    def of(ctr: Obj) -> dict[str, int]:
-        res = ctr.get("resources") or {}
-        merged = {**(res.get("limits") or {}), **(res.get("requests") or {})}
-        out = {}
-        for name, value in merged.items():
-            try:
-                out[name] = to_units(name, value)
-            except ValueError:
-                continue
-        return out
-
-    total: dict[str, int] = {}
-    for ctr in spec.get("containers") or []:
-        total = add(total, of(ctr))
-    for ctr in spec.get("initContainers") or []:
-        for name, value in of(ctr).items():
-            total[name] = max(total.get(name, 0), value)
-    overhead = {}
-    for name, value in (spec.get("overhead") or {}).items():
-        try:
-            overhead[name] = to_units(name, value)
-        except ValueError:
-            continue
-    return add(total, overhead)
-
-
-@dataclass(frozen=True)
-class PodFacts:
-    """One pod, reduced to what the operator reads (equal facts: nothing a pass reads has changed)."""
-
-    namespace: str
-    name: str
-    labels: Mapping[str, str] = field(hash=False)
-    annotations: Mapping[str, str] = field(hash=False)  # tokenfab's own annotations only
-    node: str | None  # bound to
-    pinned: str | None  # assigned by placement (tokenfab pods)
-    phase: str
-    ready: bool
-    ready_since: float | None
-    waiting: str
-    deleting: bool
-    gated: bool
-    requests: Mapping[str, int] = field(hash=False)
-    created: float | None
-    exit_message: str
-    containers_ready: bool = False
-    routable: bool | None = None  # the tokenfab.dev/routable readiness gate's condition (None: not set)
-    claims_pending: bool = False  # a ResourceClaim of one of its templates not made yet
-
-    @property
-    def terminal(self) -> bool:
-        return self.phase in ("Succeeded", "Failed")
-
-    @property
-    def usage_node(self) -> str | None:
-        """The node whose room this pod holds (None: none)."""
-        if self.terminal:
-            return None
-        return self.node or self.pinned
-
-    @property
-    def deployment(self) -> str | None:
-        return self.labels.get(c.LABEL_DEPLOYMENT)
-
-
-def _waiting(status: Obj) -> str:
-    """Why a pod is not running yet: the scheduler's message, or a container's waiting reason."""
-    for cond in status.get("conditions") or []:
-        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
-            return str(cond.get("message") or cond.get("reason") or "not scheduled")
-    for ctr in status.get("containerStatuses") or []:
-        waiting = (ctr.get("state") or {}).get("waiting")
-        if waiting:
-            return f"{waiting.get('reason', 'Waiting')}: {waiting.get('message', '')}".rstrip(": ")
-    return ""
-
-
-def _exit_message(status: Obj) -> str:
-    for ctr in status.get("containerStatuses") or []:
-        term = (ctr.get("state") or {}).get("terminated") or (ctr.get("lastState") or {}).get("terminated")
-        if term:
-            words = [f"exit code {term.get('exitCode')}"]
-            if term.get("reason"):
-                words.append(str(term["reason"]))
-            if term.get("message"):
-                words.append(str(term["message"])[:300].strip())
-            return ", ".join(words)
-    return str(status.get("message") or status.get("reason") or "")[:300]
-
-
-def pod_facts(obj: Obj) -> PodFacts:
-    meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
-    conds = {str(cd.get("type")): cd for cd in status.get("conditions") or []}
-    ready_cond: Obj = conds.get("Ready", {})
-    ready = ready_cond.get("status") == "True"
-    routable = conds.get(c.ROUTABLE_CONDITION)
-    ann = meta.get("annotations") or {}
-    return PodFacts(
-        namespace=meta.get("namespace") or "",
-        name=meta["name"],
-        labels=dict(meta.get("labels") or {}),
-        annotations={k: v for k, v in ann.items() if k.startswith(c.DOMAIN + "/")},
-        node=spec.get("nodeName") or None,
-        pinned=ann.get(c.ANN_NODE),
-        phase=status.get("phase") or "Pending",
-        ready=ready,
-        ready_since=parse_time(ready_cond.get("lastTransitionTime")) if ready else None,
-        waiting=_waiting(status),
-        deleting=bool(meta.get("deletionTimestamp")),
-        gated=any(g.get("name") == c.GANG_GATE for g in spec.get("schedulingGates") or []),
-        requests=_requests(spec),
-        created=parse_time(meta.get("creationTimestamp")),
-        exit_message=_exit_message(status) if status.get("phase") in ("Failed", "Succeeded") else "",
-        containers_ready=conds.get("ContainersReady", {}).get("status") == "True",
-        routable=None if routable is None else routable.get("status") == "True",
-        claims_pending=_claims_pending(spec, status),
-    )
-
-
-def _claims_pending(spec: Obj, status: Obj) -> bool:
-    """Whether a claim the pod asks for from a ResourceClaimTemplate has not been made yet (the
-    resource claim controller writes an entry into status.resourceClaimStatuses once it has made it, with
-    the claim's name, or without one when no claim was needed)."""
-    made = {s.get("name") for s in status.get("resourceClaimStatuses") or []}
-    return any(
-        rc.get("resourceClaimTemplateName") and rc.get("name") not in made
-        for rc in spec.get("resourceClaims") or []
-    )
-
-
-def node_facts(obj: Obj) -> NodeFacts:
-    meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
-    cond: Obj = next((cd for cd in status.get("conditions") or [] if cd.get("type") == "Ready"), {})
-    ready = cond.get("status") == "True"
-    alloc = {}
-    for name, value in (status.get("allocatable") or {}).items():
-        try:
-            alloc[name] = to_units(name, value)
-        except ValueError:
-            continue
-    return NodeFacts(
-        name=meta["name"],
-        labels=dict(meta.get("labels") or {}),
-        allocatable=alloc,
-        ready=ready,
-        unschedulable=bool(spec.get("unschedulable")),
-        taints=tuple(
-            Taint(str(t.get("key", "")), str(t.get("value") or ""), str(t.get("effect", "")))
-            for t in spec.get("taints") or []
-        ),
-        not_ready_since=None if ready or not cond else parse_time(cond.get("lastTransitionTime")),
-    )
-
-
-@dataclass(frozen=True)
-class ChildFacts:
-    """A shared child (ConfigMap, Service, Deployment, PodGroup) tokenfab applied."""
-
-    kind: str
-    namespace: str
-    name: str
-    deployment: str | None
-    applied_hash: str
-    available_replicas: int
-    role: str = ""
-    revision: str = ""
-    node: str = ""  # a model cache claim's node
-
-
-def child_facts(kind: str, obj: Obj) -> ChildFacts:
-    meta = obj["metadata"]
-    status = obj.get("status") or {}
-    labels = meta.get("labels") or {}
-    return ChildFacts(
-        kind=kind,
-        namespace=meta.get("namespace") or "",
-        name=meta["name"],
-        deployment=labels.get(c.LABEL_DEPLOYMENT),
-        applied_hash=(meta.get("annotations") or {}).get(c.ANN_APPLIED_HASH, ""),
-        available_replicas=int(status.get("availableReplicas") or 0),
-        role=labels.get(c.LABEL_ROLE, ""),
-        revision=labels.get(c.LABEL_REVISION, ""),
-        node=(meta.get("annotations") or {}).get(c.ANN_NODE, ""),
-    )
-
-
-def _status_only(before: Obj, after: Obj) -> bool:
-    """Whether two versions of a ModelDeployment differ in their status only."""
-    keys = ("generation", "labels", "annotations", "deletionTimestamp", "finalizers", "uid")
-    b, a = before.get("metadata") or {}, after.get("metadata") or {}
-    return before.get("spec") == after.get("spec") and all(b.get(k) == a.get(k) for k in keys)
 
 
 @dataclass
@@ -277,10 +96,10 @@ class ClusterView:
                 self._nodes.pop(facts.name, None)
                 return Change(set(self._by_node.get(facts.name, ())), False)
             self._nodes[facts.name] = facts
-            if before is not None and _same_node(before, facts):
+            if before is not None and same_node(before, facts):
                 return Change()
             wake = set(self._by_node.get(facts.name, ()))
-            grew = before is None or _more_room(before, facts)
+            grew = before is None or more_room(before, facts)
             return Change(wake, grew)
 
     def nodes(self) -> list[NodeFacts]:
@@ -363,7 +182,7 @@ class ClusterView:
             node = spec.get("nodeName")
             if type_ == "DELETED" or not node or status.get("phase") in ("Succeeded", "Failed"):
                 return Change(set(), before is not None)
-            requests = _requests(spec)
+            requests = pod_requests(spec)
             self._foreign[key] = (node, requests)
             self._use(node, requests, +1)
             return Change(set(), before is not None and before[0] != node)
@@ -429,7 +248,7 @@ class ClusterView:
                 return Change({key})
             before = self._mds.get(key)
             self._mds[key] = body
-        if before is not None and _status_only(before, body):
+        if before is not None and status_only(before, body):
             return Change()  # the operator's own status write coming back (a pass decides from it anyway)
         return Change({key})
 
@@ -512,23 +331,3 @@ class ClusterView:
 
 def _pod_stub(p: PodFacts) -> Obj:
     return {"metadata": {"namespace": p.namespace, "name": p.name, "labels": dict(p.labels)}}
-
-
-def _same_node(a: NodeFacts, b: NodeFacts) -> bool:
-    return (
-        a.ready == b.ready
-        and a.unschedulable == b.unschedulable
-        and a.taints == b.taints
-        and a.labels == b.labels
-        and a.allocatable == b.allocatable
-    )
-
-
-def _more_room(before: NodeFacts, after: NodeFacts) -> bool:
-    return (
-        (after.ready and not before.ready)
-        or (before.unschedulable and not after.unschedulable)
-        or not set(before.taints) <= set(after.taints)
-        or any(v > before.allocatable.get(k, 0) for k, v in after.allocatable.items())
-        or after.labels != before.labels
-    )

@@ -1,8 +1,9 @@
 """The launcher's process part: read the files, carry a LaunchPlan out, forward signals, serve health.
 
-Kept thin on purpose: every decision is in tokenfab.launcher.plan. This module only touches the world:
-it reads the engine YAML, prepares the private run directory (copies of the SSH key, sshd's config and
-host key), waits for the other ranks' SSH daemons, starts the command in its own process group, forwards
+Kept thin on purpose: every decision is in tokenfab.launcher.plan and the pure modules it draws on
+(identity, engine, weights). This module only touches the world: it reads the engine YAML, prepares the
+private run directory (copies of the SSH key, sshd's config and host key), fetches hf:// weights into the
+model cache, waits for the other ranks' SSH daemons, starts the command in its own process group, forwards
 signals to that group, reaps orphaned processes (the launcher is PID 1 of the worker container), answers
 /health and /metrics on followers and exits with the command's exit code.
 """
@@ -26,18 +27,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
 
-from tokenfab.launcher.plan import (
-    COMPLETE_MARKER,
-    EXIT_CONFIG,
-    PROGRAM,
-    ConfigError,
-    Endpoint,
-    LaunchPlan,
-    plan_launch,
-    read_identity,
-    weights_source,
-    with_model_path,
-)
+from tokenfab.launcher.identity import ConfigError, read_identity
+from tokenfab.launcher.plan import EXIT_CONFIG, PROGRAM, Endpoint, LaunchPlan, plan_launch
+from tokenfab.launcher.weights import COMPLETE_MARKER, Fetch, WeightsSource, weights_source, with_model_path
 from tokenfab.planning import contract as c
 
 FORWARDED_SIGNALS = (
@@ -187,12 +179,12 @@ class Runner:
     def fetch_weights(self) -> None:
         """hf:// weights at model.revision into the model cache (a node-local volume keeps them across pods
         and restarts), then the engine's --model-path points at that snapshot; the log says where they came
-        from. See tokenfab.launcher.plan.weights_source for the choice."""
+        from. See tokenfab.launcher.weights.weights_source for the choice."""
         fetch = self.plan.fetch
         if fetch is None:
             return
-        try:
-            from huggingface_hub import HfApi, snapshot_download
+        try:  # both names now: a missing one is the image's fault (127), before anything is fetched
+            from huggingface_hub import HfApi, snapshot_download  # noqa: F401  (HfApi: _download's)
         except ImportError as exc:
             raise LaunchError(
                 f"huggingface_hub is not installed: cannot fetch hf://{fetch.repo} (run the tokenfab worker "
@@ -212,35 +204,45 @@ class Runner:
         t0 = time.monotonic()
         try:
             if source == "download":
-                # The hub names the commit (a branch or tag may have moved), then what the cache lacks of it
-                # is fetched; a hub that does not answer leaves the cached snapshot, said so.
-                try:
-                    commit = HfApi().model_info(fetch.repo, revision=fetch.revision, timeout=60).sha
-                except Exception as exc:
-                    if local is None:
-                        raise LaunchError(
-                            f"weights {what} could not be fetched: {type(exc).__name__}: {exc}"
-                        ) from exc
-                    log(f"weights {what}: the hub did not answer ({type(exc).__name__}); the cached snapshot "
-                        "may be incomplete or behind the branch")  # fmt: skip
-                else:
-                    log(f"weights {what}: commit {commit}, fetching what {fetch.cache_dir} lacks of it")
-                    try:
-                        local = snapshot_download(fetch.repo, revision=commit, cache_dir=fetch.cache_dir)
-                    except Exception as exc:
-                        raise LaunchError(
-                            f"weights {what} could not be fetched: {type(exc).__name__}: {exc}"
-                        ) from exc
-                    (Path(local) / COMPLETE_MARKER).write_text(f"{what} = {commit}\n")
+                local = self._download(fetch, what, local)
         finally:
             self.fetching = False
         if local is None:
             raise LaunchError(
                 f"weights {what} are not in the model cache {fetch.cache_dir} and the hub is off"
             )
+        self._use_snapshot(local, what, source, time.monotonic() - t0)
+
+    def _download(self, fetch: Fetch, what: str, local: str | None) -> str | None:
+        """The hub names the commit (a branch or tag may have moved), then what the cache lacks of it is
+        fetched and the snapshot marked complete; a hub that does not answer leaves the cached snapshot
+        (`local`), said so. Returns the snapshot's directory (None: none)."""
+        from huggingface_hub import HfApi, snapshot_download  # imported by fetch_weights already
+
+        try:
+            commit = HfApi().model_info(fetch.repo, revision=fetch.revision, timeout=60).sha
+        except Exception as exc:
+            if local is None:
+                raise LaunchError(
+                    f"weights {what} could not be fetched: {type(exc).__name__}: {exc}"
+                ) from exc
+            log(f"weights {what}: the hub did not answer ({type(exc).__name__}); the cached snapshot "
+                "may be incomplete or behind the branch")  # fmt: skip
+            return local
+        log(f"weights {what}: commit {commit}, fetching what {fetch.cache_dir} lacks of it")
+        try:
+            fetched: str = snapshot_download(fetch.repo, revision=commit, cache_dir=fetch.cache_dir)
+        except Exception as exc:
+            raise LaunchError(f"weights {what} could not be fetched: {type(exc).__name__}: {exc}") from exc
+        (Path(fetched) / COMPLETE_MARKER).write_text(f"{what} = {commit}\n")
+        return fetched
+
+    def _use_snapshot(self, local: str, what: str, source: WeightsSource, seconds: float) -> None:
+        """Say where the weights came from, and point the engine's --model-path at them (not on followers:
+        their command is the SSH daemon)."""
         origin = {
             "cache": "complete in the model cache",
-            "download": f"fetched into the model cache in {time.monotonic() - t0:.0f} s",
+            "download": f"fetched into the model cache in {seconds:.0f} s",
             "offline": "from the model cache, HF_HUB_OFFLINE (not checked against the hub)",
         }[source]
         log(f"weights {what}: {local} ({origin})")
