@@ -34,8 +34,8 @@ from tests.test_autoscaling_leading import (
     with_status,
 )
 from tokenfab.adapters.metrics import Reading
-from tokenfab.autoscale import WARMING_BOUND_SECONDS, autoscale, due_queries, next_due
 from tokenfab.planning.autoscaling import prune
+from tokenfab.planning.scaler import WARMING_BOUND_SECONDS, autoscale, due_queries, next_due
 
 
 def run(md: Any, groups: Any, prom: Any, now: float = NOW, free: int = 400) -> Any:
@@ -283,7 +283,7 @@ def test_pruning_keeps_every_window_maximum_and_minimum(counts, down, up):
 def test_an_unreachable_prometheus_costs_a_pass_one_timeout():
     """Once a read finds no Prometheus, the pass's other reads fail at once with the same words (each
     would wait out the same timeout), and the deployment holds with MetricsUnavailable."""
-    from tokenfab.autoscale import one_timeout_per_pass
+    from tokenfab.adapters.metrics import one_timeout_per_pass
 
     asked: list[str] = []
 

@@ -9,7 +9,7 @@ converges without reversing direction, and the same inputs give the same decisio
 
 Unless a case says otherwise the settings are the operator's defaults (`models.Autoscaling()`: target
 0.7, tolerance 0.1, steps +2/-1, no scale-up window, 300 s scale-down window, samples stale after 60 s)
-with bounds 1..16, built the way `tokenfab.autoscale` builds them.
+with bounds 1..16, built the way `tokenfab.planning.scaler` builds them.
 """
 
 from __future__ import annotations
@@ -26,17 +26,17 @@ from hypothesis import strategies as st
 from tests.cases import load_example, merge_patch
 from tokenfab.api.errors import parse_model_deployment
 from tokenfab.api.models import Autoscaling, AutoscalingStatus, ModelDeployment, ModelDeploymentStatus
-from tokenfab.autoscale import scaled_roles
 from tokenfab.planning import builders as b
 from tokenfab.planning.autoscaling import Config, Decision, Memory, Sample, config_for, decide, initial_groups
-from tokenfab.reconcile import desired_groups
+from tokenfab.planning.one_pass import desired_groups
+from tokenfab.planning.scaler import scaled_roles
 
 DEFAULTS = Autoscaling()
 INTERVAL = float(DEFAULTS.interval_seconds)
 
 
 def config(**overrides: Any) -> Config:
-    """The operator's default policy settings with bounds 1..16 (as tokenfab.autoscale builds them)."""
+    """The operator's default policy settings with bounds 1..16 (as tokenfab.planning.scaler builds them)."""
     base = config_for(DEFAULTS, 1, 16)
     return replace(base, **overrides)
 

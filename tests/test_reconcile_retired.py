@@ -8,7 +8,7 @@ from dataclasses import replace
 from tests.cases import load_example
 from tests.test_groups import group
 from tokenfab.api.errors import parse_model_deployment
-from tokenfab.reconcile import _observed_shape
+from tokenfab.planning.one_pass import observed_shape as _observed_shape
 
 
 def test_the_shape_of_a_retired_role_comes_from_its_groups():

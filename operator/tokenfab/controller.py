@@ -27,12 +27,12 @@ from tokenfab import inventory
 from tokenfab.adapters import metrics, telemetry
 from tokenfab.adapters.informer import Informer, Source
 from tokenfab.adapters.kube import ApiError, Kube, Obj
-from tokenfab.autoscale import burst_watch
 from tokenfab.fleet.expectations import Expectations
 from tokenfab.fleet.ledger import Ledger
 from tokenfab.fleet.view import Change, ClusterView, Key
 from tokenfab.fleet.workqueue import WorkQueue
 from tokenfab.planning import contract as c
+from tokenfab.planning.scaler import burst_watch
 from tokenfab.reconcile import begin
 from tokenfab.runtime import Context, Result, Settings
 
@@ -414,7 +414,7 @@ class Controller:
     def watch_bursts(self, now: float) -> list[Key]:
         """One look of the burst watch: the requests in flight at every autoscaled deployment's frontend,
         one query per Prometheus for the whole fleet (not one per deployment); each deployment whose count
-        steps up (tokenfab.autoscale.burst_watch) is evaluated now instead of at its next interval. A
+        steps up (tokenfab.planning.scaler.burst_watch) is evaluated now instead of at its next interval. A
         failed read wakes nobody: the evaluations go on at their interval. Returns the deployments woken."""
         by_url: dict[str, list[tuple[Key, Obj]]] = {}
         for key in self.view.deployments():

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokenfab.adapters.kube import ApiError, Kube, Obj
-from tokenfab.autoscale import Reader
+from tokenfab.adapters.metrics import Reader
 from tokenfab.fleet.expectations import Expectations
 from tokenfab.fleet.ledger import Ledger
 from tokenfab.fleet.view import ClusterView, Key

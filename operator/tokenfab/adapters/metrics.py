@@ -15,112 +15,59 @@ message, never as an exception into the reconcile.
 
 from __future__ import annotations
 
-import re
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 
 from prometheus_api_client import PrometheusConnect
 from urllib3.util.retry import Retry
 
 from tokenfab.planning import contract as c
 from tokenfab.planning.autoscaling import Sample
-
-KV_METRIC = "dynamo_component_gpu_cache_usage_percent"
-QUEUE_METRIC = "trtllm_num_requests_waiting"
-
-
-def _selector(name: str, namespace: str, deployment: str, role: str) -> str:
-    where = f'{c.PROM_LABEL_DEPLOYMENT}="{deployment}", {c.PROM_LABEL_ROLE}="{role}"'
-    return f'{name}{{namespace="{namespace}", {where}}}'
-
-
-def kv_query(namespace: str, deployment: str, role: str, override: str | None = None) -> str:
-    """PromQL returning one KV-cache utilization sample per group (its busiest rank)."""
-    if override:
-        return override.format(namespace=namespace, deployment=deployment, role=role)
-    return f"max by ({c.PROM_LABEL_GROUP}) ({_selector(KV_METRIC, namespace, deployment, role)})"
-
-
-INFLIGHT_METRIC = "dynamo_component_inflight_requests"
-
-
-def inflight_query(namespace: str, deployment: str) -> str:
-    """PromQL returning the requests in flight per group of a deployment (every role), as each group's
-    engine counts them at its request plane (prefill engines count too)."""
-    return (
-        f'sum by ({c.PROM_LABEL_GROUP}) ({INFLIGHT_METRIC}{{namespace="{namespace}", '
-        f'{c.PROM_LABEL_DEPLOYMENT}="{deployment}", dynamo_endpoint="generate"}})'
-    )
-
-
-FRONTEND_REQUESTS = "dynamo_frontend_requests_started_total"
-FRONTEND_INPUT_TOKENS = "dynamo_frontend_input_sequence_tokens_sum"
-FRONTEND_INFLIGHT = "dynamo_frontend_inflight_requests"
-
-
-def _frontend(namespace: str, deployment: str) -> str:
-    return f'{{namespace="{namespace}", {c.PROM_LABEL_DEPLOYMENT}="{deployment}"}}'
-
-
-def arrival_query(namespace: str, deployment: str, window_seconds: int) -> str:
-    """PromQL returning the requests/s arriving at a deployment's frontend (every replica), one sample."""
-    return f"sum(rate({FRONTEND_REQUESTS}{_frontend(namespace, deployment)}[{window_seconds}s]))"
-
-
-def frontend_inflight_query(namespace: str, deployment: str) -> str:
-    """PromQL returning the requests in flight at a deployment's frontend (every replica; queued, in
-    prefill or decoding), one sample: a gauge that rises with the first requests of a burst."""
-    return f"sum({FRONTEND_INFLIGHT}{_frontend(namespace, deployment)})"
-
-
-def fleet_inflight_query() -> str:
-    """PromQL returning the requests in flight at every deployment's frontend, one sample per namespace and
-    deployment: the burst watch asks it once per scrape for the whole fleet."""
-    return f"sum by (namespace, {c.PROM_LABEL_DEPLOYMENT}) ({FRONTEND_INFLIGHT})"
-
-
-def input_tokens_query(namespace: str, deployment: str, window_seconds: int) -> str:
-    """PromQL returning the input tokens/s arriving at a deployment's frontend, one sample."""
-    return f"sum(rate({FRONTEND_INPUT_TOKENS}{_frontend(namespace, deployment)}[{window_seconds}s]))"
-
-
-def queue_query(namespace: str, deployment: str, role: str) -> str:
-    """PromQL returning the waiting requests per group."""
-    return f"sum by ({c.PROM_LABEL_GROUP}) ({_selector(QUEUE_METRIC, namespace, deployment, role)})"
-
-
-_AGGREGATION = re.compile(r"^\s*(?:max|min|sum|avg|count)\s+by\s*\(([\w\s,]*)\)\s*\((.*)\)\s*$", re.S)
-
-
-def _balanced(expr: str) -> bool:
-    depth = 0
-    for ch in expr:
-        depth += {"(": 1, ")": -1}.get(ch, 0)
-        if depth < 0:
-            return False
-    return depth == 0
-
-
-def freshness_query(query: str) -> str:
-    """PromQL for when each series of `query` was scraped. Prometheus stamps the result of an aggregation
-    (and of any function) with the evaluation time, not the scrape time, and keeps answering a series for
-    5 minutes after its last scrape: `timestamp(max by (g) (x))` is always "now" and a dead engine's last
-    value would count as fresh. For an aggregation by labels this asks the oldest scrape among each
-    group's series, `min by (g) (timestamp(x))`; anything else (a query from spec.autoscaling.query of
-    another shape) falls back to `timestamp(query)`."""
-    m = _AGGREGATION.match(query)
-    if m and _balanced(m.group(2)):
-        return f"min by ({m.group(1).strip()}) (timestamp({m.group(2).strip()}))"
-    return f"timestamp({query})"
-
-
-@dataclass(frozen=True)
-class Reading:
-    """Per-group samples, or the error that prevented reading them."""
-
-    samples: dict[str, Sample] | None
-    error: str = ""
-    query: str = ""
+from tokenfab.planning.signals import (
+    FRONTEND_INFLIGHT as FRONTEND_INFLIGHT,
+)
+from tokenfab.planning.signals import (
+    FRONTEND_INPUT_TOKENS as FRONTEND_INPUT_TOKENS,
+)
+from tokenfab.planning.signals import (
+    FRONTEND_REQUESTS as FRONTEND_REQUESTS,
+)
+from tokenfab.planning.signals import (
+    INFLIGHT_METRIC as INFLIGHT_METRIC,
+)
+from tokenfab.planning.signals import (
+    KV_METRIC as KV_METRIC,
+)
+from tokenfab.planning.signals import (
+    QUEUE_METRIC as QUEUE_METRIC,
+)
+from tokenfab.planning.signals import (
+    Reading as Reading,
+)
+from tokenfab.planning.signals import (
+    arrival_query as arrival_query,
+)
+from tokenfab.planning.signals import (
+    fleet_inflight_query as fleet_inflight_query,
+)
+from tokenfab.planning.signals import (
+    freshness_query as freshness_query,
+)
+from tokenfab.planning.signals import (
+    frontend_inflight_query as frontend_inflight_query,
+)
+from tokenfab.planning.signals import (
+    inflight_query as inflight_query,
+)
+from tokenfab.planning.signals import (
+    input_tokens_query as input_tokens_query,
+)
+from tokenfab.planning.signals import (
+    kv_query as kv_query,
+)
+from tokenfab.planning.signals import (
+    queue_query as queue_query,
+)
 
 
 def _connect(url: str, timeout: float) -> PrometheusConnect:
@@ -179,3 +126,30 @@ def read_by_deployment(
         if value == value:
             out[(labels.get("namespace", ""), labels.get(c.PROM_LABEL_DEPLOYMENT, ""))] = value
     return out, ""
+
+
+Reader = Callable[[str, str], Reading]  # (Prometheus URL, query) -> its reading
+
+
+# A read that failed with one of these (the error text starts with the exception's name) could not
+# reach Prometheus at all: the pass's other reads would wait out the same connect timeout, one after the
+# other. (A read that timed out waiting for an answer may be one heavy query: the others are still asked.)
+UNREACHABLE = ("ConnectionError", "ConnectTimeout", "NewConnectionError", "MaxRetryError")
+
+
+def one_timeout_per_pass(reader: Reader) -> Reader:
+    """`reader`, except that once a read finds Prometheus unreachable, the pass's remaining reads fail at
+    once with the same words: an unreachable Prometheus costs a pass one connect timeout, not one per query
+    (six for an autoscaled disaggregated deployment with a frontend), and the passes of other deployments
+    are not held up behind it."""
+    down: list[str] = []
+
+    def read(url: str, query: str) -> Reading:
+        if down:
+            return Reading(None, down[0], query)
+        reading = reader(url, query)
+        if reading.samples is None and reading.error.startswith(UNREACHABLE):
+            down.append(reading.error)
+        return reading
+
+    return read

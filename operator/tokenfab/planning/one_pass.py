@@ -1,0 +1,427 @@
+"""One reconcile pass's decisions, pure: `plan(snapshot) -> Plan`, and `settle(snapshot, plan, written)`,
+the status once the API server has answered the plan's writes.
+
+The snapshot is everything a pass observed (tokenfab.reconcile.observe): the deployment with its freshest
+status, its groups and their nodes' health, the readings taken from Prometheus, what the cluster cannot
+serve, and the free NVLink capacity as the placement ledger saw it when the plan began. The plan is the
+whole desired state: the groups per role (from the spec, or the autoscaler), what each role creates, keeps,
+drains and deletes (tokenfab.planning.groups), the room each new group is promised, the shared children,
+the failure counts, the autoscaler's decision and its Events, and when time alone may change the plan.
+Nothing here reads or writes anything: a unit test hands `plan` a snapshot and reads the Plan whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenfab.api.models import (
+    Condition,
+    GroupPlacement,
+    ModelDeployment,
+    ModelDeploymentSpec,
+    ModelDeploymentStatus,
+    ProfileStatus,
+    RoleFailures,
+    RoleName,
+)
+from tokenfab.planning import builders as b
+from tokenfab.planning import recovery
+from tokenfab.planning.groups import DrainPolicy, RolePlan, plan_role
+from tokenfab.planning.lifecycle import GroupView, NodeHealth, classify
+from tokenfab.planning.room import Capacity, LazyDomains, Reservation, Room
+from tokenfab.planning.scaler import Outcome, autoscale, next_due
+from tokenfab.planning.scaler.memory import parse
+from tokenfab.planning.signals import Reading
+from tokenfab.planning.status import Observed, build_status, rfc3339
+from tokenfab.planning.topology import Domain, GroupShape
+
+Manifest = dict[str, Any]
+Event = tuple[str, str, str]  # (type, reason, message)
+
+# Decode (or the aggregated worker) is planned first: it is the larger role and prefill follows it.
+PLAN_ORDER: tuple[RoleName, ...] = ("decode", "worker", "prefill")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What one pass observed; immutable while it plans."""
+
+    owner: b.Owner
+    md: ModelDeployment  # the freshest status; the spec with the profile's plan merged in
+    groups: Mapping[RoleName, list[GroupView]]
+    health: Mapping[str, NodeHealth]
+    room: Room
+    now: float
+    readings: Mapping[str, Reading] = field(default_factory=dict)  # the autoscaler's, by query
+    drain: DrainPolicy | None = None  # how groups leave (with the engines' in-flight counts when read)
+    blocked: Mapping[RoleName, str] = field(default_factory=dict)  # why a role can create no group here
+    urgent: bool = False  # the burst watch asked for an early evaluation
+    urgent_kept: bool = False  # it asked too soon after the last one: kept for the next pass
+    bind_timeout: float = float("inf")  # seconds a released group may take to bind
+    frontend_available: int = 0
+    profile: ProfileStatus | None = None  # spec.profile's plan, as status keeps it
+    planned: Condition | None = None  # the Planned condition (None: the spec leaves nothing to plan)
+    pod_nodes: frozenset[str] = frozenset()  # the nodes the deployment's pods are on or pinned to
+
+    @property
+    def spec(self) -> ModelDeploymentSpec:
+        return self.md.spec
+
+
+@dataclass
+class Plan:
+    """The whole desired state of one pass."""
+
+    spec: ModelDeploymentSpec  # the snapshot's, with the frontend sized by the autoscaler
+    desired: dict[RoleName, int]  # groups per role
+    roles: list[RolePlan]
+    reservations: list[Reservation]
+    children: Children  # the shared children, each applied when it differs from the cluster's
+    failures: dict[str, RoleFailures]  # per role, kept in status (a restart keeps the backoff)
+    autoscaling: Outcome | None = None
+    events: list[Event] = field(default_factory=list)  # the autoscaler's ScaledUp / ScaledDown
+    requeue_after: float | None = None  # when time alone may change this plan
+
+    @property
+    def waiting_for_capacity(self) -> bool:
+        return any(p.unplaced or p.rollout_blocked for p in self.roles)
+
+
+# ------------------------------------------------------------------------------------------ desired
+
+
+def desired_groups(md: ModelDeployment) -> dict[RoleName, int]:
+    """Groups per role: the spec's, or the autoscaler's decision (kept in status) when it is on."""
+    spec = md.spec
+    wanted = b.spec_groups(spec)
+    scaler = md.status.autoscaling if md.status else None
+    if spec.autoscaling.enabled and scaler is not None:
+        for role, n in scaler.desired.items():
+            if role in wanted:
+                wanted[role] = n
+        if "prefill" in wanted and "decode" in wanted and "prefill" not in scaler.desired:
+            wanted["prefill"] = b.follow_ratio(spec, wanted["decode"], wanted["prefill"])
+    return wanted
+
+
+def removing(
+    spec: ModelDeploymentSpec, groups: Mapping[RoleName, list[GroupView]], desired: Mapping[RoleName, int]
+) -> bool:
+    """Whether groups drain or may start to: one is draining, a role has more groups than wanted, or a
+    rollout is under way (the engines' in-flight counts are read then)."""
+    return any(g.draining_since is not None for gs in groups.values() for g in gs) or any(
+        len(gs) > desired.get(role, 0)
+        or (spec.role(role) is not None and any(g.revision != b.role_revision(spec, role) for g in gs))
+        for role, gs in groups.items()
+    )
+
+
+# ------------------------------------------------------------------------------------------ failures
+
+
+def _failures(f: RoleFailures) -> recovery.Failures:
+    return recovery.Failures(f.failures, parse(f.last_failure) or 0.0, f.message)
+
+
+def failures_of(status: ModelDeploymentStatus | None) -> dict[str, recovery.Failures]:
+    return {role: _failures(f) for role, f in (status.failures if status else {}).items()}
+
+
+def _hold(before: recovery.Failures | None, now: float) -> Callable[[list[str]], float]:
+    """How long a role waits before replacing groups, counting the failures this pass finds."""
+
+    def hold(broken: list[str]) -> float:
+        return recovery.hold(recovery.update(before, broken, 0, 1, None, now), now)
+
+    return hold
+
+
+def next_failures(
+    old: ModelDeploymentStatus | None, plans: list[RolePlan], now: float
+) -> dict[str, RoleFailures]:
+    """The roles' failure counts after this pass (kept in status, so a restart keeps the backoff)."""
+    before = old.failures if old else {}
+    out: dict[str, RoleFailures] = {}
+    for plan in plans:
+        prev = before.get(plan.role)
+        broken = [plan.broken_reasons[d.name] for d in plan.delete if d.name in plan.broken_reasons]
+        healthy = plan.desired > 0 and plan.ready >= plan.desired
+        since = (parse(prev.healthy_since) if prev and prev.healthy_since else None) if healthy else None
+        nxt = recovery.update(_failures(prev) if prev else None, broken, plan.ready, plan.desired, since, now)
+        if nxt is None:
+            continue
+        out[plan.role] = RoleFailures(
+            failures=nxt.count,
+            last_failure=rfc3339(nxt.last),
+            message=nxt.message[:500],
+            retry_after=rfc3339(nxt.retry_at()),
+            healthy_since=(prev.healthy_since if prev and prev.healthy_since else rfc3339(now))
+            if healthy
+            else None,
+        )
+    return out
+
+
+# ------------------------------------------------------------------------------------------ roles
+
+
+def observed_shape(groups: list[GroupView], spec: ModelDeploymentSpec) -> GroupShape:
+    """The shape of a role that left the spec, from its groups as they were made (the spec's
+    topology.gpusPerNode may have changed since)."""
+    g = max(groups, key=lambda g: g.gpus)
+    gpus = max(1, g.gpus)
+    per_node = gpus // g.size if g.size > 1 and gpus % g.size == 0 else max(gpus, spec.topology.gpus_per_node)
+    return GroupShape(gpus=gpus, gpus_per_node=per_node)
+
+
+def serving_roles(
+    spec: ModelDeploymentSpec,
+    groups: Mapping[RoleName, list[GroupView]],
+    health: Mapping[str, NodeHealth],
+    now: float,
+) -> set[RoleName]:
+    """The roles of the spec with a group serving at the current revision."""
+    tol = float(spec.topology.node_failure_toleration_seconds)
+    return {
+        role
+        for role, gs in groups.items()
+        if spec.role(role) is not None
+        and any(
+            g.revision == b.role_revision(spec, role) and classify(g, health, now, tol)[0] == "serving"
+            for g in gs
+        )
+    }
+
+
+@dataclass(frozen=True)
+class RoleInputs:
+    """What every role's plan of one pass shares."""
+
+    spec: ModelDeploymentSpec
+    desired: Mapping[RoleName, int]
+    groups: Mapping[RoleName, list[GroupView]]
+    health: Mapping[str, NodeHealth]
+    now: float
+    bind_timeout: float = float("inf")
+    blocked: Mapping[RoleName, str] = field(default_factory=dict)
+    holds: Mapping[str, Callable[[list[str]], float]] = field(default_factory=dict)
+    drain: DrainPolicy | None = None
+
+
+def _plan_one(
+    x: RoleInputs,
+    role: RoleName,
+    capacity: Callable[[RoleName], Mapping[str, Domain]],
+    ready: set[RoleName],
+    others_short: bool,
+) -> RolePlan:
+    spec = x.spec
+    in_spec = spec.role(role) is not None
+    shape = b.group_shape(spec, role) if in_spec else observed_shape(x.groups[role], spec)
+    domains = LazyDomains((lambda: capacity(role)) if in_spec else dict)
+    plan, _ = plan_role(
+        role,
+        x.desired.get(role, 0),
+        b.role_revision(spec, role) if in_spec else "",
+        shape,
+        x.groups.get(role, []),
+        domains,  # type: ignore[arg-type]
+        spec.topology.placement,
+        x.health,
+        x.now,
+        float(spec.topology.node_failure_toleration_seconds),
+        x.bind_timeout,
+        x.holds.get(role, 0.0),
+        x.drain,
+        all(r in ready for r, _ in spec.roles() if r != role),
+        retired=not in_spec,
+        others_short=others_short,
+    )
+    why = x.blocked.get(role, "") if in_spec and plan.create else ""
+    if why:
+        plan.create = [cr for cr in plan.create if cr.reason == "Complete"]
+        plan.blocked = why
+    return plan
+
+
+def plan_roles(
+    x: RoleInputs,
+    capacity: Callable[[RoleName], Mapping[str, Domain]],
+    commit: Callable[[RolePlan], None] | None = None,
+) -> list[RolePlan]:
+    """Plan every role present in the spec or in the cluster (a removed role plans 0 groups). `capacity`
+    gives a role's free domains; `commit` reserves a role's new pods before the next role is planned."""
+    plans: list[RolePlan] = []
+    ready = serving_roles(x.spec, x.groups, x.health, x.now)
+    # Roles that left the spec (serving.mode changed) are planned last: their groups serve until every
+    # role of the spec has a serving group, and make room when the spec's new groups find none.
+    for role in sorted(PLAN_ORDER, key=lambda r: x.spec.role(r) is None):
+        if role not in x.desired and role not in x.groups:
+            continue
+        plan = _plan_one(x, role, capacity, ready, any(p.unplaced or p.rollout_blocked for p in plans))
+        if commit is not None:
+            commit(plan)
+        plans.append(plan)
+    return plans
+
+
+# ------------------------------------------------------------------------------------------ the plan
+
+
+def _scale(
+    s: Snapshot, capacity: Capacity
+) -> tuple[dict[RoleName, int], ModelDeploymentSpec, Outcome | None]:
+    """The groups per role and the spec with the frontend's size, after the autoscaler's step."""
+    spec, md = s.spec, s.md
+    desired = desired_groups(md)
+    if not spec.autoscaling.enabled:
+        return desired, spec, None
+
+    def reader(_url: str, query: str) -> Reading:
+        return s.readings.get(query) or Reading(None, "not read by this pass", query)
+
+    outcome = autoscale(md, s.groups, s.health, capacity, s.now, reader, s.urgent)
+    desired.update(outcome.desired)
+    if "prefill" in desired and "decode" in desired and spec.serving.ratio_policy == "fixed":
+        desired["prefill"] = b.follow_ratio(spec, desired["decode"], desired["prefill"])
+    if outcome.frontend_replicas is not None:  # the frontend sized from its ingress
+        serving = spec.serving.model_copy(update={"frontend_replicas": outcome.frontend_replicas})
+        spec = spec.model_copy(update={"serving": serving})
+    return desired, spec, outcome
+
+
+def _scaling_events(outcome: Outcome | None) -> list[Event]:
+    return [
+        ("Normal", "ScaledUp" if d.direction == "up" else "ScaledDown",
+         f"{role} {d.current} -> {d.desired} groups: {metric} {d.message} ({d.reason})")
+        for role, metric, d in (outcome.decisions if outcome else [])
+        if d.direction != "hold"
+    ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Children:
+    """The shared children, in the order they are written: the workers' headless Service (before the new
+    groups' pods it selects); the pods' discovery identity (a ServiceAccount and Role before the RoleBinding
+    that names them, all before the first pods that name the ServiceAccount); then, after the new groups,
+    the per-node model caches the pods mount, the frontend Deployment and Service, the engine ConfigMaps
+    of the current revisions and a PodDisruptionBudget per role."""
+
+    workers_service: Manifest
+    identity: tuple[Manifest, ...]  # () or (ServiceAccount, Role, RoleBinding)
+    rest: tuple[Manifest, ...]
+
+
+def children(
+    owner: b.Owner, spec: ModelDeploymentSpec, roles: list[RolePlan], nodes: frozenset[str]
+) -> Children:
+    """The shared children of the plan; `nodes` are those the deployment's pods are on or pinned to (the
+    new groups' nodes are added: each gets its model cache)."""
+    nodes = nodes | {n for r in roles for cr in r.create for n in cr.nodes}
+    rest: list[Manifest] = [*b.model_cache_claims(owner, spec, nodes)]
+    rest += [b.frontend_deployment(owner, spec), b.frontend_service(owner)]
+    rest += [b.engine_configmap(owner, spec, role) for role, _ in spec.roles()]
+    rest += [
+        b.pod_disruption_budget(owner, p.role, p.desired * p.shape.nodes) for p in roles if spec.role(p.role)
+    ]
+    return Children(b.workers_service(owner, spec), tuple(b.discovery_rbac(owner, spec)), tuple(rest))
+
+
+def plan(s: Snapshot) -> Plan:
+    """Everything this pass decides, from what it observed."""
+    capacity = Capacity(s.room, s.spec, s.owner)
+    desired, spec, outcome = _scale(s, capacity)
+    old = failures_of(s.md.status)
+    inputs = RoleInputs(
+        spec, desired, s.groups, s.health, s.now, s.bind_timeout, s.blocked,
+        {role: _hold(old.get(role), s.now) for role in PLAN_ORDER}, s.drain,
+    )  # fmt: skip
+    roles = plan_roles(inputs, capacity, commit=capacity.reserve)
+    return Plan(
+        spec=spec,
+        desired=desired,
+        roles=roles,
+        reservations=capacity.reservations,
+        children=children(s.owner, spec, roles, s.pod_nodes),
+        failures=next_failures(s.md.status, roles, s.now),
+        autoscaling=outcome,
+        events=_scaling_events(outcome),
+        requeue_after=requeue_after(s, roles),
+    )
+
+
+def requeue_after(s: Snapshot, roles: list[RolePlan]) -> float | None:
+    """When time alone (no event) may change this deployment's plan: the autoscaler's next evaluation,
+    a binding deadline, a node's toleration running out."""
+    waits: list[float] = []
+    due = next_due(s.md, s.now, s.urgent_kept)
+    if due is not None:
+        waits.append(due)
+    tol = float(s.spec.topology.node_failure_toleration_seconds)
+    for g in (g for gs in s.groups.values() for g in gs):
+        if g.released_at is not None and any(p.node is None for p in g.pods):
+            waits.append(g.released_at + s.bind_timeout - s.now)
+        for p in g.pods:
+            h = s.health.get(p.node or "")
+            if h is not None and not h.ready and h.not_ready_since is not None:
+                waits.append(h.not_ready_since + tol - s.now)
+    if any(p.waiting or p.unbound for p in roles):
+        waits.append(10.0)
+    backoff = [p.backoff + 0.1 for p in roles if p.backoff > 0]
+    out = None if not waits else max(0.2, min(waits) + 0.1)
+    return min([*([] if out is None else [out]), *backoff], default=None)
+
+
+# ------------------------------------------------------------------------------------------ settle
+
+
+@dataclass(frozen=True)
+class Written:
+    """What the API server answered to a plan's writes."""
+
+    created: frozenset[str] = frozenset()  # the new groups that exist whole
+    errors: tuple[str, ...] = ()  # what it refused, in its own words
+
+
+def placement(s: Snapshot, p: Plan, created: frozenset[str]) -> list[GroupPlacement]:
+    out = []
+    for role in p.roles:
+        gone = {d.name for d in role.delete}
+        for g in s.groups.get(role.role, []):
+            if g.name not in gone and role.states.get(g.name) != "deleting":
+                out.append(GroupPlacement(group=g.name, role=g.role, domain=g.domain, gpus=g.gpus))
+        for cr in role.create:
+            name = b.group_name(s.owner, cr.role, cr.slot)
+            if name in created and not any(x.group == name for x in out):
+                out.append(GroupPlacement(group=name, role=cr.role, domain=cr.domain, gpus=role.shape.gpus))
+    return out
+
+
+def settle(s: Snapshot, p: Plan, written: Written) -> tuple[ModelDeploymentStatus, list[Condition]]:
+    """The status after the plan's writes were answered, and the conditions that changed (for Events)."""
+    held = {r.role: f for r in p.roles if r.backoff > 0 and (f := p.failures.get(r.role)) is not None}
+    obs = Observed(
+        s.md.metadata.generation or 0,
+        s.frontend_available,
+        p.spec.serving.frontend_replicas,
+        b.endpoint(s.owner),
+        written.errors,
+        recovery.summary({r: _failures(f) for r, f in held.items()}, s.now) if held else "",
+    )
+    outcome = p.autoscaling
+    status, changed = build_status(
+        p.roles,
+        placement(s, p, written.created),
+        obs,
+        s.md.status,
+        s.now,
+        autoscaling=outcome.status if outcome else None,
+        extra=[*(outcome.conditions if outcome else ()), *filter(None, [s.planned])],
+    )
+    status.profile = s.profile
+    status.failures = p.failures
+    if s.planned is None:
+        status.conditions = [cd for cd in status.conditions if cd.type != "Planned"]
+    return status, changed

@@ -1,0 +1,106 @@
+"""Free NVLink-domain capacity as one plan sees it: `Room`, what the placement ledger saw free when the
+plan began (read at most once, and only by a plan that needs it), and `Capacity`, the free domains per role
+with the plan's own reservations taken off as it goes, role by role. Pure: the ledger (tokenfab.fleet.ledger)
+hands the plan its nodes and usage, and records the plan's `Reservation`s once the plan is made."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from tokenfab.api.models import ModelDeploymentSpec, RoleName
+from tokenfab.planning import builders as b
+from tokenfab.planning.capacity import Constraints, NodeFacts, Resources, add, snapshot
+from tokenfab.planning.groups import RolePlan
+from tokenfab.planning.topology import Domain
+
+
+class Room:
+    """Free capacity as the placement ledger saw it when the plan began: the nodes and what is used on
+    each (bound pods, pinned pods, the reservations of earlier plans). `load` is asked at most once, and
+    only by a plan that needs room (most passes never do); the ledger's lock holds it still meanwhile."""
+
+    def __init__(
+        self,
+        load: Callable[[], tuple[Sequence[NodeFacts], Mapping[str, Resources]]],
+        constraints: Constraints,
+    ) -> None:
+        self._load = load
+        self.constraints = constraints
+        self._value: tuple[Sequence[NodeFacts], Mapping[str, Resources]] | None = None
+
+    @classmethod
+    def fixed(
+        cls, nodes: Sequence[NodeFacts], used: Mapping[str, Resources], constraints: Constraints
+    ) -> Room:
+        return cls(lambda: (nodes, used), constraints)
+
+    def read(self) -> tuple[Sequence[NodeFacts], Mapping[str, Resources]]:
+        if self._value is None:
+            self._value = self._load()
+        return self._value
+
+    @property
+    def loaded(self) -> bool:
+        return self._value is not None
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Room promised to the pods of a new group (pod name -> (node, requests))."""
+
+    group: str
+    pods: Mapping[str, tuple[str, Resources]]
+
+
+class Capacity:
+    """Per-role free domains inside one plan, the plan's own reservations taken off."""
+
+    def __init__(self, room: Room, spec: ModelDeploymentSpec, owner: b.Owner) -> None:
+        self.room, self.spec, self.owner = room, spec, owner
+        self.reserved: dict[str, dict[str, int]] = {}
+        self.reservations: list[Reservation] = []
+        self._cache: dict[RoleName, dict[str, Domain]] = {}
+
+    def __call__(self, role: RoleName) -> dict[str, Domain]:
+        if role not in self._cache:
+            nodes, used = self.room.read()
+            mine = {n: add(used.get(n, {}), r) for n, r in self.reserved.items()}
+            request = b.pod_requests(self.spec, role)
+            self._cache[role] = snapshot(nodes, {**used, **mine}, request, self.room.constraints)
+        return self._cache[role]
+
+    def reserve(self, plan: RolePlan) -> None:
+        if not plan.create:
+            return
+        requests = b.pod_requests(self.spec, plan.role)
+        for cr in plan.create:
+            group = b.group_name(self.owner, cr.role, cr.slot)
+            ranks = cr.ranks or tuple(range(len(cr.nodes)))
+            pods = {b.pod_name(group, r): (n, requests) for r, n in zip(ranks, cr.nodes, strict=True)}
+            self.reservations.append(Reservation(group, pods))
+            for node, req in pods.values():
+                self.reserved[node] = add(self.reserved.get(node, {}), req)
+        self._cache.clear()
+
+
+class LazyDomains(Mapping[str, Domain]):
+    """A role's free domains computed on first use (most role plans never need them)."""
+
+    def __init__(self, make: Callable[[], Mapping[str, Domain]]) -> None:
+        self._make = make
+        self._value: Mapping[str, Domain] | None = None
+
+    def _get(self) -> Mapping[str, Domain]:
+        if self._value is None:
+            self._value = self._make()
+        return self._value
+
+    def __getitem__(self, key: str) -> Domain:
+        return self._get()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
