@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import os
 import tempfile
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from e2e.helpers import kubectl, start_operator, wait_for
+from e2e.helpers import install_crds, operator_up
 from tokenfab_factory.factory import Factory, FactoryConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,14 +23,6 @@ os.environ.setdefault(
 )  # made on first use
 E2E_PORT_BASE = int(os.environ.get("TOKENFAB_E2E_PORT_BASE", "32000"))
 LIVENESS = E2E_PORT_BASE + 20
-
-
-def operator_healthy() -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{LIVENESS}/healthz", timeout=2) as r:
-            return bool(r.status == 200)
-    except OSError:
-        return False
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -46,10 +37,7 @@ def factory() -> Iterator[Factory]:
     f = Factory(FactoryConfig(run_dir=run_dir, racks=4, port_base=E2E_PORT_BASE), say=print)
     f.up()
     try:
-        kubectl(f, "apply", "--server-side", "-f", str(ROOT / "crds"))
-        kubectl(
-            f, "wait", "--for=condition=Established", "crd/modeldeployments.tokenfab.dev", "--timeout=60s"
-        )
+        install_crds(f)
         yield f
     finally:
         f.down()
@@ -58,7 +46,6 @@ def factory() -> Iterator[Factory]:
 @pytest.fixture(scope="session")
 def operator(factory: Factory) -> Iterator[Factory]:
     """The tokenfab operator as a real process against the session's factory (stopped by PID)."""
-    start_operator(factory, LIVENESS)
-    wait_for("the operator's health endpoint", operator_healthy, timeout=60)
+    operator_up(factory, LIVENESS)
     yield factory
     factory.stop_extra("operator")

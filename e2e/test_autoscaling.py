@@ -10,12 +10,12 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 
 from e2e.fleet.pods import target_labels
-from e2e.helpers import apply_yaml, condition, get_json, kubectl, wait_for
+from e2e.helpers import MetricsHandler, apply_yaml, condition, get_json, kubectl, wait_for
 from tokenfab.planning import contract as c
 from tokenfab_factory import process
 from tokenfab_factory.factory import Factory
@@ -37,26 +37,17 @@ class FleetExporter:
         self.pods: dict[str, dict[str, str]] = {}
         exporter = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
+        class Handler(MetricsHandler):
+            def metrics(self) -> bytes | None:
                 pod = exporter.pods.get(self.path.removeprefix("/pods/"))
                 if pod is None:
-                    self.send_response(404)
-                    self.end_headers()
-                    return
+                    return None
                 role = pod[c.PROM_LABEL_ROLE]
                 groups = {
                     p[c.PROM_LABEL_GROUP] for p in exporter.pods.values() if p[c.PROM_LABEL_ROLE] == role
                 }
                 value = min(1.0, exporter.load[role] / max(1, len(groups)))
-                body = f'dynamo_component_gpu_cache_usage_percent{{dp_rank="0"}} {value}\n'.encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
+                return f'dynamo_component_gpu_cache_usage_percent{{dp_rank="0"}} {value}\n'.encode()
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.stop = threading.Event()

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import socket
 import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import HTTPServer
 from pathlib import Path
 
 import pytest
 
-from e2e.helpers import apply_yaml, kubectl, restore_node, wait_for
+from e2e.helpers import MetricsHandler, apply_yaml, gpu_deployment, kubectl, restore_node, wait_for
 from tokenfab_factory import process
 from tokenfab_factory.factory import Factory, FactoryConfig, FactoryError
 from tokenfab_factory.racks import CLIQUE_LABEL, GPU_RESOURCE
@@ -41,26 +41,7 @@ def test_racks_look_like_nvl72(factory):
 
 
 def test_gpu_deployment_is_scheduled_and_runs(factory):
-    apply_yaml(
-        factory,
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": "gpu-deploy", "namespace": "default"},
-            "spec": {
-                "replicas": 3,
-                "selector": {"matchLabels": {"app": "gpu-deploy"}},
-                "template": {
-                    "metadata": {"labels": {"app": "gpu-deploy"}},
-                    "spec": {
-                        "containers": [
-                            {"name": "w", "image": "worker", "resources": {"limits": {GPU_RESOURCE: "4"}}}
-                        ]
-                    },
-                },
-            },
-        },
-    )
+    apply_yaml(factory, gpu_deployment("gpu-deploy", "default", replicas=3, gpus=4))
     ready = wait_for("3 Running GPU pods", lambda: len(running(pods(factory, "app=gpu-deploy"))) == 3)
     assert ready
     nodes = {p["spec"]["nodeName"] for p in pods(factory, "app=gpu-deploy")}
@@ -155,16 +136,9 @@ def test_deleting_a_node_evicts_its_pods(factory):
         restore_node(factory, node)
 
 
-class _Exporter(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = b"tokenfab_e2e_probe 42\n"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+class _Exporter(MetricsHandler):
+    def metrics(self) -> bytes:
+        return b"tokenfab_e2e_probe 42\n"
 
 
 def test_prometheus_scrapes_the_apiserver_and_file_sd_targets(factory):

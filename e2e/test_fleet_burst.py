@@ -16,9 +16,17 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.conftest import LIVENESS, operator_healthy
+from e2e.conftest import LIVENESS
 from e2e.fleetmix import asked_gpus, fleet, references, view_of, wanted_groups
-from e2e.helpers import condition, get_json, kubectl, restore_node, start_operator, wait_for
+from e2e.helpers import (
+    condition,
+    get_json,
+    kubectl,
+    namespace_maker,
+    operator_replaced,
+    restore_node,
+    wait_for,
+)
 from tokenfab.planning import contract as c
 from tokenfab_factory.factory import Factory
 from tokenfab_factory.racks import CLIQUE_LABEL, RACK_LABEL
@@ -144,16 +152,7 @@ def delete_namespace(f: Factory, ns: str) -> None:
 
 @pytest.fixture
 def burst_ns(operator: Factory) -> Any:
-    names: list[str] = []
-
-    def make(name: str) -> str:
-        kubectl(operator, "create", "namespace", name)
-        names.append(name)
-        return name
-
-    yield make
-    for ns in names:
-        delete_namespace(operator, ns)
+    yield from namespace_maker(operator, delete_namespace)
 
 
 def test_a_burst_of_deployments_settles_whole_and_packed(operator: Factory, burst_ns: Any) -> None:
@@ -195,36 +194,39 @@ def test_a_burst_with_a_node_lost_and_a_rack_cordoned_settles_on_the_gate_path(
     operator: Factory, burst_ns: Any
 ) -> None:
     f = operator
-    start_operator(f, LIVENESS, extra_env={"TOKENFAB_GANG": "gates"})
-    wait_for("the operator back", operator_healthy, timeout=60)
-    ns = burst_ns("burst-faults")
-    nodes = get_json(f, "nodes")["items"]
-    racks = sorted({n["metadata"]["labels"][RACK_LABEL] for n in nodes})
-    cordoned = [n["metadata"]["name"] for n in nodes if n["metadata"]["labels"][RACK_LABEL] == racks[-1]]
-    lost = next(n for n in nodes if n["metadata"]["labels"][RACK_LABEL] == racks[0])
-    docs, before = burst_of(f, ns, "x", skip=set(cordoned) | {lost["metadata"]["name"]})
-    try:
-        apply_all(f, docs[: len(docs) // 2])
-        kubectl(f, "delete", "node", lost["metadata"]["name"])
-        for name in cordoned:
-            kubectl(f, "cordon", name)
-        apply_all(f, docs[len(docs) // 2 :])
-        state = wait_for("the burst to settle", lambda: settled(f, ns, len(docs)), timeout=300, interval=2)
-        figures = check_settled(f, state)
-        refs = references(before, wanted_groups(docs))
-        print(json.dumps({"deployments": len(docs), **{name: r.gpus for name, r in refs.items()}, **figures}))
-        assert_packed(figures, refs)
-        for p in state["pods"]:
-            assert p["spec"]["nodeName"] != lost["metadata"]["name"]
-        # The gate path: no PodGroups, and the pods of multi-node groups were released (gates lifted).
-        assert not get_json(f, "podgroups.scheduling.k8s.io", "-n", ns)["items"]
-        multi = [p for p in state["pods"] if int(p["metadata"]["annotations"][c.ANN_GROUP_SIZE]) > 1]
-        assert multi
-        assert all(c.ANN_RELEASED in p["metadata"]["annotations"] for p in multi)
-        assert not any(p["spec"].get("schedulingGates") for p in state["pods"])
-    finally:
-        for name in cordoned:
-            kubectl(f, "uncordon", name, check=False)
-        restore_node(f, lost)
-        start_operator(f, LIVENESS)
-        wait_for("the operator back", operator_healthy, timeout=60)
+    with operator_replaced(f, LIVENESS, extra_env={"TOKENFAB_GANG": "gates"}):
+        ns = burst_ns("burst-faults")
+        nodes = get_json(f, "nodes")["items"]
+        racks = sorted({n["metadata"]["labels"][RACK_LABEL] for n in nodes})
+        cordoned = [n["metadata"]["name"] for n in nodes if n["metadata"]["labels"][RACK_LABEL] == racks[-1]]
+        lost = next(n for n in nodes if n["metadata"]["labels"][RACK_LABEL] == racks[0])
+        docs, before = burst_of(f, ns, "x", skip=set(cordoned) | {lost["metadata"]["name"]})
+        try:
+            apply_all(f, docs[: len(docs) // 2])
+            kubectl(f, "delete", "node", lost["metadata"]["name"])
+            for name in cordoned:
+                kubectl(f, "cordon", name)
+            apply_all(f, docs[len(docs) // 2 :])
+            state = wait_for(
+                "the burst to settle", lambda: settled(f, ns, len(docs)), timeout=300, interval=2
+            )
+            figures = check_settled(f, state)
+            refs = references(before, wanted_groups(docs))
+            print(
+                json.dumps(
+                    {"deployments": len(docs), **{name: r.gpus for name, r in refs.items()}, **figures}
+                )
+            )
+            assert_packed(figures, refs)
+            for p in state["pods"]:
+                assert p["spec"]["nodeName"] != lost["metadata"]["name"]
+            # The gate path: no PodGroups, and the pods of multi-node groups were released (gates lifted).
+            assert not get_json(f, "podgroups.scheduling.k8s.io", "-n", ns)["items"]
+            multi = [p for p in state["pods"] if int(p["metadata"]["annotations"][c.ANN_GROUP_SIZE]) > 1]
+            assert multi
+            assert all(c.ANN_RELEASED in p["metadata"]["annotations"] for p in multi)
+            assert not any(p["spec"].get("schedulingGates") for p in state["pods"])
+        finally:
+            for name in cordoned:
+                kubectl(f, "uncordon", name, check=False)
+            restore_node(f, lost)

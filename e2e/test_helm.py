@@ -30,8 +30,17 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.conftest import E2E_PORT_BASE, LIVENESS, operator_healthy
-from e2e.helpers import apply_yaml, condition, engine_configmaps, get_json, kubectl, start_operator, wait_for
+from e2e.conftest import E2E_PORT_BASE, LIVENESS
+from e2e.helpers import (
+    apply_yaml,
+    condition,
+    engine_configmaps,
+    get_json,
+    kubectl,
+    operator_up,
+    wait_for,
+    wait_healthy,
+)
 from tests.cases import load_example
 from tests.chart import CHART, wildcards
 from tokenfab.leader import DURATION, LEASE_NAME, RETRY
@@ -142,16 +151,7 @@ class ChartOperator:
         self.f.start_extra(
             self.name, argv, env={**env, "KUBECONFIG": str(self.kubeconfig), "TMPDIR": str(self.tmpdir)}
         )
-        wait_for(f"the health endpoint of {self.name}", self.healthy, timeout=90)
-
-    def healthy(self) -> bool:
-        import urllib.request
-
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health}/healthz", timeout=2) as r:
-                return bool(r.status == 200)
-        except OSError:
-            return False
+        wait_healthy(self.health, f"the health endpoint of {self.name}", timeout=90)
 
     def metrics(self) -> str:
         import urllib.request
@@ -241,8 +241,7 @@ def chart(factory: Factory, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         for ns in (NS, CD_NS, SCOPED_NS, SYSTEM_NS):
             kubectl(f, "delete", "namespace", ns, "--wait=false", "--ignore-not-found", check=False)
         if admin_was_running:
-            start_operator(f, LIVENESS)
-            wait_for("the admin operator's health endpoint", operator_healthy, timeout=60)
+            operator_up(f, LIVENESS, what="the admin operator's health endpoint")
 
 
 def lease_holder(f: Factory) -> str:

@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 import yaml
 
-from e2e.conftest import LIVENESS, operator_healthy
+from e2e.conftest import LIVENESS
 from e2e.helpers import (
     apply_yaml,
     condition,
@@ -20,6 +20,7 @@ from e2e.helpers import (
     restore_node,
     start_operator,
     wait_for,
+    wait_healthy,
 )
 from tests.cases import EXAMPLES
 from tokenfab.planning import contract as c
@@ -210,7 +211,7 @@ def test_sigkill_during_a_rollout_converges_to_exactly_the_desired_groups(operat
         )
         min_ready_decode = min(min_ready_decode, ready_decode)
         start_operator(f, LIVENESS)
-    wait_for("the operator back", operator_healthy, timeout=60)
+    wait_healthy(LIVENESS, "the operator back")
 
     def converged() -> bool:
         pods = worker_pods(f)

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.conftest import E2E_PORT_BASE, LIVENESS, operator_healthy
-from e2e.helpers import apply_yaml, condition, get_json, kubectl, start_operator, wait_for
+from e2e.conftest import E2E_PORT_BASE, LIVENESS
+from e2e.helpers import apply_yaml, condition, get_json, kubectl, namespace_maker, operator_replaced, wait_for
 from tests.cases import EXAMPLES
 from tokenfab.planning import contract as c
 from tokenfab_factory import process
@@ -48,18 +48,13 @@ def ready(f: Factory, name: str, ns: str) -> bool:
     return bool(cond and cond["status"] == "True")
 
 
+def delete_namespace(f: Factory, ns: str) -> None:
+    kubectl(f, "delete", "namespace", ns, "--wait=true", "--timeout=180s", check=False)
+
+
 @pytest.fixture
 def namespace(operator: Factory) -> Iterator[Any]:
-    made: list[str] = []
-
-    def make(name: str) -> str:
-        kubectl(operator, "create", "namespace", name)
-        made.append(name)
-        return name
-
-    yield make
-    for ns in made:
-        kubectl(operator, "delete", "namespace", ns, "--wait=true", "--timeout=180s", check=False)
+    yield from namespace_maker(operator, delete_namespace)
 
 
 # ------------------------------------------------------------------------------------- two replicas
@@ -85,71 +80,73 @@ def lease_holder(f: Factory) -> str:
 
 def test_two_replicas_one_leader_and_a_failover_within_the_lease(operator: Factory, namespace: Any) -> None:
     f = operator
-    f.stop_extra("operator")  # the session's standalone operator makes way for two replicas
-    ns = namespace("ha")
-    ports = {"replica-a": E2E_PORT_BASE + 40, "replica-b": E2E_PORT_BASE + 42}
-    try:
-        for name, port in ports.items():
-            start_replica(f, name, port)
-        holder = wait_for("a leader", lambda: lease_holder(f), timeout=60)
-        leader = holder.split("_")[0]
-        assert leader in ports
-        doc = yaml.safe_load((EXAMPLES / "deepseek-r1-disaggregated.yaml").read_text())
-        doc["metadata"]["namespace"] = ns
-        apply_yaml(f, doc, "--server-side", "--field-manager=e2e")
-        wait_for("deepseek-r1 Ready under two replicas", lambda: ready(f, "deepseek-r1", ns), timeout=120)
-        time.sleep(6)  # a few resyncs of both replicas: still exactly the example's groups
+    # the session's standalone operator makes way for two replicas
+    with operator_replaced(f, LIVENESS):
+        ns = namespace("ha")
+        ports = {"replica-a": E2E_PORT_BASE + 40, "replica-b": E2E_PORT_BASE + 42}
+        try:
+            for name, port in ports.items():
+                start_replica(f, name, port)
+            holder = wait_for("a leader", lambda: lease_holder(f), timeout=60)
+            leader = holder.split("_")[0]
+            assert leader in ports
+            doc = yaml.safe_load((EXAMPLES / "deepseek-r1-disaggregated.yaml").read_text())
+            doc["metadata"]["namespace"] = ns
+            apply_yaml(f, doc, "--server-side", "--field-manager=e2e")
+            wait_for("deepseek-r1 Ready under two replicas", lambda: ready(f, "deepseek-r1", ns), timeout=120)
+            time.sleep(6)  # a few resyncs of both replicas: still exactly the example's groups
 
-        def by_role() -> Counter[str]:
-            pods = get_json(f, "pods", "-n", ns, "-l", f"{c.COMPONENT}=worker")["items"]
-            groups = {
-                p["metadata"]["labels"][c.LABEL_GROUP]: p["metadata"]["labels"][c.LABEL_ROLE] for p in pods
-            }
-            return Counter(groups.values())
+            def by_role() -> Counter[str]:
+                pods = get_json(f, "pods", "-n", ns, "-l", f"{c.COMPONENT}=worker")["items"]
+                groups = {
+                    p["metadata"]["labels"][c.LABEL_GROUP]: p["metadata"]["labels"][c.LABEL_ROLE]
+                    for p in pods
+                }
+                return Counter(groups.values())
 
-        assert by_role() == Counter({"decode": 2, "prefill": 2})
-        events = get_json(f, "events", "-n", ns, "--field-selector", "involvedObject.name=deepseek-r1")[
-            "items"
-        ]
-        created = [e for e in events if e["reason"].startswith("GroupCreated")]
-        assert len(created) == 4, [e["message"] for e in created]  # nobody created a group twice
+            assert by_role() == Counter({"decode": 2, "prefill": 2})
+            events = get_json(f, "events", "-n", ns, "--field-selector", "involvedObject.name=deepseek-r1")[
+                "items"
+            ]
+            created = [e for e in events if e["reason"].startswith("GroupCreated")]
+            assert len(created) == 4, [e["message"] for e in created]  # nobody created a group twice
 
-        # SIGKILL the leader, then change the spec: the other replica takes the Lease and rolls it out.
-        old_rev = {
-            p["metadata"]["labels"][c.LABEL_REVISION]
-            for p in get_json(f, "pods", "-n", ns, "-l", f"{c.LABEL_ROLE}=decode")["items"]
-        }
-        t0 = time.monotonic()
-        process.stop(f.extra_pids()[leader], timeout=0)
-        doc["spec"]["decode"]["maxBatchSize"] = 128
-        apply_yaml(f, doc, "--server-side", "--field-manager=e2e")
-        other = next(n for n in ports if n != leader)
-        wait_for(
-            "the other replica holds the Lease", lambda: lease_holder(f).startswith(other + "_"), timeout=40
-        )
-        took_over = time.monotonic() - t0
-
-        def rolled() -> bool:
-            revs = {
+            # SIGKILL the leader, then change the spec: the other replica takes the Lease and rolls it out.
+            old_rev = {
                 p["metadata"]["labels"][c.LABEL_REVISION]
                 for p in get_json(f, "pods", "-n", ns, "-l", f"{c.LABEL_ROLE}=decode")["items"]
             }
-            return (
-                bool(revs)
-                and not revs & old_rev
-                and by_role() == Counter({"decode": 2, "prefill": 2})
-                and ready(f, "deepseek-r1", ns)
+            t0 = time.monotonic()
+            process.stop(f.extra_pids()[leader], timeout=0)
+            doc["spec"]["decode"]["maxBatchSize"] = 128
+            apply_yaml(f, doc, "--server-side", "--field-manager=e2e")
+            other = next(n for n in ports if n != leader)
+            wait_for(
+                "the other replica holds the Lease",
+                lambda: lease_holder(f).startswith(other + "_"),
+                timeout=40,
             )
+            took_over = time.monotonic() - t0
 
-        wait_for("the rollout done by the other replica", rolled, timeout=180)
-        print(json.dumps({"lease_taken_over_after_s": round(took_over, 1)}))
-        assert took_over < 25, f"the Lease moved after {took_over:.0f} s (duration 15 s, retry 2 s)"
-    finally:
-        for name in ports:
-            f.stop_extra(name)
-        kubectl(f, "delete", "lease", "tokenfab-operator", "-n", "default", check=False)
-        start_operator(f, LIVENESS)
-        wait_for("the operator back", operator_healthy, timeout=60)
+            def rolled() -> bool:
+                revs = {
+                    p["metadata"]["labels"][c.LABEL_REVISION]
+                    for p in get_json(f, "pods", "-n", ns, "-l", f"{c.LABEL_ROLE}=decode")["items"]
+                }
+                return (
+                    bool(revs)
+                    and not revs & old_rev
+                    and by_role() == Counter({"decode": 2, "prefill": 2})
+                    and ready(f, "deepseek-r1", ns)
+                )
+
+            wait_for("the rollout done by the other replica", rolled, timeout=180)
+            print(json.dumps({"lease_taken_over_after_s": round(took_over, 1)}))
+            assert took_over < 25, f"the Lease moved after {took_over:.0f} s (duration 15 s, retry 2 s)"
+        finally:
+            for name in ports:
+                f.stop_extra(name)
+            kubectl(f, "delete", "lease", "tokenfab-operator", "-n", "default", check=False)
 
 
 # ------------------------------------------------------------------------------------- crash looping

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from e2e.bench import record
+from e2e.helpers import repeat_for
 from tokenfab_factory import process
 from tokenfab_factory.factory import Factory, FactoryConfig, default_bin_dir
 
@@ -40,15 +41,16 @@ def start_factory(racks: int, port_base: int, hold: float) -> dict[str, Any]:
         state = f.up(timeout=900)
         up_seconds = time.monotonic() - t0
         rss = {s.name: s.rss_bytes for s in f.component_status(state)}
-        samples = []
-        deadline = time.monotonic() + hold
-        while time.monotonic() < deadline:
+        samples: list[dict[str, Any]] = []
+
+        def sample() -> None:
             ready, total = f.node_counts()
             alive = all(process.alive(pid) for pid in state.pids.values())
             samples.append(
                 {"t": round(time.monotonic() - t0, 1), "ready": ready, "total": total, "alive": alive}
             )
-            time.sleep(5)
+
+        repeat_for(hold, 5, sample)
         rss_after = {s.name: s.rss_bytes for s in f.component_status(state)}
         healthy = all(s["alive"] and s["ready"] == s["total"] == racks * 18 for s in samples)
         return {

@@ -46,6 +46,7 @@ import os
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -170,10 +171,55 @@ def counts(requests: dict[str, int] | None) -> str:
     return f"{r['intended']} = {r['completed']} + {r['failed']} + {r['never_sent']}"
 
 
-def table(traces: dict[str, dict[str, Any]], title: str) -> str:
-    def ms(v: float | None) -> str:
-        return f"{v:.0f}" if v is not None else "-"
+def _ms(v: float | None) -> str:
+    return f"{v:.0f}" if v is not None else "-"
 
+
+def _seconds(v: float | None) -> str:
+    return f"{v:.0f} s" if v is not None else "-"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One policy's figures on one trace, each as the tables print it (the text table of `table`, the
+    README's of summary.markdown_fleet)."""
+
+    policy: str
+    gpu_minutes: str
+    vs_static: str
+    goodput: str
+    ttft_p50: str
+    ttft_p99: str
+    itl_p50: str
+    itl_p99: str
+    reversals: str
+    first_serve: str  # after the first rise of the load
+    first_serve_per_rise: str
+    peak_decode_groups: str
+    requests: str  # intended = completed + failed + never sent
+
+
+def row(name: str, r: dict[str, Any]) -> Row:
+    slo = r["slo"]
+    gp = slo.get("goodput_fraction")
+    return Row(
+        policy=name,
+        gpu_minutes=f"{r['gpu_minutes']:.2f}",
+        vs_static=f"{r.get('gpu_minutes_vs_static') or 0:.2f}",
+        goodput=f"{100 * gp:.1f}%" if gp is not None else "-",
+        ttft_p50=_ms(slo.get("ttft_p50_ms")),
+        ttft_p99=_ms(slo.get("ttft_p99_ms")),
+        itl_p50=_ms(slo.get("itl_p50_ms")),
+        itl_p99=_ms(slo.get("itl_p99_ms")),
+        reversals=str(r["reversals"]),
+        first_serve=_seconds(r.get("first_serve_s")),
+        first_serve_per_rise=", ".join(_seconds(v) for v in r.get("first_serve_per_rise_s") or []) or "-",
+        peak_decode_groups=str(r.get("peak_decode_groups", 0)),
+        requests=counts(r.get("requests")),
+    )
+
+
+def table(traces: dict[str, dict[str, Any]], title: str) -> str:
     rows = [title]
     for trace, by in traces.items():
         rows.append(f"  {trace}")
@@ -183,15 +229,11 @@ def table(traces: dict[str, dict[str, Any]], title: str) -> str:
             "intended = completed + failed + never sent"
         )
         for name, r in by.items():
-            s = r["slo"]
-            gp = s["goodput_fraction"]
-            fs = r.get("first_serve_s")
+            x = row(name, r)
             rows.append(
-                f"    {name:<17} {r['gpu_minutes']:>7.2f} {r.get('gpu_minutes_vs_static') or 0:>7.2f} "
-                f"{(f'{100 * gp:.1f}%' if gp is not None else '-'):>8} {ms(s['ttft_p50_ms']):>8} "
-                f"{ms(s['ttft_p99_ms']):>6} {ms(s['itl_p50_ms']):>7} {ms(s['itl_p99_ms']):>5} "
-                f"{r['reversals']:>4} {(f'{fs:.0f} s' if fs is not None else '-'):>9} "
-                f"{r.get('peak_decode_groups', 0):>4}  {counts(r.get('requests'))}"
+                f"    {x.policy:<17} {x.gpu_minutes:>7} {x.vs_static:>7} {x.goodput:>8} {x.ttft_p50:>8} "
+                f"{x.ttft_p99:>6} {x.itl_p50:>7} {x.itl_p99:>5} {x.reversals:>4} {x.first_serve:>9} "
+                f"{x.peak_decode_groups:>4}  {x.requests}"
             )
     return "\n".join(rows)
 

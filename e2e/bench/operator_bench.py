@@ -35,8 +35,17 @@ from kubernetes import client, watch
 
 from e2e import packing
 from e2e.bench import record
-from e2e.bench.scale_bench import baseline_checkout, healthy
-from e2e.helpers import apply_yaml, condition, get_json, kubectl, start_operator, wait_for
+from e2e.bench.scale_bench import baseline_checkout
+from e2e.helpers import (
+    apply_yaml,
+    condition,
+    get_json,
+    gpu_deployment,
+    install_crds,
+    kubectl,
+    operator_up,
+    wait_for,
+)
 from tests.cases import EXAMPLES
 from tokenfab.fleet.view import node_facts
 from tokenfab.planning import contract as c
@@ -129,23 +138,7 @@ def apply_to_ready(f: Factory, trials: int = 3) -> dict[str, Any]:
     # with none of the IMEX channels or model cache claims a real cluster's drivers would serve.
     doc["spec"]["topology"]["computeDomain"] = False
     doc["spec"]["model"].pop("cache", None)
-    plain = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "bench-plain", "namespace": NS},
-        "spec": {
-            "replicas": 20,
-            "selector": {"matchLabels": {"app": "bench-plain"}},
-            "template": {
-                "metadata": {"labels": {"app": "bench-plain"}},
-                "spec": {
-                    "containers": [
-                        {"name": "w", "image": "worker", "resources": {"limits": {GPU_RESOURCE: "4"}}}
-                    ]
-                },
-            },
-        },
-    }
+    plain = gpu_deployment("bench-plain", NS, replicas=20, gpus=4)
     md = ("tokenfab.dev", "v1alpha1", NS, "modeldeployments")
     tokenfab_s: list[float] = []
     groups_seen: list[int] = []  # worker groups of each trial
@@ -475,14 +468,12 @@ def run(f: Factory, trials: int = 3, seeds: range = range(5)) -> dict[str, Any]:
 def compare(f: Factory, ref: str, rounds: int = 3, port: int = 31590) -> dict[str, Any]:
     """Apply -> Ready with this checkout's operator and with the operator of `ref` (a git worktree),
     alternated on one factory, `rounds` times each, each round 3 trials against the floor."""
-    kubectl(f, "apply", "--server-side", "-f", str(ROOT / "crds"))
-    kubectl(f, "wait", "--for=condition=Established", "crd/modeldeployments.tokenfab.dev", "--timeout=60s")
+    install_crds(f)
     builds = {"this_checkout": ROOT / "operator", ref: baseline_checkout(ref) / "operator"}
     out: dict[str, list[dict[str, Any]]] = {name: [] for name in builds}
     for _ in range(rounds):
         for name, path in builds.items():
-            start_operator(f, port, extra_env={"PYTHONPATH": str(path)})
-            wait_for("operator healthy", lambda: healthy(port), timeout=60)
+            operator_up(f, port, extra_env={"PYTHONPATH": str(path)}, what="operator healthy")
             r = apply_to_ready(f)
             print(
                 f"  {name:14} tokenfab {r['tokenfab_seconds']} floor {r['plain_deployment_seconds']} "
@@ -523,12 +514,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.compare_ref:
             result = compare(f, args.compare_ref, args.rounds, port=port)
         else:
-            kubectl(f, "apply", "--server-side", "-f", str(ROOT / "crds"))
-            kubectl(
-                f, "wait", "--for=condition=Established", "crd/modeldeployments.tokenfab.dev", "--timeout=60s"
-            )
-            start_operator(f, port)
-            wait_for("operator healthy", lambda: healthy(port), timeout=60)
+            install_crds(f)
+            operator_up(f, port, what="operator healthy")
             result = run(f, args.trials)
             f.stop_extra("operator")
     finally:

@@ -22,7 +22,7 @@ e2e/bench/results/scale.json and its history copy (or --out DIR); nothing passes
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import os
 import re
 import subprocess
@@ -30,36 +30,23 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from e2e import helpers
 from e2e.bench import record
 from e2e.fleetmix import SCALE_MIX, asked_gpus, fleet, worker_pods
+from e2e.helpers import gpu_deployment, install_crds, repeat_for, wait_for, wait_healthy
 from tokenfab_factory.factory import Factory, FactoryConfig
 
 ROOT = record.ROOT
 NS = "scale"
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-def kubectl(f: Factory, *args: str, input: str | None = None, check: bool = True) -> str:
-    out = subprocess.run(
-        [str(f.config.bin_dir / "kubectl"), f"--kubeconfig={f.kubeconfig}", *args],
-        input=input,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if check and out.returncode != 0:
-        raise RuntimeError(f"kubectl {' '.join(args)}: {out.stderr.strip()}")
-    return out.stdout
-
-
-def get_json(f: Factory, *args: str) -> Any:
-    return json.loads(kubectl(f, "get", *args, "-o", "json"))
+# One apply of the whole fleet (hundreds of objects) on a loaded factory may take minutes.
+kubectl = functools.partial(helpers.kubectl, timeout=600)
+get_json = functools.partial(helpers.get_json, timeout=600)
 
 
 # ------------------------------------------------------------------------------------ process figures
@@ -185,16 +172,6 @@ def ready_count(f: Factory) -> tuple[int, int]:
     return ready, len(items)
 
 
-def wait(what: str, probe: Callable[[], Any], timeout: float, interval: float = 2.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = probe()
-        if got:
-            return got
-        time.sleep(interval)
-    raise TimeoutError(f"timed out waiting for {what}")
-
-
 def clean(f: Factory) -> None:
     kubectl(f, "delete", "mdep", "--all", "-n", NS, "--wait=false", check=False)
     kubectl(f, "delete", "deployments", "--all", "-n", NS, "--wait=false", check=False)
@@ -211,7 +188,7 @@ def clean(f: Factory) -> None:
         mds = get_json(f, "mdep", "-n", NS)["items"]
         return not left and not mds
 
-    wait("the namespace emptied", empty, timeout=900, interval=3)
+    wait_for("the namespace emptied", empty, timeout=900, interval=3)
 
 
 def run_operator(
@@ -226,16 +203,7 @@ def run_operator(
 ) -> dict[str, Any]:
     """Start an operator, apply the fleet, follow it until every deployment is Ready (or `cap`), then
     measure `idle` seconds of steady state."""
-    argv = [
-        sys.executable,
-        "-m",
-        "tokenfab.cli",
-        "operator",
-        "--liveness",
-        f"http://127.0.0.1:{port}/healthz",
-        "--metrics-port",
-        str(port + 1),
-    ]
+    argv = Factory.operator_argv(port)
     penv = {"TOKENFAB_RESYNC_SECONDS": "30", **(env or {})}
     if pythonpath:
         penv["PYTHONPATH"] = pythonpath
@@ -244,7 +212,7 @@ def run_operator(
     assert state is not None
     components = ("kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler", "kwok")
     sampler = Sampler({"operator": pid, **{c: state.pids[c] for c in components}})
-    wait(f"{name} healthy", lambda: healthy(port), timeout=120, interval=1)
+    wait_healthy(port, f"{name} healthy", timeout=120, interval=1)
     time.sleep(3)
     text = yaml.safe_dump_all(docs)
     requests0 = apiserver_requests(f)
@@ -252,15 +220,19 @@ def run_operator(
     kubectl(f, "apply", "--server-side", "--field-manager=gitops", "-f", "-", input=text)
     applied = time.monotonic() - t0
     timeline: list[tuple[float, int]] = []
-    all_ready = None
-    while time.monotonic() - t0 < cap:
+
+    def every_one_ready() -> bool:
         sampler.sample()
         ready, total = ready_count(f)
         timeline.append((round(time.monotonic() - t0, 1), ready))
-        if total == len(docs) and ready == total:
-            all_ready = round(time.monotonic() - t0, 1)
-            break
-        time.sleep(2)
+        return total == len(docs) and ready == total
+
+    all_ready = None
+    try:
+        wait_for("every deployment Ready", every_one_ready, timeout=t0 + cap - time.monotonic(), interval=2)
+        all_ready = round(time.monotonic() - t0, 1)
+    except AssertionError:
+        pass
     cpu1, t1 = sampler.cpu(), time.monotonic()
     requests1 = apiserver_requests(f)
     last = sorted(READY_AT, key=lambda n: -READY_AT[n])[:3]
@@ -281,9 +253,7 @@ def run_operator(
     if all_ready is not None and idle > 0:
         time.sleep(5)
         m0, c0, s0 = metric_sums(scrape(port + 1)), sampler.cpu(), time.monotonic()
-        while time.monotonic() - s0 < idle:
-            sampler.sample()
-            time.sleep(2)
+        repeat_for(idle, 2, sampler.sample)
         m1, c1, s1 = metric_sums(scrape(port + 1)), sampler.cpu(), time.monotonic()
         passes = m1.get("passes", 0) - m0.get("passes", 0)
         out["steady"] = {
@@ -356,14 +326,6 @@ def _round(v: float | None) -> float | None:
     return None if v is None else round(v, 4)
 
 
-def healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
-            return bool(r.status == 200)
-    except OSError:
-        return False
-
-
 def plain_floor(f: Factory, docs: list[dict[str, Any]], cap: float) -> dict[str, Any]:
     """The same worker pods as plain Deployments (one per ModelDeployment, GPUs per pod as its groups'),
     no operator: the control plane's own time to run them."""
@@ -377,29 +339,7 @@ def plain_floor(f: Factory, docs: list[dict[str, Any]], cap: float) -> dict[str,
         for gpus in sorted(set(pods)):
             n = pods.count(gpus)
             app = f"{dep}-g{gpus}"
-            plain.append(
-                {
-                    "apiVersion": "apps/v1",
-                    "kind": "Deployment",
-                    "metadata": {"name": app, "namespace": NS},
-                    "spec": {
-                        "replicas": n,
-                        "selector": {"matchLabels": {"app": app}},
-                        "template": {
-                            "metadata": {"labels": {"app": app}},
-                            "spec": {
-                                "containers": [
-                                    {
-                                        "name": "w",
-                                        "image": "worker",
-                                        "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
-                                    }
-                                ]
-                            },
-                        },
-                    },
-                }
-            )
+            plain.append(gpu_deployment(app, NS, replicas=n, gpus=gpus))
     t0 = time.monotonic()
     kubectl(f, "apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(plain))
 
@@ -410,9 +350,9 @@ def plain_floor(f: Factory, docs: list[dict[str, Any]], cap: float) -> dict[str,
         )
 
     try:
-        wait("plain Deployments available", available, timeout=cap)
+        wait_for("plain Deployments available", available, timeout=cap, interval=2)
         took: float | None = round(time.monotonic() - t0, 1)
-    except TimeoutError:
+    except AssertionError:
         took = None
     return {
         "deployments": len(plain),
@@ -453,10 +393,7 @@ def run(
         "factory_ready_seconds": state.ready_seconds,
     }
     try:
-        kubectl(f, "apply", "--server-side", "-f", str(ROOT / "crds"))
-        kubectl(
-            f, "wait", "--for=condition=Established", "crd/modeldeployments.tokenfab.dev", "--timeout=60s"
-        )
+        install_crds(f)
         kubectl(f, "create", "namespace", NS, check=False)
         docs = fleet(deployments, NS, seed=seed, prefix="s", mix=SCALE_MIX)
         result["fleet"] = {

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from e2e.bench import record
+from e2e.bench import drain_bench, record
 
 
 def _ms(v: float | None) -> str:
@@ -158,6 +158,8 @@ def summary(results: Path) -> str:
 
 def markdown_fleet(doc: dict[str, Any]) -> str:
     """fleet_bench.json's tables as the README shows them, one per run, variant and trace."""
+    from e2e.bench.fleet_bench import row
+
     out = []
     for i, run in enumerate(doc.get("runs") or [], 1):
         for variant in ("plain", "cold_start"):
@@ -170,19 +172,11 @@ def markdown_fleet(doc: dict[str, Any]) -> str:
                     "|---|---:|---:|---:|---|---:|---:|---:|---:|",
                 ]
                 for name, r in by.items():
-                    slo, q = r["slo"], r.get("requests") or {}
-                    gp = slo.get("goodput_fraction")
-                    serve = ", ".join(
-                        "-" if v is None else f"{v:.0f} s" for v in r.get("first_serve_per_rise_s") or []
-                    )
+                    x = row(name, r)
                     out.append(
-                        f"| {name} | {r['gpu_minutes']:.2f} | {r.get('gpu_minutes_vs_static') or 0:.2f} | "
-                        f"{'-' if gp is None else f'{100 * gp:.1f}%'} | "
-                        f"{q.get('intended')} = {q.get('completed')} + {q.get('failed')} + "
-                        f"{q.get('never_sent')} | "
-                        f"{_ms(slo.get('ttft_p50_ms'))} / {_ms(slo.get('ttft_p99_ms'))} | "
-                        f"{_ms(slo.get('itl_p50_ms'))} / {_ms(slo.get('itl_p99_ms'))} | {r['reversals']} | "
-                        f"{serve or '-'} |"
+                        f"| {x.policy} | {x.gpu_minutes} | {x.vs_static} | {x.goodput} | {x.requests} | "
+                        f"{x.ttft_p50} / {x.ttft_p99} | {x.itl_p50} / {x.itl_p99} | {x.reversals} | "
+                        f"{x.first_serve_per_rise} |"
                     )
                 out.append("")
     return "\n".join(out)
@@ -195,15 +189,13 @@ def markdown_drain(doc: dict[str, Any]) -> str:
         "| stream p50 | TTFT p99 | settled after |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for scenario, by in doc["scenarios"].items():
-        for name, r in by.items():
-            q = r["requests"]
-            ttft = r.get("ttft_p99_ms")
-            out.append(
-                f"| {scenario} | {name} | {q['intended']} | {q['sent']} | {q['completed']} | {q['failed']} "
-                f"({r.get('cut_short')}) | {q['never_sent']} | {r.get('stream_p50_s')} s | "
-                f"{'-' if ttft is None else f'{ttft / 1000:.1f} s'} | {r.get('drain_seconds')} s |"
-            )
+    for scenario, name, q, r in drain_bench.rows(doc):
+        ttft = r.get("ttft_p99_ms")
+        out.append(
+            f"| {scenario} | {name} | {q['intended']} | {q['sent']} | {q['completed']} | {q['failed']} "
+            f"({r.get('cut_short')}) | {q['never_sent']} | {r.get('stream_p50_s')} s | "
+            f"{'-' if ttft is None else f'{ttft / 1000:.1f} s'} | {r.get('drain_seconds')} s |"
+        )
     return "\n".join(out)
 
 

@@ -11,6 +11,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 
+def _save(fig: Any, out: Path, dpi: int = 110) -> Path:
+    """Lay the figure out, write it to `out` (making its directory) and close it."""
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=dpi)
+    plt.close(fig)
+    return out
+
+
 def _shade_burst(ax: Any, cfg: dict[str, Any]) -> None:
     a = cfg["before_s"]
     ax.axvspan(a, a + cfg["burst_s"], color="tab:red", alpha=0.06, lw=0)
@@ -52,11 +61,7 @@ def closed_loop(result: dict[str, Any], out: Path) -> Path:
     for ax in axes:
         _shade_burst(ax, cfg)
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(fig, out)
 
 
 def comparison(results: dict[str, dict[str, Any]], out: Path) -> Path:
@@ -92,11 +97,7 @@ def comparison(results: dict[str, dict[str, Any]], out: Path) -> Path:
     ax.legend(loc="upper left", fontsize=8)
     ax2.legend(loc="upper right", fontsize=8)
     fig.suptitle("Same burst trace on a live Dynamo fleet: autoscaling policies")
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(fig, out)
 
 
 def traces(doc: dict[str, Any], out: Path) -> Path:
@@ -150,11 +151,7 @@ def traces(doc: dict[str, Any], out: Path) -> Path:
         ax.set_title(f"{trace}: goodput vs cost (* cold start)", fontsize=9)
         ax.grid(alpha=0.3)
     fig.suptitle("Autoscaling policies on live Dynamo fleets (same aiperf traces)")
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return _save(fig, out, dpi=100)
 
 
 def drain(doc: dict[str, Any], out: Path) -> Path:
@@ -186,7 +183,4 @@ def drain(doc: dict[str, Any], out: Path) -> Path:
     ax.set_ylabel("requests")
     ax.set_title("Groups removed under load: every intended request (failed above each bar)")
     ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(fig, out)

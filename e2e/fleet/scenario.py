@@ -29,7 +29,7 @@ from typing import Any
 
 from e2e.bench import record
 from e2e.fleet import fleet, load
-from e2e.helpers import apply_yaml, kubectl, start_operator, wait_for
+from e2e.helpers import apply_yaml, install_crds, kubectl, start_operator, wait_for
 from tokenfab_factory import process
 from tokenfab_factory.factory import Factory, FactoryConfig
 
@@ -515,8 +515,7 @@ def already_up(run_dir: Path | None, port_base: int) -> bool:
 def bring_up(run_dir: Path | None, port_base: int) -> Factory:
     f = factory_for(run_dir, port_base)
     f.up()
-    kubectl(f, "apply", "--server-side", "-f", str(fleet.ROOT / "crds"))
-    kubectl(f, "wait", "--for=condition=Established", "crd/modeldeployments.tokenfab.dev", "--timeout=60s")
+    install_crds(f)
     return f
 
 
