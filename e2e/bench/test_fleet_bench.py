@@ -4,13 +4,14 @@ planner baseline and the oracle bound, each on its own live Dynamo fleet. About 
 table is printed and the JSON kept in the run directory (outside the checkout; `python -m
 e2e.bench.fleet_bench` saves the full run's to e2e/bench/results/).
 
-Asserted: every policy ran the whole trace and every request the trace intended is accounted for
-(intended = completed + failed + never sent); static peak holds the most GPU-minutes; both tokenfab
-policies hold fewer than static and brought a new decode group to serve during the burst; the oracle
-scaled at the burst's start (its first new group serves within 15 s). Quality, against floors measured in
-the same run: tokenfab's goodput (completed within the SLO, of every request intended) is at least that of
-the KV-only policy and of the planner baseline, less 5 points for the noise of 2 shared cores (measured:
-94.5% against 64.4% and 80.8%). Latency is printed, not asserted.
+Asserted: every policy ran the whole trace and every request the trace intended is accounted for (intended =
+completed + failed + never sent); static peak sent at least 95% of them and tokenfab 80% (the load was
+delivered; a baseline's unsent requests are misses in its goodput); static peak holds the most GPU-minutes;
+both tokenfab policies hold fewer than static and brought a new decode group to serve during the burst; the
+oracle scaled at the burst's start (its first new group serves within 15 s). Quality, against floors
+measured in the same run: tokenfab's goodput (completed within the SLO, of every request intended) is at
+least that of the KV-only policy and of the planner baseline, less 5 points for the noise of 2 shared cores
+(measured: 94.5% against 64.4% and 80.8%). Latency is printed, not asserted.
 """
 
 from __future__ import annotations
@@ -55,7 +56,13 @@ def test_fleet_benchmark_smoke(operator: Factory, capsys):
         assert r["aiperf_exit_code"] == 0, name
         q = r["requests"]
         assert q["intended"] == q["completed"] + q["failed"] + q["never_sent"], (name, q)
-        assert q["sent"] >= 0.8 * q["intended"] > 50, (name, q)
+        assert q["intended"] > 50, (name, q)
+    # The load was delivered: static peak is never short of capacity, so what it did not send the load
+    # generator failed to send; tokenfab, whose goodput is asserted, delivered most of it. A baseline that
+    # scales late leaves requests unsent behind aiperf's concurrency (the KV-only policy once sent 117 of
+    # 147 here on 2 shared cores): those count as misses in its goodput, which divides by intended.
+    assert by["static"]["requests"]["sent"] >= 0.95 * by["static"]["requests"]["intended"], by["static"]
+    assert by["tokenfab"]["requests"]["sent"] >= 0.8 * by["tokenfab"]["requests"]["intended"], by["tokenfab"]
     assert by["static"]["gpu_minutes"] >= max(r["gpu_minutes"] for r in by.values())
     for name in ("tokenfab", "tokenfab_kv_only"):
         assert by[name]["gpu_minutes"] < by["static"]["gpu_minutes"], name
