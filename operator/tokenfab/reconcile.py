@@ -45,6 +45,7 @@ from tokenfab.observe import group_views, node_health
 from tokenfab.planning import builders as b
 from tokenfab.planning import one_pass, sla
 from tokenfab.planning.autoscaling import Decision
+from tokenfab.planning.capacity import NodeFacts
 from tokenfab.planning.groups import DrainPolicy
 from tokenfab.planning.lifecycle import GroupView
 from tokenfab.planning.one_pass import Plan, Snapshot, Written
@@ -228,7 +229,7 @@ def _parsed(ctx: Context, key: Key, now: float) -> tuple[Obj, ModelDeployment] |
     return body, md.model_copy(update={"status": sw.last_status(ctx, key, body, md)})
 
 
-def _no_room() -> tuple[list[object], dict[str, dict[str, int]]]:
+def _no_room() -> tuple[list[NodeFacts], dict[str, dict[str, int]]]:
     raise RuntimeError("free capacity is read inside the placement ledger's session only")
 
 
@@ -260,7 +261,7 @@ def observe(ctx: Context, key: Key, now: float) -> tuple[Obj, Snapshot] | Result
         md=md,
         groups=groups,
         health=health,
-        room=Room(_no_room, constraints),  # type: ignore[arg-type]
+        room=Room(_no_room, constraints),
         now=now,
         readings=readings,
         drain=drain,

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from tokenfab.api.models import (
     Condition,
@@ -37,7 +36,7 @@ from tokenfab.planning.signals import Reading
 from tokenfab.planning.status import Observed, build_status, rfc3339
 from tokenfab.planning.topology import Domain, GroupShape
 
-Manifest = dict[str, Any]
+Manifest = b.Manifest
 Event = tuple[str, str, str]  # (type, reason, message)
 
 # Decode (or the aggregated worker) is planned first: it is the larger role and prefill follows it.
