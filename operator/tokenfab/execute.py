@@ -98,6 +98,9 @@ def submit(ctx: Context, key: Key, owner: b.Owner, plan: Plan, now: float) -> Su
     # waits for it; one that could not be made is made again by a later pass)
     shared += _apply_changed(ctx, key, owner, list(kids.rest), now) + _delete_stale(ctx, key, owner, spec)
     deletes = _submit_deletes(ctx, key, spec, roles)
+    shared += [
+        (ctx.kube.pool.submit(ctx.kube.force_delete_pod, key[0], pod), None) for pod in plan.force_delete
+    ]
     return Submitted(shared, deletes, creates, pending, gang, channel_waits)
 
 
@@ -157,6 +160,14 @@ def _deleted(ctx: Context, key: Key, body: Obj, sub: Submitted, result: Result, 
         )
 
 
+def _replacing(plan: RolePlan, group: str) -> str:
+    """What a new group replaces, and why (the fault in its signal's words)."""
+    fault = plan.faults.get(group) if group else None
+    if fault is None:
+        return ""
+    return f", replacing {group} ({fault.kind}: {fault.message})"
+
+
 def _channel_waits(ctx: Context, key: Key, sub: Submitted, result: Result) -> None:
     for plan, group in sub.channel_waits:
         # (its room is promised again by the next pass, a second from now, which writes the pods)
@@ -203,7 +214,9 @@ def _created(
                 "Normal",
                 f"GroupCreated{cr.reason}",
                 f"created group {group}: {plan.shape.gpus} GPUs on {plan.shape.nodes} node(s) "
-                f"in NVLink domain {cr.domain}" + (f" ({', '.join(cr.nodes)})" if cr.nodes else ""),
+                f"in NVLink domain {cr.domain}"
+                + (f" ({', '.join(cr.nodes)})" if cr.nodes else "")
+                + _replacing(plan, cr.replaces),
             )
         if b.gang_of(spec, cr.role, sub.gang) == "gates":
             plan.release.append(group)  # released right away: every pod of it exists now

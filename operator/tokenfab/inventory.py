@@ -41,6 +41,8 @@ def domain_status(
         free_nodes=sum(1 for n, f in d.free.items() if f and f == alloc_per_node.get(n)),
         group_count=len(groups),
         groups=sorted(groups, key=lambda g: (g.namespace, g.group)),
+        health="Degraded" if d.degraded else "Healthy",
+        reason=d.degraded,
         updated=rfc3339(now),
     )
 

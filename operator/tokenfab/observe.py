@@ -74,5 +74,5 @@ def node_health(view: ClusterView, pods: list[PodFacts], constraints: Constraint
         if node is None:
             continue
         schedulable = not node.unschedulable and not untolerated(node, constraints.tolerations)
-        out[name] = NodeHealth(node.ready, node.not_ready_since, schedulable)
+        out[name] = NodeHealth(node.ready, node.not_ready_since, schedulable, node.faults)
     return out

@@ -102,7 +102,13 @@ def status_defer(
     if (last.get("observedGeneration") or 0) != (status.observed_generation or 0):
         return 0.0
     new = _comparable(status.model_dump(by_alias=True, exclude_none=True, mode="json"))
-    for memory in ("failures", "autoscaling", "profile", "placement"):  # what later passes decide from
+    for memory in (
+        "failures",
+        "faults",
+        "autoscaling",
+        "profile",
+        "placement",
+    ):  # what later passes decide from
         if new.get(memory) != last.get(memory):
             return 0.0
     return STATUS_MIN_INTERVAL - since

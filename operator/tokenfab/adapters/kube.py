@@ -365,6 +365,22 @@ class Kube:
             if not exc.not_found:
                 raise
 
+    def force_delete_pod(self, namespace: str, name: str) -> None:
+        """Delete a pod at once (grace period 0): for a pod bound to a node that no longer exists, which
+        no kubelet will ever confirm gone (the pod garbage collector would, some 40 s later)."""
+        try:
+            self.request(
+                "DELETE",
+                resource_path("v1", "Pod", namespace, name),
+                [("gracePeriodSeconds", "0")],
+                body={"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0},
+                content_type="application/json",
+                what=f"pod {namespace}/{name} (force: its node is gone)",
+            )
+        except ApiError as exc:
+            if not exc.not_found:
+                raise
+
     def delete_group(self, namespace: str, group: str, compute_domain: bool = False) -> None:
         """Delete every pod of a group at once, and its PodGroup and ComputeDomain if it has them."""
         self.request(

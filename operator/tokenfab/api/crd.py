@@ -291,6 +291,8 @@ def nvlink_domain_crd() -> JSON:
         {"name": "Free", "type": "integer", "jsonPath": ".status.freeGpus"},
         {"name": "Free-Nodes", "type": "integer", "jsonPath": ".status.freeNodes"},
         {"name": "Groups", "type": "integer", "jsonPath": ".status.groupCount"},
+        {"name": "Health", "type": "string", "jsonPath": ".status.health"},
+        {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1},
         {"name": "Updated", "type": "date", "jsonPath": ".status.updated"},
     ]
     return _crd(

@@ -12,6 +12,7 @@ largest init container, plus the pod overhead).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -19,8 +20,12 @@ from typing import Any
 
 from tokenfab.planning import contract as c
 from tokenfab.planning.capacity import NodeFacts, Taint, add, to_units
+from tokenfab.planning.faults import FaultKeys, node_faults
 
 Obj = dict[str, Any]
+# The taints, conditions and annotations that mean a GPU health system quarantined a node (NVSentinel's by
+# default; see tokenfab.planning.faults).
+FAULT_KEYS = FaultKeys.from_env(os.environ)
 
 
 def parse_time(ts: str | None) -> float | None:
@@ -176,17 +181,31 @@ def node_facts(obj: Obj) -> NodeFacts:
             alloc[name] = to_units(name, value)
         except ValueError:
             continue
+    taints = tuple(
+        Taint(str(t.get("key", "")), str(t.get("value") or ""), str(t.get("effect", "")))
+        for t in spec.get("taints") or []
+    )
+    true = {
+        str(cd.get("type")): str(cd.get("message") or "")[:200]
+        for cd in status.get("conditions") or []
+        if cd.get("status") == "True" and cd.get("type") != "Ready"
+    }
+    unschedulable = bool(spec.get("unschedulable"))
     return NodeFacts(
         name=meta["name"],
         labels=dict(meta.get("labels") or {}),
         allocatable=alloc,
         ready=ready,
-        unschedulable=bool(spec.get("unschedulable")),
-        taints=tuple(
-            Taint(str(t.get("key", "")), str(t.get("value") or ""), str(t.get("effect", "")))
-            for t in spec.get("taints") or []
-        ),
+        unschedulable=unschedulable,
+        taints=taints,
         not_ready_since=None if ready or not cond else parse_time(cond.get("lastTransitionTime")),
+        faults=node_faults(
+            ((t.key, t.value, t.effect) for t in taints),
+            true,
+            (meta.get("annotations") or {}).keys(),
+            unschedulable,
+            FAULT_KEYS,
+        ),
     )
 
 
@@ -237,6 +256,7 @@ def same_node(a: NodeFacts, b: NodeFacts) -> bool:
         and a.taints == b.taints
         and a.labels == b.labels
         and a.allocatable == b.allocatable
+        and a.faults == b.faults
     )
 
 
@@ -248,4 +268,5 @@ def more_room(before: NodeFacts, after: NodeFacts) -> bool:
         or not set(before.taints) <= set(after.taints)
         or any(v > before.allocatable.get(k, 0) for k, v in after.allocatable.items())
         or after.labels != before.labels
+        or not set(before.faults) <= set(after.faults)
     )

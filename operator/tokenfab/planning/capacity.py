@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 
+from tokenfab.planning.faults import NodeFault
 from tokenfab.planning.topology import Domain
 
 Resources = Mapping[str, int]
@@ -115,6 +116,7 @@ class NodeFacts:
     unschedulable: bool = False
     taints: tuple[Taint, ...] = ()
     not_ready_since: float | None = None  # unix time the node stopped being Ready
+    faults: tuple[NodeFault, ...] = ()  # what a health system, a cordon or a device taint says of it
 
 
 @dataclass(frozen=True)
@@ -140,7 +142,7 @@ def untolerated(node: NodeFacts, tolerations: Iterable[Toleration]) -> list[Tain
 
 def feasible(node: NodeFacts, constraints: Constraints) -> bool:
     """Whether the scheduler could bind a worker pod of these constraints to the node (room aside)."""
-    if not node.ready or node.unschedulable or constraints.domain_label not in node.labels:
+    if not node.ready or node.unschedulable or node.faults or constraints.domain_label not in node.labels:
         return False
     if any(node.labels.get(k) != v for k, v in constraints.node_selector):
         return False
@@ -174,6 +176,16 @@ def free_on(node: NodeFacts, used: Resources | None) -> dict[str, int]:
     return add(node.allocatable, used or {}, -1)
 
 
+def degraded_by(nodes: Iterable[NodeFacts]) -> str:
+    """Why a domain of these nodes takes no new group (a node quarantined or with a tainted device), or
+    "" when it may."""
+    for n in sorted(nodes, key=lambda n: n.name):
+        for f in n.faults:
+            if f.degrades:
+                return f"node {n.name} {f.kind.lower()} ({f.message})"
+    return ""
+
+
 def snapshot(
     nodes: Iterable[NodeFacts],
     used: Mapping[str, Resources],
@@ -192,10 +204,11 @@ def snapshot(
     out = {}
     for name in sorted(members):
         ns = members[name]
+        degraded = degraded_by(ns)
         free = {
             n.name: usable_gpus(free_on(n, used.get(n.name)), request, gpu)
             for n in ns
-            if feasible(n, constraints)
+            if feasible(n, constraints) and not degraded
         }
         out[name] = Domain(
             name=name,
@@ -203,5 +216,6 @@ def snapshot(
             free=free,
             nodes=len(ns),
             ready_nodes=sum(1 for n in ns if n.ready),
+            degraded=degraded,
         )
     return out

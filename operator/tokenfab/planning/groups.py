@@ -23,18 +23,21 @@ and the largest free block.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from tokenfab.api.models import RoleName
 from tokenfab.planning.lifecycle import (
     ALIVE,
+    GroupFault,
     GroupState,
     GroupView,
     NodeHealth,
     PodView,
     classify,
+    group_fault,
     missing_ranks,
 )
+from tokenfab.planning.role_plan import Create, Delete, Drain, DrainPolicy, RolePlan
 from tokenfab.planning.topology import (
     Domain,
     GroupShape,
@@ -45,83 +48,18 @@ from tokenfab.planning.topology import (
     take,
 )
 
-__all__ = ["Create", "Delete", "GroupState", "GroupView", "NodeHealth", "PodView", "RolePlan", "plan_role"]
-
-
-@dataclass(frozen=True)
-class Create:
-    role: RoleName
-    slot: int
-    domain: str
-    revision: str
-    reason: str  # Missing | Replace | Surge | Complete
-    nodes: tuple[str, ...] = ()  # the node of each created rank, in rank order
-    ranks: tuple[int, ...] = ()  # the ranks to create (empty: all of them)
-
-
-@dataclass(frozen=True)
-class Delete:
-    role: RoleName
-    name: str
-    reason: str  # Broken | Surplus | Rollout | Drained | DrainTimedOut
-    inflight: float | None = None  # requests still in flight when it goes (drains only)
-    drained_for: float | None = None  # seconds its drain took
-
-
-@dataclass(frozen=True)
-class Drain:
-    role: RoleName
-    name: str
-    reason: str  # Surplus | Rollout
-    inflight: float | None = None  # requests in flight when its drain starts, if known
-
-
-@dataclass(frozen=True)
-class DrainPolicy:
-    """How groups leave. seconds 0: deleted at once. inflight None: no metrics (the deployment names no
-    Prometheus), so a group is deleted at once too and its engine drains on SIGTERM within the pods' grace
-    period. Otherwise a serving group is first taken out of routing and deleted once `inflight` says it
-    is idle (after `settle` seconds, so the samples postdate its leaving routing) or after `seconds`."""
-
-    seconds: float = 0.0
-    inflight: Mapping[str, float] | None = None  # group -> requests in flight (missing: unknown)
-    settle: float = 6.0
-
-    @property
-    def observed(self) -> bool:
-        return self.seconds > 0 and self.inflight is not None
-
-
-@dataclass
-class RolePlan:
-    role: RoleName
-    desired: int
-    revision: str
-    shape: GroupShape
-    states: dict[str, GroupState] = field(default_factory=dict)
-    create: list[Create] = field(default_factory=list)
-    delete: list[Delete] = field(default_factory=list)
-    release: list[str] = field(default_factory=list)  # reserved groups whose pods all exist: ungate them
-    unplaced: int = 0
-    largest_block: tuple[int, str | None] = (0, None)
-    rollout_blocked: bool = False
-    old_groups: int = 0  # alive groups at an older revision (a rollout is under way)
-    blocked: str = ""  # why new groups of this role cannot be created at all (set by the caller)
-    broken_reasons: dict[str, str] = field(default_factory=dict)
-    waiting: dict[str, str] = field(default_factory=dict)  # starting group -> why its first stuck pod waits
-    unbound: dict[str, str] = field(default_factory=dict)  # alive group not fully bound yet -> why
-    refused: dict[str, str] = field(
-        default_factory=dict
-    )  # group whose creation the API server refused -> why
-    backoff: float = 0.0  # seconds until a new group may be created (the role's groups keep failing)
-    drain: list[Drain] = field(default_factory=list)  # serving groups to take out of routing now
-    undrain: list[str] = field(default_factory=list)  # draining groups needed again: back into routing
-    draining: dict[str, float] = field(default_factory=dict)  # group -> seconds it has been draining
-
-    @property
-    def ready(self) -> int:
-        """Groups serving (every pod Running and Ready)."""
-        return sum(1 for s in self.states.values() if s == "serving")
+__all__ = [
+    "Create",
+    "Delete",
+    "Drain",
+    "DrainPolicy",
+    "GroupState",
+    "GroupView",
+    "NodeHealth",
+    "PodView",
+    "RolePlan",
+    "plan_role",
+]
 
 
 def _order_for_removal(groups: Sequence[GroupView], states: Mapping[str, GroupState]) -> list[GroupView]:
@@ -163,6 +101,9 @@ class _Judge:
     def classify(self, g: GroupView) -> tuple[GroupState, str]:
         return classify(g, self.nodes, self.now, self.toleration, self.bind_timeout)
 
+    def fault(self, g: GroupView) -> GroupFault | None:
+        return group_fault(g, self.nodes, self.now, self.toleration)
+
 
 @dataclass(frozen=True)
 class _Generation:
@@ -184,7 +125,7 @@ class _Placer:
     used_slots: set[int]
     per_domain: dict[str, int]  # alive groups per domain (placement may spread them)
 
-    def place(self, reason: str) -> bool:
+    def place(self, reason: str, replaces: str = "") -> bool:
         plan, shape = self.plan, self.plan.shape
         if plan.backoff > 0:
             return False
@@ -200,13 +141,16 @@ class _Placer:
         self.used_slots.add(slot)
         self.domains = {**self.domains, chosen: take(self.domains[chosen], targets, shape.pod_gpus)}
         self.per_domain[chosen] = self.per_domain.get(chosen, 0) + 1
-        plan.create.append(Create(plan.role, slot, chosen, plan.revision, reason, tuple(targets)))
+        plan.create.append(
+            Create(plan.role, slot, chosen, plan.revision, reason, tuple(targets), (), replaces)
+        )
         return True
 
-    def place_up_to(self, count: int, reason: str) -> None:
-        """Up to `count` groups; the plan counts those that found no room."""
+    def place_up_to(self, count: int, reason: str, replacing: Sequence[str] = ()) -> None:
+        """Up to `count` groups (the first ones replacing the groups `replacing` names); the plan counts
+        those that found no room."""
         for placed in range(count):
-            if not self.place(reason):
+            if not self.place(reason, replacing[placed] if placed < len(replacing) else ""):
                 self.plan.unplaced = count - placed
                 break
 
@@ -252,8 +196,10 @@ def plan_role(
     plan.backoff = max(0.0, hold)
     placer = _Placer(plan, domains, policy, {g.slot for g in groups}, _per_domain(alive))
     counted = [g for g in alive if plan.states[g.name] != "draining"]
+    _note_moving(plan, alive, judge)
     _settle_draining(plan, alive, counted, judge, leave)
-    new = [g for g in counted if g.revision == revision]
+    moving = [g for g in counted if g.name in plan.faults]
+    new = [g for g in counted if g.revision == revision and g.name not in plan.faults]
     old = [g for g in counted if g.revision != revision]
     plan.old_groups = len(old)
     leaving = _leaving(plan, groups, nodes)
@@ -265,6 +211,7 @@ def plan_role(
         _rollout(
             plan, placer, new, old, leaving, leave, _Generation(other_roles_ready, retired, others_short)
         )
+    _evacuate(plan, new, moving, leave)
     return plan, _drop_doomed(plan, groups, placer.domains)
 
 
@@ -280,6 +227,9 @@ def _classify_groups(
         if state == "broken":
             plan.broken_reasons[g.name] = why
             plan.delete.append(Delete(plan.role, g.name, "Broken"))
+            fault = judge.fault(g)
+            if fault is not None and fault.sudden:
+                plan.faults[g.name] = fault
             continue
         if state not in ALIVE:
             continue
@@ -344,10 +294,10 @@ def _settle_draining(
     """Groups already draining: back into routing if needed again (they count again: `counted`), else
     gone once idle or out of time."""
     states = plan.states
-    current = [g for g in counted if g.revision == plan.revision]
+    current = [g for g in counted if g.revision == plan.revision and g.name not in plan.faults]
     for g in sorted((g for g in alive if states[g.name] == "draining"), key=lambda g: g.slot):
         since = judge.now - (g.draining_since or judge.now)
-        if g.revision == plan.revision and len(current) < plan.desired:
+        if g.revision == plan.revision and g.name not in plan.faults and len(current) < plan.desired:
             plan.undrain.append(g.name)
             # (serving, or starting if a pod stopped being ready while it drained)
             states[g.name] = judge.classify(replace(g, draining_since=None))[0]
@@ -387,14 +337,55 @@ def _remove(plan: RolePlan, g: GroupView, reason: str, leave: DrainPolicy) -> No
         plan.delete.append(Delete(plan.role, g.name, reason))
 
 
+def _replacing(plan: RolePlan) -> tuple[str, list[str]]:
+    """The reason of this pass's new groups, and the faulted groups they replace (lost ones first)."""
+    lost = [n for n, f in sorted(plan.faults.items()) if f.sudden]
+    moving = [n for n, f in sorted(plan.faults.items()) if not f.sudden and plan.states.get(n) != "draining"]
+    if any(d.reason == "Broken" for d in plan.delete):
+        return "Replace", lost + moving
+    return ("Evacuate" if moving else "Missing"), moving
+
+
 def _scale(plan: RolePlan, placer: _Placer, new: Sequence[GroupView], leave: DrainPolicy) -> None:
-    """No rollout: missing groups are created (replacements when groups broke), surplus ones leave."""
+    """No rollout: missing groups are created (replacements when groups broke or stand on a faulted
+    node), surplus ones leave."""
     if len(new) < plan.desired:
-        reason = "Replace" if any(d.reason == "Broken" for d in plan.delete) else "Missing"
-        placer.place_up_to(plan.desired - len(new), reason)
+        reason, replacing = _replacing(plan)
+        placer.place_up_to(plan.desired - len(new), reason, replacing)
     elif len(new) > plan.desired:
         for g in _order_for_removal(new, plan.states)[: len(new) - plan.desired]:
             _remove(plan, g, "Surplus", leave)
+
+
+def _note_moving(plan: RolePlan, alive: Sequence[GroupView], judge: _Judge) -> None:
+    """The alive groups of the current revision standing on a node with an announced fault: they move."""
+    for g in alive:
+        if g.revision != plan.revision:
+            continue  # (a rollout replaces it anyway)
+        fault = judge.fault(g)
+        if fault is not None and not fault.sudden:
+            plan.faults[g.name] = fault
+
+
+def _evacuate(
+    plan: RolePlan, new: Sequence[GroupView], moving: Sequence[GroupView], leave: DrainPolicy
+) -> None:
+    """Groups on a faulted node leave once their replacements serve: a serving one for each group serving
+    beyond what the role needs without it (drained first), one that does not serve at once. With no room
+    for a replacement, a serving group stays where it is until its node is lost."""
+    removed = {d.name for d in plan.delete} | {d.name for d in plan.drain}
+    states = plan.states
+    serving_new = sum(1 for g in new if g.name not in removed and states[g.name] == "serving")
+    serving_moving = sum(1 for g in moving if states[g.name] == "serving")
+    spare = max(0, serving_new + serving_moving - plan.desired)
+    for g in _order_for_removal(moving, states):
+        if g.name in removed:
+            continue
+        if states[g.name] != "serving":
+            _remove(plan, g, "Evacuate", leave)
+        elif spare > 0:
+            spare -= 1
+            _remove(plan, g, "Evacuate", leave)
 
 
 def _rollout(

@@ -10,8 +10,12 @@
 - serving: every pod Running and Ready.
 - draining: chosen for removal and out of routing, waiting for in-flight requests.
 - deleting: every pod is terminating.
-- broken: a pod failed or vanished, a node was lost, or the group could not bind in time; the whole
-  group is deleted and placed again.
+- broken: a pod failed or vanished, a node was lost (gone, not ready past the toleration, or its pods
+  evicted by a NoExecute taint), or the group could not bind in time; the whole group is deleted and
+  placed again.
+
+A group on a node with an announced fault (`NodeHealth.fault`) keeps its state: tokenfab.planning.groups
+replaces it first and drains it once the replacement serves.
 
 Placement, status, the autoscaler and the drain logic all read these states. Time is a parameter.
 """
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tokenfab.api.models import RoleName
+from tokenfab.planning.faults import NodeFault
 
 GroupState = Literal["reserved", "starting", "serving", "draining", "deleting", "broken"]
 STATES: tuple[GroupState, ...] = ("reserved", "starting", "serving", "draining", "deleting", "broken")
@@ -66,6 +71,28 @@ class NodeHealth:
     ready: bool
     not_ready_since: float | None = None  # unix time the node stopped being Ready
     schedulable: bool = True  # False when cordoned, or tainted against the group's pods
+    faults: tuple[NodeFault, ...] = ()  # cordon, quarantine, device taints (tokenfab.planning.faults)
+
+    @property
+    def announced(self) -> NodeFault | None:
+        """The first announced fault (its groups move: replaced first, then drained)."""
+        return next((f for f in self.faults if not f.sudden), None)
+
+    @property
+    def sudden(self) -> NodeFault | None:
+        """The first sudden one (NoExecute: its pods are being evicted; its groups are lost now)."""
+        return next((f for f in self.faults if f.sudden), None)
+
+
+@dataclass(frozen=True)
+class GroupFault:
+    """A fault on a node of a group: the node, what (Lost, NotReady, Evicting, Quarantined, Cordoned,
+    DeviceTainted), the signal's words, and whether the group is lost (sudden) or moves (announced)."""
+
+    node: str
+    kind: str
+    message: str
+    sudden: bool
 
 
 @dataclass(frozen=True)
@@ -113,6 +140,9 @@ def classify(
             health = nodes.get(p.node)
             if health is None:
                 return "broken", f"node {p.node} of pod {p.name} is gone"
+            if health.sudden is not None:
+                f = health.sudden
+                return "broken", f"node {p.node} of pod {p.name}: {f.kind.lower()}, {f.message}"
             if not health.ready and (
                 health.not_ready_since is None or now - health.not_ready_since >= toleration
             ):
@@ -148,6 +178,30 @@ def classify(
     if all(p.ready and p.phase == "Running" for p in pods):
         return "serving", ""
     return "starting", next((p.waiting for p in pods if p.waiting and not p.ready), "")
+
+
+def group_fault(
+    group: GroupView, nodes: Mapping[str, NodeHealth], now: float, toleration: float
+) -> GroupFault | None:
+    """The first fault on a node the group's pods are bound to: a sudden one (the node gone, not ready
+    past the toleration, evicting) before an announced one (cordoned, quarantined, a device tainted)."""
+    announced: GroupFault | None = None
+    for p in sorted(group.pods, key=lambda p: p.rank):
+        if p.node is None:
+            continue
+        health = nodes.get(p.node)
+        if health is None:
+            return GroupFault(p.node, "Lost", f"node {p.node} is gone", True)
+        if not health.ready and (
+            health.not_ready_since is None or now - health.not_ready_since >= toleration
+        ):
+            return GroupFault(p.node, "NotReady", f"node {p.node} is not ready", True)
+        if health.sudden is not None:
+            return GroupFault(p.node, health.sudden.kind, f"node {p.node}: {health.sudden.message}", True)
+        if announced is None and health.announced is not None:
+            f = health.announced
+            announced = GroupFault(p.node, f.kind, f"node {p.node}: {f.message}", False)
+    return announced
 
 
 def allowed(before: GroupState, after: GroupState) -> bool:

@@ -26,7 +26,7 @@ from tokenfab.api.models import (
     RoleName,
 )
 from tokenfab.planning import builders as b
-from tokenfab.planning import recovery
+from tokenfab.planning import fault_report, recovery
 from tokenfab.planning.groups import DrainPolicy, RolePlan, plan_role
 from tokenfab.planning.lifecycle import GroupView, NodeHealth, classify
 from tokenfab.planning.room import Capacity, LazyDomains, Reservation, Room
@@ -82,6 +82,10 @@ class Plan:
     autoscaling: Outcome | None = None
     events: list[Event] = field(default_factory=list)  # the autoscaler's ScaledUp / ScaledDown
     requeue_after: float | None = None  # when time alone may change this plan
+    # Pods bound to a node that no longer exists: deleted at once (grace 0), not left to the pod garbage
+    # collector. Nothing runs them any more (no kubelet), and until they go the group's name, its
+    # PodGroup and its pods' IMEX channels are held.
+    force_delete: tuple[str, ...] = ()
 
     @property
     def waiting_for_capacity(self) -> bool:
@@ -348,6 +352,21 @@ def plan(s: Snapshot) -> Plan:
         autoscaling=outcome,
         events=_scaling_events(outcome),
         requeue_after=requeue_after(s, roles),
+        force_delete=orphans(s),
+    )
+
+
+def orphans(s: Snapshot) -> tuple[str, ...]:
+    """The deployment's worker pods bound to a node that is gone (the snapshot's health knows every node
+    its pods are on; one missing there is gone)."""
+    return tuple(
+        sorted(
+            p.name
+            for gs in s.groups.values()
+            for g in gs
+            for p in g.pods
+            if p.node is not None and p.node not in s.health
+        )
     )
 
 
@@ -410,6 +429,13 @@ def settle(s: Snapshot, p: Plan, written: Written) -> tuple[ModelDeploymentStatu
         recovery.summary({r: _failures(f) for r, f in held.items()}, s.now) if held else "",
     )
     outcome = p.autoscaling
+    faults = fault_report.records(
+        s.md.status.faults if s.md.status else [],
+        p.roles,
+        s.now,
+        lambda role, slot: b.group_name(s.owner, role, slot),  # type: ignore[arg-type]
+        written.created,
+    )
     status, changed = build_status(
         p.roles,
         placement(s, p, written.created),
@@ -417,10 +443,15 @@ def settle(s: Snapshot, p: Plan, written: Written) -> tuple[ModelDeploymentStatu
         s.md.status,
         s.now,
         autoscaling=outcome.status if outcome else None,
-        extra=[*(outcome.conditions if outcome else ()), *filter(None, [s.planned])],
+        extra=[
+            *(outcome.conditions if outcome else ()),
+            *filter(None, [s.planned]),
+            fault_report.condition(faults),
+        ],
     )
     status.profile = s.profile
     status.failures = p.failures
+    status.faults = faults
     if s.planned is None:
         status.conditions = [cd for cd in status.conditions if cd.type != "Planned"]
     return status, changed

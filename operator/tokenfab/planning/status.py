@@ -162,6 +162,15 @@ def _progressing(plans: Sequence[RolePlan]) -> Condition:
             "RollingOut",
             f"replacing groups one at a time ({creating} creating, {deleting} deleting)",
         )
+    moving = sorted(g for p in plans for g, f in p.faults.items() if not f.sudden)
+    if moving:
+        return _cond(
+            "Progressing",
+            True,
+            "Evacuating",
+            f"moving {len(moving)} group(s) off faulted nodes, each replaced before it drains: "
+            + ", ".join(moving),
+        )
     if broken:
         return _cond("Progressing", True, "Recovering", f"recreating {len(broken)} broken group(s)")
     if creating or deleting or starting:
@@ -276,7 +285,7 @@ def build_status(
 
 # Conditions whose change is news to a user (Events), and the type of the Event. Transient progress (a
 # new group binding, a pass scaling) is left to the conditions themselves.
-_WARN_WHEN_TRUE = frozenset({"Degraded", "MetricsUnavailable", "CapacityLimited"})
+_WARN_WHEN_TRUE = frozenset({"Degraded", "MetricsUnavailable", "CapacityLimited", "HardwareFault"})
 
 
 def event_for(cond: Condition, before: Condition | None) -> str | None:
@@ -298,7 +307,8 @@ def event_for(cond: Condition, before: Condition | None) -> str | None:
             return "Warning"
         return "Normal" if before is not None and before.status == "True" else None
     if cond.type == "Progressing":
-        return "Normal" if cond.status == "True" and cond.reason in ("RollingOut", "Recovering") else None
+        wanted = ("RollingOut", "Recovering", "Evacuating")
+        return "Normal" if cond.status == "True" and cond.reason in wanted else None
     if cond.type == "Planned":
         return "Normal" if cond.status != "False" else "Warning"
     return "Normal"

@@ -70,6 +70,7 @@ class Domain:
     free: Mapping[str, int] = field(hash=False)  # node -> free GPUs; unhashable, so not hashed
     nodes: int
     ready_nodes: int
+    degraded: str = ""  # why it takes no new group until it heals ("": it may)
 
     def __post_init__(self) -> None:
         # A read-only copy in name order: no caller can change a Domain, and its order never varies.
@@ -152,7 +153,7 @@ def reserve(domain: Domain, shape: GroupShape) -> Domain:
     free = _best_fit_nodes(domain.free, shape.nodes, shape.pod_gpus)
     if free is None:
         raise ValueError(f"a group of {shape.gpus} GPUs does not fit in NVLink domain {domain.name}")
-    return Domain(domain.name, domain.total_gpus, free, domain.nodes, domain.ready_nodes)
+    return Domain(domain.name, domain.total_gpus, free, domain.nodes, domain.ready_nodes, domain.degraded)
 
 
 def take(domain: Domain, nodes: Sequence[str], pod_gpus: int) -> Domain:
@@ -162,7 +163,7 @@ def take(domain: Domain, nodes: Sequence[str], pod_gpus: int) -> Domain:
         if free.get(name, 0) < pod_gpus:
             raise ValueError(f"node {name} of NVLink domain {domain.name} has no room for {pod_gpus} GPUs")
         free[name] -= pod_gpus
-    return Domain(domain.name, domain.total_gpus, free, domain.nodes, domain.ready_nodes)
+    return Domain(domain.name, domain.total_gpus, free, domain.nodes, domain.ready_nodes, domain.degraded)
 
 
 def choose_domain(

@@ -97,6 +97,7 @@ from tokenfab.api.models.spec import (
 from tokenfab.api.models.status import (
     AutoscalingStatus,
     Condition,
+    FaultRecord,
     GroupPlacement,
     ModelDeploymentStatus,
     PlannedRole,
@@ -149,6 +150,7 @@ __all__ = [
     "EngineArgs",
     "EnvVar",
     "EnvVarSource",
+    "FaultRecord",
     "FrontendScaling",
     "GroupPlacement",
     "KeySelector",

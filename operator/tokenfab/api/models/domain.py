@@ -3,6 +3,8 @@ groups placed in it, kept current by the operator."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from tokenfab.api.models.base import StatusModel
@@ -33,4 +35,11 @@ class NVLinkDomainStatus(StatusModel):
     free_nodes: int = Field(description="Ready, schedulable nodes with every GPU free.")
     group_count: int = Field(description="tokenfab worker groups placed in the domain.")
     groups: list[DomainGroup] = Field(default_factory=list, description="The groups placed in the domain.")
+    health: Literal["Healthy", "Degraded"] = Field(
+        default="Healthy",
+        description="Degraded: a node is quarantined by a GPU health system or has a tainted device, so "
+        "tokenfab places no new group here until it heals (groups already here stay unless their own node "
+        "is faulted).",
+    )
+    reason: str = Field(default="", description="Why the domain is degraded: the node and the signal.")
     updated: str = Field(description="When the operator last refreshed this status (RFC 3339).")

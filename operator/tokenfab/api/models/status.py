@@ -166,6 +166,29 @@ class RoleFailures(StatusModel):
     )
 
 
+class FaultRecord(StatusModel):
+    """A hardware fault that hit one of the deployment's groups, and how tokenfab answered it."""
+
+    time: str = Field(description="When the operator saw it (RFC 3339).")
+    group: str = Field(description="The group it hit.")
+    role: RoleName = Field(description="Role of that group.")
+    node: str = Field(description="The faulted node.")
+    kind: str = Field(
+        description="Lost (the Node gone), NotReady (past the toleration), Evicting (a NoExecute taint), "
+        "Quarantined (a GPU health system's taint, condition or annotation), Cordoned, or DeviceTainted "
+        "(a DRA device taint)."
+    )
+    message: str = Field(default="", description="The signal's own words (the taint, the condition).")
+    reaction: Literal["Replaced", "Evacuated"] = Field(
+        description="Replaced: the group was lost and re-placed whole at once. Evacuated: a replacement "
+        "was started first, then the group drained."
+    )
+    replacement: str | None = Field(default=None, description="The group that replaces it.")
+    domain: str | None = Field(default=None, description="The replacement's NVLink domain.")
+    recovered: str | None = Field(default=None, description="When the replacement served (RFC 3339).")
+    recovery_seconds: float | None = Field(default=None, description="From the fault seen to serving again.")
+
+
 class ModelDeploymentStatus(StatusModel):
     """Observed state of a ModelDeployment, written only by the operator."""
 
@@ -182,4 +205,8 @@ class ModelDeploymentStatus(StatusModel):
     profile: ProfileStatus | None = Field(default=None, description="The plan made for spec.profile.")
     failures: dict[str, RoleFailures] = Field(
         default_factory=dict, description="Roles whose groups keep failing, and when they may be replaced."
+    )
+    faults: list[FaultRecord] = Field(
+        default_factory=list,
+        description="The latest hardware faults that hit the deployment's groups (at most 10), newest last.",
     )

@@ -1,0 +1,91 @@
+"""What the group planner decides for one role (tokenfab.planning.groups): the groups to create, delete and
+drain, and everything the status reports of the role, as plain data."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from tokenfab.api.models import RoleName
+from tokenfab.planning.lifecycle import GroupFault, GroupState
+from tokenfab.planning.topology import GroupShape
+
+
+@dataclass(frozen=True)
+class Create:
+    role: RoleName
+    slot: int
+    domain: str
+    revision: str
+    reason: str  # Missing | Replace | Evacuate | Surge | Complete
+    nodes: tuple[str, ...] = ()  # the node of each created rank, in rank order
+    ranks: tuple[int, ...] = ()  # the ranks to create (empty: all of them)
+    replaces: str = ""  # the group lost to, or moving off, a fault that this one replaces
+
+
+@dataclass(frozen=True)
+class Delete:
+    role: RoleName
+    name: str
+    reason: str  # Broken | Surplus | Rollout | Evacuate | Drained | DrainTimedOut
+    inflight: float | None = None  # requests still in flight when it goes (drains only)
+    drained_for: float | None = None  # seconds its drain took
+
+
+@dataclass(frozen=True)
+class Drain:
+    role: RoleName
+    name: str
+    reason: str  # Surplus | Rollout | Evacuate
+    inflight: float | None = None  # requests in flight when its drain starts, if known
+
+
+@dataclass(frozen=True)
+class DrainPolicy:
+    """How groups leave. seconds 0: deleted at once. inflight None: no metrics (the deployment names no
+    Prometheus), so a group is deleted at once too and its engine drains on SIGTERM within the pods' grace
+    period. Otherwise a serving group is first taken out of routing and deleted once `inflight` says it
+    is idle (after `settle` seconds, so the samples postdate its leaving routing) or after `seconds`."""
+
+    seconds: float = 0.0
+    inflight: Mapping[str, float] | None = None  # group -> requests in flight (missing: unknown)
+    settle: float = 6.0
+
+    @property
+    def observed(self) -> bool:
+        return self.seconds > 0 and self.inflight is not None
+
+
+@dataclass
+class RolePlan:
+    role: RoleName
+    desired: int
+    revision: str
+    shape: GroupShape
+    states: dict[str, GroupState] = field(default_factory=dict)
+    create: list[Create] = field(default_factory=list)
+    delete: list[Delete] = field(default_factory=list)
+    release: list[str] = field(default_factory=list)  # reserved groups whose pods all exist: ungate them
+    unplaced: int = 0
+    largest_block: tuple[int, str | None] = (0, None)
+    rollout_blocked: bool = False
+    old_groups: int = 0  # alive groups at an older revision (a rollout is under way)
+    blocked: str = ""  # why new groups of this role cannot be created at all (set by the caller)
+    broken_reasons: dict[str, str] = field(default_factory=dict)
+    waiting: dict[str, str] = field(default_factory=dict)  # starting group -> why its first stuck pod waits
+    unbound: dict[str, str] = field(default_factory=dict)  # alive group not fully bound yet -> why
+    refused: dict[str, str] = field(
+        default_factory=dict
+    )  # group whose creation the API server refused -> why
+    backoff: float = 0.0  # seconds until a new group may be created (the role's groups keep failing)
+    drain: list[Drain] = field(default_factory=list)  # serving groups to take out of routing now
+    undrain: list[str] = field(default_factory=list)  # draining groups needed again: back into routing
+    draining: dict[str, float] = field(default_factory=dict)  # group -> seconds it has been draining
+    # Groups hit by a hardware fault: lost to a sudden one (deleted, re-placed at once) or moving off an
+    # announced one (replaced first, then drained).
+    faults: dict[str, GroupFault] = field(default_factory=dict)
+
+    @property
+    def ready(self) -> int:
+        """Groups serving (every pod Running and Ready)."""
+        return sum(1 for s in self.states.values() if s == "serving")

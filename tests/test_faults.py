@@ -1,0 +1,289 @@
+"""Hardware faults: what a Node's taints, conditions and cordon mean (tokenfab.planning.faults), how a
+degraded NVLink domain takes no new group (capacity), how the group planner answers an announced fault
+(replace first, then drain) and a sudden one (re-place at once), the pods force-deleted off a gone node,
+and the status's fault records and HardwareFault condition (tokenfab.planning.fault_report).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from tests import test_one_pass as one
+from tests.test_groups import NEW, NOW, TOL, cluster, group, healthy, plan
+from tokenfab.api.models import FaultRecord
+from tokenfab.fleet.facts import node_facts
+from tokenfab.planning import fault_report
+from tokenfab.planning.capacity import Constraints, NodeFacts, snapshot
+from tokenfab.planning.faults import FaultKeys, NodeFault, device_fault, node_faults
+from tokenfab.planning.groups import Create, Delete, Drain, DrainPolicy, NodeHealth
+from tokenfab.planning.lifecycle import group_fault
+from tokenfab.planning.one_pass import orphans
+from tokenfab.planning.one_pass import plan as plan_pass
+
+KEYS = FaultKeys()
+QUARANTINE = NodeFault("Quarantined", "taint nvidia.com/gpu-xid-error=true:NoSchedule")
+EVICTING = NodeFault("Evicting", "taint nvidia.com/gpu-xid-error=true:NoExecute (its pods are evicted)", True)
+
+
+# ----------------------------------------------------------------------------------------- the signals
+
+
+@pytest.mark.parametrize(
+    ("taints", "conditions", "annotations", "cordoned", "kinds"),
+    [
+        pytest.param([], {}, [], False, [], id="healthy"),
+        pytest.param([], {}, [], True, [("Cordoned", False, False)], id="a cordon moves, degrades nothing"),
+        pytest.param(
+            [("nvidia.com/gpu-xid-error", "true", "NoSchedule")], {}, [], True,
+            [("Quarantined", False, True)], id="NVSentinel's NoSchedule taint",
+        ),
+        pytest.param(
+            [("nvidia.com/gpu-nvlink-error", "true", "NoExecute")], {}, [], False,
+            [("Evicting", True, True)], id="a NoExecute quarantine taint is sudden",
+        ),
+        pytest.param(
+            [], {"GpuNvlinkWatch": "[DCGM_FR_NVLINK_DOWN] link down"}, [], False,
+            [("Quarantined", False, True)], id="a fault condition alone",
+        ),
+        pytest.param(
+            [], {}, ["quarantineHealthEvent"], True, [("Quarantined", False, True)], id="cordon + annotation"
+        ),
+        pytest.param([], {}, ["quarantineHealthEvent"], False, [], id="the annotation without a cordon"),
+        pytest.param(
+            [("example.com/other", "", "NoSchedule")], {"MemoryPressure": ""}, [], False, [],
+            id="taints and conditions of nobody's health system",
+        ),
+    ],
+)  # fmt: skip
+def test_node_signals_are_read_as_announced_sudden_or_degrading(
+    taints, conditions, annotations, cordoned, kinds
+):
+    got = node_faults(taints, conditions, annotations, cordoned, KEYS)
+    assert [(f.kind, f.sudden, f.degrades) for f in got] == kinds
+
+
+def test_the_keys_are_configurable_with_prefixes():
+    keys = FaultKeys.from_env({"TOKENFAB_FAULT_TAINTS": "gpu.health/*", "TOKENFAB_FAULT_CONDITIONS": ""})
+    assert node_faults([("gpu.health/memory-error", "", "NoSchedule")], {}, [], False, keys)
+    assert not node_faults([("nvidia.com/gpu-xid-error", "true", "NoSchedule")], {}, [], False, keys)
+    assert not node_faults([], {"GpuMemWatch": ""}, [], False, keys)  # (conditions switched off)
+    assert FaultKeys.from_env({}) == KEYS
+
+
+def test_a_device_taint_is_announced_unless_it_evicts():
+    assert not device_fault("gpu.nvidia.com/n1/gpu-0", "k", "v", "NoSchedule").sudden
+    evicting = device_fault("compute-domain.nvidia.com/n1/channel-0", "k", "", "NoExecute")
+    assert evicting.sudden
+    assert evicting.degrades
+    assert "channel-0" in evicting.message
+
+
+def test_node_facts_read_an_nvsentinel_quarantine_from_the_node_object():
+    node = {
+        "metadata": {"name": "n1", "labels": {}, "annotations": {"quarantineHealthEvent": "{...}"}},
+        "spec": {
+            "unschedulable": True,
+            "taints": [{"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}],
+        },
+        "status": {
+            "conditions": [
+                {"type": "Ready", "status": "True"},
+                {"type": "GpuMemWatch", "status": "True", "message": "ECC errors on GPU 0"},
+                {"type": "GpuThermalWatch", "status": "False"},
+            ]
+        },
+    }  # fmt: skip
+    facts = node_facts(node)
+    assert [(f.kind, f.message) for f in facts.faults] == [
+        ("Quarantined", "condition GpuMemWatch: ECC errors on GPU 0")
+    ]
+
+
+# ----------------------------------------------------------------------------------------- degraded domains
+
+
+def _node(
+    name: str, domain: str, faults: tuple[NodeFault, ...] = (), unschedulable: bool = False
+) -> NodeFacts:
+    return NodeFacts(
+        name, {"clique": domain}, {"nvidia.com/gpu": 4}, unschedulable=unschedulable, faults=faults
+    )
+
+
+def test_a_quarantined_node_degrades_its_domain_a_cordon_does_not():
+    nodes = [
+        _node("a-0", "a", (QUARANTINE,)),
+        _node("a-1", "a"),
+        _node("b-0", "b", (NodeFault("Cordoned", "cordoned", degrades=False),), unschedulable=True),
+        _node("b-1", "b"),
+    ]
+    domains = snapshot(nodes, {}, {"nvidia.com/gpu": 4}, Constraints(domain_label="clique"))
+    assert dict(domains["a"].free) == {}
+    assert "a-0" in domains["a"].degraded
+    assert "Quarantined" in domains["a"].degraded or "quarantined" in domains["a"].degraded
+    assert dict(domains["b"].free) == {"b-1": 4}
+    assert domains["b"].degraded == ""
+    assert domains["a"].total_gpus == 8  # (its GPUs still count: they come back when it heals)
+
+
+# ----------------------------------------------------------------------------------------- announced
+
+
+def _quarantined(nodes, *names, fault=QUARANTINE):
+    return {**healthy(nodes), **{n: NodeHealth(True, schedulable=False, faults=(fault,)) for n in names}}
+
+
+def test_an_announced_fault_starts_a_replacement_first_and_keeps_the_group_serving():
+    nodes = cluster(a=4, b=2)
+    g0, g1 = group(0, "a-0", "a-1"), group(1, "a-2", "a-3")
+    health = _quarantined(nodes, "a-1")
+    # (the degraded domain a offers nothing: the replacement goes to b)
+    p, _ = plan(
+        [g0, g1],
+        2,
+        [n for n in nodes if n.domain == "b"] + [n for n in nodes if n.domain == "a"],
+        health=health,
+        drain=DrainPolicy(600, {}),
+    )
+    assert p.faults["m-decode-0"].kind == "Quarantined"
+    assert not p.faults["m-decode-0"].sudden
+    assert p.states["m-decode-0"] == "serving"
+    assert p.delete == []
+    assert p.drain == []
+    assert [(c.reason, c.replaces) for c in p.create] == [("Evacuate", "m-decode-0")]
+
+
+def test_the_faulted_group_drains_once_its_replacement_serves():
+    nodes = cluster(a=2, b=2)
+    g0, new = group(0, "a-0", "a-1"), group(2, "b-0", "b-1")
+    health = _quarantined(nodes, "a-0")
+    starting = group(2, "b-0", "b-1", ready=False)
+    p, _ = plan([g0, starting], 1, nodes, health=health, drain=DrainPolicy(600, {}))
+    assert (p.create, p.drain, p.delete) == ([], [], [])  # the replacement is not serving yet: both stay
+    p, _ = plan([g0, new], 1, nodes, health=health, drain=DrainPolicy(600, {}))
+    assert p.drain == [Drain("decode", "m-decode-0", "Evacuate", None)]
+    assert p.create == []
+    p, _ = plan([g0, new], 1, nodes, health=health)  # (no metrics: deleted at once, engines drain on SIGTERM)
+    assert p.delete == [Delete("decode", "m-decode-0", "Evacuate")]
+
+
+def test_a_draining_faulted_group_is_never_taken_back_into_routing():
+    nodes = cluster(a=2, b=2)
+    draining = group(0, "a-0", "a-1", draining_since=NOW - 5)
+    p, _ = plan([draining], 1, nodes, health=_quarantined(nodes, "a-0"), drain=DrainPolicy(600, {}))
+    assert p.undrain == []
+    assert [(c.domain, c.reason) for c in p.create] == [("b", "Missing")]
+
+
+def test_with_no_room_for_a_replacement_the_faulted_group_keeps_serving():
+    nodes = cluster(a=2)
+    g0 = group(0, "a-0", "a-1")
+    p, _ = plan([g0], 1, nodes, health=_quarantined(nodes, "a-0"), drain=DrainPolicy(600, {}))
+    assert (p.create, p.drain, p.delete, p.unplaced) == ([], [], [], 1)
+    assert p.states["m-decode-0"] == "serving"
+
+
+def test_a_faulted_group_that_does_not_serve_goes_at_once():
+    nodes = cluster(a=2, b=2)
+    g0 = group(0, "a-0", "a-1", ready=False)
+    p, _ = plan([g0], 1, nodes, health=_quarantined(nodes, "a-1"), drain=DrainPolicy(600, {}))
+    assert p.delete == [Delete("decode", "m-decode-0", "Evacuate")]
+    assert [(c.domain, c.replaces) for c in p.create] == [("b", "m-decode-0")]
+
+
+# ----------------------------------------------------------------------------------------- sudden
+
+
+def test_a_noexecute_fault_loses_the_group_and_re_places_it_at_once():
+    nodes = cluster(a=2, b=2)
+    g0 = group(0, "a-0", "a-1")
+    p, _ = plan([g0], 1, nodes, health=_quarantined(nodes, "a-1", fault=EVICTING))
+    assert p.states["m-decode-0"] == "broken"
+    assert p.faults["m-decode-0"].sudden
+    assert p.delete == [Delete("decode", "m-decode-0", "Broken")]
+    assert p.create == [Create("decode", 1, "b", NEW, "Replace", ("b-0", "b-1"), (), "m-decode-0")]
+
+
+def test_group_fault_prefers_the_sudden_one_and_names_the_node():
+    nodes = cluster(a=2)
+    g0 = group(0, "a-0", "a-1")
+    health = {"a-0": NodeHealth(True, faults=(QUARANTINE,))}  # a-1 gone
+    f = group_fault(g0, health, NOW, TOL)
+    assert (f.node, f.kind, f.sudden) == ("a-1", "Lost", True)
+    health = {**healthy(nodes), "a-1": NodeHealth(False, NOW - TOL - 1)}
+    assert group_fault(g0, health, NOW, TOL).kind == "NotReady"
+    health = {**healthy(nodes), "a-1": NodeHealth(False, NOW - 1)}
+    assert group_fault(g0, health, NOW, TOL) is None  # (within its toleration)
+
+
+# ----------------------------------------------------------------------------------------- the status
+
+
+def _lost_plan():
+    nodes = cluster(a=2, b=2)
+    health = {n: h for n, h in healthy(nodes).items() if n != "a-1"}
+    p, _ = plan([group(0, "a-0", "a-1")], 1, nodes, health=health)
+    return p
+
+
+def name(role: str, slot: int) -> str:
+    return f"m-{role}-{slot}"
+
+
+def test_a_lost_group_is_recorded_with_its_replacement_and_timed_until_it_serves():
+    p = _lost_plan()
+    recs = fault_report.records([], [p], NOW, name, frozenset({"m-decode-1"}))
+    assert len(recs) == 1
+    r = recs[0]
+    assert (r.group, r.node, r.kind, r.reaction, r.replacement, r.domain) == (
+        "m-decode-0", "a-1", "Lost", "Replaced", "m-decode-1", "b",
+    )  # fmt: skip
+    cond = fault_report.condition(recs)
+    assert (cond.status, cond.reason) == ("True", "NodeLost")
+    assert "a-1" in cond.message
+    assert "m-decode-1" in cond.message
+    assert "domain b" in cond.message
+    # 9 s later the replacement serves.
+    later = plan([group(1, "b-0", "b-1")], 1, cluster(a=2, b=2))[0]
+    recs = fault_report.records(recs, [later], NOW + 9, name, frozenset())
+    assert recs[0].recovery_seconds == 9.0
+    cond = fault_report.condition(recs)
+    assert (cond.status, cond.reason) == ("False", "Recovered")
+    assert "9 s" in cond.message
+    # The same fault seen again by a later pass is not recorded twice; a record that was not created
+    # whole names no replacement.
+    again = fault_report.records(recs[:0], [p, p], NOW, name, frozenset())
+    assert len(again) == 1
+    assert again[0].replacement is None
+
+
+def test_records_keep_the_latest_ten():
+    old = [
+        FaultRecord(time="2026-01-01T00:00:00Z", group=f"g{i}", role="decode", node="n", kind="Lost",
+                    reaction="Replaced", recovered="2026-01-01T00:00:10Z")
+        for i in range(12)
+    ]  # fmt: skip
+    recs = fault_report.records(old, [_lost_plan()], NOW, name, frozenset())
+    assert len(recs) == fault_report.KEEP
+    assert recs[-1].group == "m-decode-0"
+
+
+def test_no_fault_is_a_quiet_condition():
+    cond = fault_report.condition([])
+    assert (cond.status, cond.reason) == ("False", "NoFault")
+
+
+def test_the_plan_force_deletes_the_pods_on_a_gone_node_only():
+    md = one.deployment()
+    nodes = one.nodes_of({"r1": 4, "r2": 4})
+    first = one.snapshot(md, nodes, {}, {})
+    groups = one.materialize(first, plan_pass(first))
+    snap = one.snapshot(md, nodes, one.used_by(groups, md), groups)
+    assert orphans(snap) == ()
+    pods = [p for gs in groups.values() for g in gs for p in g.pods]
+    gone = pods[0].node
+    lost = replace(snap, health={n: h for n, h in snap.health.items() if n != gone})
+    assert orphans(lost) == tuple(sorted(p.name for p in pods if p.node == gone)) != ()
+    assert plan_pass(lost).force_delete == orphans(lost)
