@@ -86,7 +86,21 @@ def condition(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
 def install_crds(f: Factory) -> None:
     """Apply this checkout's CRDs and wait until the ModelDeployment kind is served."""
     kubectl(f, "apply", "--server-side", "-f", str(ROOT / "crds"))
-    kubectl(f, "wait", "--for=condition=Established", "crd/modeldeployments.tokenfab.dev", "--timeout=60s")
+    wait_established(f)
+
+
+def wait_established(f: Factory, crd: str = "modeldeployments.tokenfab.dev", timeout: float = 60) -> None:
+    """Until the CRD is Established. (kubectl 1.37's `wait --for=condition=Established` fails at once on a
+    CRD whose status has no conditions yet, instead of waiting.)"""
+
+    def established() -> bool:
+        status = get_json(f, "crd", crd).get("status") or {}
+        return any(
+            cd.get("type") == "Established" and cd.get("status") == "True"
+            for cd in status.get("conditions") or []
+        )
+
+    wait_for(f"CRD {crd} Established", established, timeout=timeout)
 
 
 def namespace_maker(f: Factory, delete: Callable[[Factory, str], Any]) -> Iterator[Callable[[str], str]]:

@@ -161,8 +161,10 @@ def test_losing_a_node_recreates_its_decode_group_whole(operator):
         def recovered() -> bool:
             now = groups(worker_pods(f))
             decode = {g: m for g, m in now.items() if "-decode-" in g}
+            # (its pods are force-deleted off the gone node at once, so the replacement may take its slot
+            # and name again)
             return (
-                victim_group not in now
+                not any(p["spec"].get("nodeName") == victim_node for m in now.values() for p in m)
                 and len(decode) == 2
                 and all(len(m) == 8 for m in decode.values())
                 and is_ready(f)
@@ -177,6 +179,15 @@ def test_losing_a_node_recreates_its_decode_group_whole(operator):
             "items"
         ]
         assert any(e["reason"] == "GroupDeletedBroken" and victim_group in e["message"] for e in events)
+        # The status names the fault, the node and where the group serves again.
+        (record,) = [r for r in md(f)["status"]["faults"] if r["node"] == victim_node]
+        assert (record["group"], record["kind"], record["reaction"]) == (victim_group, "Lost", "Replaced")
+        wait_for(
+            "the HardwareFault condition back to False",
+            lambda: condition(md(f), "HardwareFault")["status"] == "False",
+            timeout=30,
+        )
+        assert any(e["reason"] == "NodeLost" and victim_node in e["message"] for e in events)
     finally:
         restore_node(f, node)
 

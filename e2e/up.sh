@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Quick start: brings up the local AI factory (a real Kubernetes 1.36 control plane, 4 simulated GB200
+# Quick start: brings up the local AI factory (a real Kubernetes 1.37 control plane, 4 simulated GB200
 # NVL72 racks = 72 nodes / 288 GPUs, Prometheus), installs tokenfab's CRDs, starts the operator and
 # applies the DeepSeek-R1 example. Installs what it needs first (see e2e/lib/bootstrap.sh): the first run
 # builds the control plane from Go modules (about 10-15 minutes on 2 cores); later runs take seconds.
@@ -18,7 +18,12 @@ run_dir="${TOKENFAB_FACTORY_DIR:-$HOME/.cache/tokenfab/factory}"
 source "$run_dir/env"
 say "installing the tokenfab CRDs"
 kubectl apply --server-side --force-conflicts --field-manager=tokenfab-quickstart -f crds/ >/dev/null
-kubectl wait --for=condition=Established crd/modeldeployments.tokenfab.dev --timeout=60s >/dev/null
+# (polled: kubectl 1.37's `wait --for=condition=Established` fails at once while the CRD has no conditions)
+for _ in $(seq 120); do
+  [ "$(kubectl get crd modeldeployments.tokenfab.dev \
+      -o jsonpath='{.status.conditions[?(@.type=="Established")].status}' 2>/dev/null)" = True ] && break
+  sleep 0.5
+done
 say "starting the tokenfab operator"
 tokenfab factory operator
 say "applying examples/deepseek-r1-disaggregated.yaml"

@@ -67,6 +67,7 @@ def template(
 CLUSTER_RULES: dict[tuple[str, str], set[str]] = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
     ("", "nodes"): {"list", "watch"},
+    ("resource.k8s.io", "devicetaintrules"): {"list", "watch"},
     ("", "pods"): {"list", "watch"},
     ("tokenfab.dev", "nvlinkdomains"): {"list", "create", "patch", "delete"},
     ("tokenfab.dev", "nvlinkdomains/status"): {"patch"},
@@ -74,7 +75,7 @@ CLUSTER_RULES: dict[tuple[str, str], set[str]] = {
 NAMESPACED_RULES: dict[tuple[str, str], set[str]] = {
     ("tokenfab.dev", "modeldeployments"): {"list", "watch", "patch"},
     ("tokenfab.dev", "modeldeployments/status"): {"patch"},
-    ("", "pods"): {"create", "patch", "deletecollection"},
+    ("", "pods"): {"create", "patch", "delete", "deletecollection"},
     ("", "services"): {"list", "watch", "create", "patch"},
     ("", "configmaps"): {"list", "watch", "create", "patch", "delete"},
     ("apps", "deployments"): {"list", "watch", "create", "patch"},

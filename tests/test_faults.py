@@ -287,3 +287,77 @@ def test_the_plan_force_deletes_the_pods_on_a_gone_node_only():
     lost = replace(snap, health={n: h for n, h in snap.health.items() if n != gone})
     assert orphans(lost) == tuple(sorted(p.name for p in pods if p.node == gone)) != ()
     assert plan_pass(lost).force_delete == orphans(lost)
+
+
+def test_a_lost_groups_replacement_written_a_pass_later_is_still_its_replacement():
+    """A group with an IMEX channel is written once its ComputeDomain's template exists: the replacement
+    of a lost group may come a pass later, as a Missing group (in the lost group's slot, freed by then)."""
+    recs = fault_report.records([], [_lost_plan()], NOW, name, frozenset())
+    assert recs[0].replacement is None
+    nodes = cluster(a=2, b=2)
+    p, _ = plan([], 1, nodes)
+    (cr,) = p.create
+    recs = fault_report.records(recs, [p], NOW + 1, name, frozenset({name(cr.role, cr.slot)}))
+    assert (recs[0].replacement, recs[0].domain) == (name(cr.role, cr.slot), cr.domain)
+    assert recs[0].recovered is None
+    serving = plan([group(cr.slot, *cr.nodes)], 1, nodes)[0]
+    recs = fault_report.records(recs, [serving], NOW + 4, name, frozenset())
+    assert recs[0].recovery_seconds == 4.0
+
+
+def test_a_device_taint_rule_faults_the_node_its_pool_names_until_it_goes():
+    from tokenfab.fleet.view import ClusterView
+
+    view = ClusterView()
+    node = {
+        "metadata": {"name": "n1", "labels": {}},
+        "spec": {},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    view.on_node("ADDED", node)
+    rule = {
+        "metadata": {"name": "xid-79"},
+        "spec": {
+            "deviceSelector": {"driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-3"},
+            "taint": {"key": "nvidia.com/gpu-xid", "value": "79", "effect": "NoExecute"},
+        },
+    }
+    view.on_device_taint_rule("ADDED", rule)
+    (f,) = view.node("n1").faults
+    assert (f.kind, f.sudden) == ("DeviceTainted", True)
+    assert "gpu.nvidia.com/n1/gpu-3" in f.message
+    assert "nvidia.com/gpu-xid=79:NoExecute" in f.message
+    assert view.nodes()[0].faults == (f,)
+    none = {**rule, "spec": {**rule["spec"], "taint": {"key": "k", "effect": "None"}}}
+    view.on_device_taint_rule("MODIFIED", none)  # (effect None: nothing a pod feels)
+    assert view.node("n1").faults == ()
+    view.on_device_taint_rule("MODIFIED", rule)
+    change = view.replace("DeviceTaintRule", [])  # (listed again: the rule went while unwatched)
+    assert view.node("n1").faults == ()
+    assert change.freed
+
+
+def test_two_lost_groups_never_share_a_replacement_and_a_vanished_one_is_forgotten():
+    nodes = cluster(a=4, b=4, c=4)
+    g0, g1 = group(0, "a-0", "a-1"), group(1, "a-2", "a-3")
+    gone0 = {n: h for n, h in healthy(nodes).items() if n != "a-0"}
+    p1, _ = plan([g0, g1], 2, nodes, health=gone0)  # g0 lost; its replacement not written yet
+    recs = fault_report.records([], [p1], NOW, name, frozenset())
+    left = [n for n in nodes if n.domain != "a"]
+    gone_a = healthy(left)
+    p2, _ = plan([g1], 2, left, health=gone_a)  # g1 lost too (rack a gone); both replacements written now
+    made = frozenset(name(cr.role, cr.slot) for cr in p2.create)
+    exact = next(cr for cr in p2.create if cr.replaces == "m-decode-1")
+    recs = fault_report.records(recs, [p2], NOW + 1, name, made)
+    by_group = {r.group: r for r in recs}
+    assert by_group["m-decode-1"].replacement == name("decode", exact.slot)
+    other = by_group["m-decode-0"].replacement
+    assert other is not None
+    assert other != by_group["m-decode-1"].replacement
+    # The next pass no longer has g0's replacement (removed before it served): the record forgets it.
+    p3, _ = plan([group(exact.slot, *exact.nodes)], 1, left, health=gone_a)
+    recs = fault_report.records(recs, [p3], NOW + 2, name, frozenset())
+    by_group = {r.group: r for r in recs}
+    assert by_group["m-decode-1"].recovered is not None
+    assert by_group["m-decode-0"].replacement is None
+    assert by_group["m-decode-0"].recovered is not None  # (the role has all it wants, none faulted)

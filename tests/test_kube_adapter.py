@@ -12,7 +12,7 @@ import pytest
 from tokenfab.adapters import kube as kube_mod
 from tokenfab.adapters.kube import ApiError, Kube
 
-API = "scheduling.k8s.io/v1alpha2"
+API = "scheduling.k8s.io/v1beta1"
 
 
 class Discovery(Kube):

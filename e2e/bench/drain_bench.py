@@ -40,7 +40,7 @@ from typing import Any
 
 from e2e.bench import record
 from e2e.fleet import fleet, load, plot
-from e2e.helpers import apply_yaml, get_json, kubectl, start_operator, wait_for
+from e2e.helpers import apply_yaml, get_json, kubectl, start_operator, wait_established, wait_for
 from tokenfab.planning import contract as c
 from tokenfab_factory.factory import Factory, FactoryConfig
 
@@ -274,7 +274,7 @@ def bring_up(
     f = Factory(FactoryConfig(run_dir=run_dir, racks=4, port_base=port_base), say=print)
     f.up()
     kubectl(f, "apply", "--server-side", "-f", str(ROOT / "crds"))
-    kubectl(f, "wait", "--for=condition=Established", "crd/modeldeployments.tokenfab.dev", "--timeout=60s")
+    wait_established(f)
     start_operator(f, port_base + 20)
     fleet.start_runner(f, tools, speedup_ratio=plan.speedup, namespaces=namespaces(scenarios, contestants))
     return f

@@ -135,3 +135,84 @@ def _print_status(f: Factory) -> bool:
         ok = ok and ready == total and total > 0
     typer.echo(f"kubeconfig: {f.kubeconfig}\nprometheus: {f.prometheus_url}\nlogs: {f.run / 'logs'}")
     return ok
+
+
+fault_app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help="Inject hardware faults into the simulated racks, the way a real cluster signals them; heal them.",
+)
+app.add_typer(fault_app, name="fault")
+NodeArg = Annotated[str | None, typer.Argument(help="A node (e.g. gb200-r01-t03; a tray is one node).")]
+RackOpt = Annotated[int | None, typer.Option(help="Every node of this rack (0-based: gb200-rRR-*).")]
+
+
+def _running(run_dir: Path | None) -> Factory:
+    f = _existing(run_dir)
+    if f.read_state() is None:
+        typer.echo(f"no factory in {f.run} (start one with `tokenfab factory up`)", err=True)
+        raise typer.Exit(1)
+    return f
+
+
+@fault_app.command()
+def lose(node: NodeArg = None, rack: RackOpt = None, run_dir: RunDir = None) -> None:
+    """Delete a node, a tray or a whole rack's Nodes at once (kept for `heal`)."""
+    from tokenfab_factory import faults
+
+    f = _running(run_dir)
+    names = faults.nodes_of(f, node, rack)
+    faults.lose(f, names)
+    typer.echo(f"lost {len(names)} node(s): {', '.join(names)}")
+
+
+@fault_app.command()
+def quarantine(
+    node: Annotated[str, typer.Argument(help="The node whose GPU failed.")],
+    taint: Annotated[
+        bool, typer.Option(help="Also taint it NoSchedule, as NVSentinel's rulesets can.")
+    ] = True,
+    drain_after: Annotated[
+        float | None, typer.Option(help="Then evict its pods after this many seconds (NVSentinel's drainer).")
+    ] = None,
+    run_dir: RunDir = None,
+) -> None:
+    """Quarantine a node as NVIDIA's NVSentinel does: cordon, annotation, SysLogsXIDError condition, taint."""
+    from tokenfab_factory import faults
+
+    f = _running(run_dir)
+    faults.quarantine(f, node, taint=taint)
+    typer.echo(f"quarantined {node}")
+    if drain_after is not None:
+        import time
+
+        time.sleep(drain_after)
+        typer.echo(f"drained {node}: {faults.drain(f, node)}")
+
+
+@fault_app.command("taint-device")
+def taint_device(
+    node: Annotated[str, typer.Argument(help="The node whose device is tainted.")],
+    device: Annotated[str, typer.Option(help="Device in the node's pool.")] = "channel-0",
+    driver: Annotated[
+        str, typer.Option(help="The DRA driver that publishes it.")
+    ] = "compute-domain.nvidia.com",
+    effect: Annotated[str, typer.Option(help="NoSchedule or NoExecute.")] = "NoSchedule",
+    run_dir: RunDir = None,
+) -> None:
+    """Taint one device of a node with a DRA DeviceTaintRule (resource.k8s.io/v1)."""
+    from tokenfab_factory import faults
+
+    if effect not in ("NoSchedule", "NoExecute"):
+        raise typer.BadParameter("effect must be NoSchedule or NoExecute")
+    rule = faults.taint_device(_running(run_dir), node, device, driver, effect)
+    typer.echo(f"DeviceTaintRule {rule}: {driver}/{node}/{device} {effect}")
+
+
+@fault_app.command()
+def heal(node: NodeArg = None, run_dir: RunDir = None) -> None:
+    """Undo injected faults on a node (default: all): lost Nodes back, quarantines lifted, taints removed."""
+    from tokenfab_factory import faults
+
+    done = faults.heal(_running(run_dir), None if node is None else [node])
+    typer.echo("\n".join(done) or "nothing to heal")

@@ -137,10 +137,13 @@ spec:
 # so leases are long and the controller-manager waits several of them before calling a node NotReady.
 NODE_LEASE_SECONDS = 60
 NODE_MONITOR_GRACE = "180s"
-# Kubernetes 1.36's gang scheduling (PodGroup, scheduling.k8s.io/v1alpha2) is alpha: turned on here so the
-# operator's PodGroup path runs end to end (the operator falls back to scheduling gates without it).
-GANG_FEATURE_GATES = "GenericWorkload=true,GangScheduling=true"
-GANG_RUNTIME_CONFIG = "scheduling.k8s.io/v1alpha2=true"
+# Kubernetes 1.37's gang scheduling (Workload and PodGroup, scheduling.k8s.io/v1beta1) is beta and off by
+# default (a beta API group is not served unless asked, and the GenericWorkload gate, which also turns on
+# the scheduler's GangScheduling plugin, defaults to false): turned on here so the operator's PodGroup path
+# runs end to end (the operator falls back to its scheduling gates without it). DRA device taints
+# (DeviceTaintRule, resource.k8s.io/v1) are GA and on by default.
+GANG_FEATURE_GATES = "GenericWorkload=true"
+GANG_RUNTIME_CONFIG = "scheduling.k8s.io/v1beta1=true"
 # Simulated pods get addresses from 198.18.0.0/15 (RFC 2544: reserved for benchmarking, never routed), which
 # the endpoint controllers accept (loopback addresses they refuse with a Warning per Service). Nothing ever
 # connects to them: every real process of the factory and the live fleet serves on 127.0.0.1.

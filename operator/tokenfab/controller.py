@@ -183,6 +183,16 @@ class Controller:
         # first pass needs them.
         self.kube.start_writers()
         self.kube.warm_kinds([(c.POD_GROUP_API, "PodGroup"), (c.COMPUTE_DOMAIN_API, "ComputeDomain")])
+        if self.kube.has_kind(c.DEVICE_TAINT_RULE_API, "DeviceTaintRule"):  # (Kubernetes 1.37: GA)
+            source = Source("DeviceTaintRule", c.DEVICE_TAINT_RULE_API, "DeviceTaintRule")
+            self.informers.append(
+                Informer(
+                    self.kube,
+                    source,
+                    on_event=self._event_handler(self.view.on_device_taint_rule),
+                    on_list=self._list_handler(source),
+                )
+            )
         for inf in self.informers:
             inf.start()
         if leading:

@@ -40,7 +40,8 @@ MIN_MINOR = 34  # resource.k8s.io/v1 (DRA GA): the IMEX claims of multi-node gro
 OPERATOR_RULES: dict[tuple[str, str], tuple[frozenset[str], bool]] = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): (frozenset({"list", "watch"}), False),
     ("", "nodes"): (frozenset({"list", "watch"}), False),
-    ("", "pods"): (frozenset({"list", "watch", "create", "patch", "deletecollection"}), True),
+    ("resource.k8s.io", "devicetaintrules"): (frozenset({"list", "watch"}), False),
+    ("", "pods"): (frozenset({"list", "watch", "create", "patch", "delete", "deletecollection"}), True),
     (GROUP, DOMAIN_PLURAL): (frozenset({"list", "create", "patch", "delete"}), False),
     (GROUP, f"{DOMAIN_PLURAL}/status"): (frozenset({"patch"}), False),
     (GROUP, PLURAL): (frozenset({"list", "watch", "patch"}), True),

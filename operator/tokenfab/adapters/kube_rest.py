@@ -30,6 +30,7 @@ RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
     (API_VERSION, DOMAIN_KIND): ("nvlinkdomains", False),
     (c.COMPUTE_DOMAIN_API, "ComputeDomain"): ("computedomains", True),
     (c.POD_GROUP_API, "PodGroup"): ("podgroups", True),
+    (c.DEVICE_TAINT_RULE_API, "DeviceTaintRule"): ("devicetaintrules", False),
     ("v1", "ServiceAccount"): ("serviceaccounts", True),
     ("v1", "PersistentVolumeClaim"): ("persistentvolumeclaims", True),
     (c.RESOURCE_CLAIM_TEMPLATE_API, "ResourceClaimTemplate"): ("resourceclaimtemplates", True),

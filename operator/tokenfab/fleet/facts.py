@@ -20,7 +20,7 @@ from typing import Any
 
 from tokenfab.planning import contract as c
 from tokenfab.planning.capacity import NodeFacts, Taint, add, to_units
-from tokenfab.planning.faults import FaultKeys, node_faults
+from tokenfab.planning.faults import FaultKeys, NodeFault, device_fault, node_faults
 
 Obj = dict[str, Any]
 # The taints, conditions and annotations that mean a GPU health system quarantined a node (NVSentinel's by
@@ -207,6 +207,20 @@ def node_facts(obj: Obj) -> NodeFacts:
             FAULT_KEYS,
         ),
     )
+
+
+def device_taint_rule_facts(obj: Obj) -> tuple[str, NodeFault] | None:
+    """The node a DRA DeviceTaintRule (resource.k8s.io/v1, GA in Kubernetes 1.37) taints a device of, and
+    the fault, or None when it names no node's pool or has no effect a pod feels (effect None). NVIDIA's
+    DRA drivers (GPUs, ComputeDomain IMEX channels) publish one pool per node, named after the node, so
+    `deviceSelector.pool` is the node; a rule that names no pool (a whole driver) is not read here."""
+    spec = obj.get("spec") or {}
+    sel, taint = spec.get("deviceSelector") or {}, spec.get("taint") or {}
+    pool, effect = str(sel.get("pool") or ""), str(taint.get("effect") or "")
+    if not pool or effect not in ("NoSchedule", "NoExecute"):
+        return None
+    device = f"{sel.get('driver') or '*'}/{pool}/{sel.get('device') or '*'}"
+    return pool, device_fault(device, str(taint.get("key", "")), str(taint.get("value") or ""), effect)
 
 
 @dataclass(frozen=True)

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tokenfab.fleet.facts import (
     ChildFacts,
     PodFacts,
     child_facts,
+    device_taint_rule_facts,
     more_room,
     node_facts,
     parse_time,
@@ -35,6 +36,7 @@ from tokenfab.fleet.facts import (
 )
 from tokenfab.planning import contract as c
 from tokenfab.planning.capacity import NodeFacts, add
+from tokenfab.planning.faults import NodeFault
 
 __all__ = [
     "Change",
@@ -71,6 +73,7 @@ class ClusterView:
         self.namespaces = frozenset(namespaces) if namespaces else None
         self._lock = threading.RLock()
         self._nodes: dict[str, NodeFacts] = {}
+        self._device_rules: dict[str, tuple[str, NodeFault]] = {}  # DeviceTaintRule -> (node, fault)
         self._pods: dict[Key, PodFacts] = {}  # tokenfab's pods
         self._by_deployment: dict[Key, set[str]] = {}  # (ns, deployment) -> pod names
         self._by_node: dict[str, set[Key]] = {}  # node -> deployments with pods there
@@ -104,11 +107,33 @@ class ClusterView:
 
     def nodes(self) -> list[NodeFacts]:
         with self._lock:
-            return list(self._nodes.values())
+            if not self._device_rules:
+                return list(self._nodes.values())
+            return [self._with_devices(n) for n in self._nodes.values()]
 
     def node(self, name: str) -> NodeFacts | None:
         with self._lock:
-            return self._nodes.get(name)
+            node = self._nodes.get(name)
+            return node if node is None or not self._device_rules else self._with_devices(node)
+
+    def _with_devices(self, node: NodeFacts) -> NodeFacts:
+        """The node with the faults of the DeviceTaintRules that taint its devices (under the lock)."""
+        extra = tuple(f for n, f in self._device_rules.values() if n == node.name)
+        return replace(node, faults=node.faults + extra) if extra else node
+
+    def on_device_taint_rule(self, type_: str, obj: Obj) -> Change:
+        """A DRA DeviceTaintRule: its node's deployments hear of it (and, once it goes, everyone waiting
+        for room)."""
+        name = obj["metadata"]["name"]
+        found = None if type_ == "DELETED" else device_taint_rule_facts(obj)
+        with self._lock:
+            before = self._device_rules.pop(name, None)
+            if found is not None:
+                self._device_rules[name] = found
+            if before == found:
+                return Change()
+            nodes = {x[0] for x in (before, found) if x is not None}
+            return Change({k for n in nodes for k in self._by_node.get(n, ())}, before is not None)
 
     # ------------------------------------------------------------------------------------- pods
     def on_pod(self, type_: str, obj: Obj) -> Change:
@@ -277,6 +302,9 @@ class ClusterView:
             elif kind == "Pod":
                 gone = [{"metadata": {"namespace": k[0], "name": k[1]}} for k in self._pods if k not in names]
                 handler = self.on_pod
+            elif kind == "DeviceTaintRule":
+                gone = [{"metadata": {"name": n}} for n in self._device_rules if ("", n) not in names]
+                handler = self.on_device_taint_rule
             elif kind == "ForeignPod":
                 gone = [
                     {"metadata": {"namespace": k[0], "name": k[1]}} for k in self._foreign if k not in names
@@ -320,6 +348,8 @@ class ClusterView:
                 return {("", n) for n in self._nodes}
             if kind == "Pod":
                 return set(self._pods)
+            if kind == "DeviceTaintRule":
+                return {("", n) for n in self._device_rules}
             if kind == "ForeignPod":
                 return set(self._foreign)
             return {(ns, n) for (k, ns, n) in self._children if k == kind}

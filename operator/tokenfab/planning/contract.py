@@ -39,7 +39,7 @@ ROUTABLE_CONDITION = f"{DOMAIN}/routable"
 
 # All-or-nothing binding of a multi-node group: tokenfab's scheduling gate, or the cluster's gang API.
 GANG_GATE = f"{DOMAIN}/gang"
-POD_GROUP_API = "scheduling.k8s.io/v1alpha2"
+POD_GROUP_API = "scheduling.k8s.io/v1beta1"
 
 # Environment the launcher reads (set on every worker pod).
 ENV_ROLE = "TOKENFAB_ROLE"
@@ -132,6 +132,8 @@ MPI_SSH_PRIVATE_KEY = "ssh-privatekey"
 COMPUTE_DOMAIN_API = "resource.nvidia.com/v1beta1"
 COMPUTE_DOMAIN_CLAIM = "imex"
 RESOURCE_CLAIM_TEMPLATE_API = "resource.k8s.io/v1"
+# DRA device taints set by an administrator or a health system (GA in Kubernetes 1.37): read as faults.
+DEVICE_TAINT_RULE_API = "resource.k8s.io/v1"
 
 # Worker metrics in Prometheus carry the pod labels above, named as a standard Kubernetes relabelling
 # (`labelmap: __meta_kubernetes_pod_label_(.+)`) names them: dots and slashes become underscores.

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from tokenfab.api.models import Condition, FaultRecord
-from tokenfab.planning.groups import RolePlan
+from tokenfab.planning.groups import Create, RolePlan
 from tokenfab.planning.scaler.memory import parse
 from tokenfab.planning.status import rfc3339
 
@@ -35,15 +35,42 @@ def _open(r: FaultRecord) -> bool:
     return r.recovered is None
 
 
-def _replacement(
-    plans: Sequence[RolePlan], group: str, name: Callable[[str, int], str], created: frozenset[str]
-) -> tuple[str, str] | None:
-    """(the new group, its domain) this pass created whole to replace `group`."""
-    for p in plans:
-        for cr in p.create:
-            if cr.replaces == group and name(cr.role, cr.slot) in created:
-                return name(cr.role, cr.slot), cr.domain
-    return None
+def _made(
+    plans: Sequence[RolePlan], name: Callable[[str, int], str], created: frozenset[str]
+) -> list[tuple[Create, str]]:
+    """This pass's new groups that were created whole, with their names."""
+    return [
+        (cr, name(cr.role, cr.slot))
+        for p in plans
+        for cr in p.create
+        if cr.reason != "Complete" and name(cr.role, cr.slot) in created
+    ]
+
+
+def _match(out: list[FaultRecord], made: list[tuple[Create, str]], alive: set[str]) -> None:
+    """Name each open record's replacement: the new group made for it, else (a lost group's replacement
+    may be written a pass later, once its IMEX channel template exists) a new group of its role that no
+    other record claims. A replacement that is gone again (never written, or removed) is forgotten."""
+    claimed = {r.replacement for r in out if r.replacement and r.replacement in alive}
+    for exact in (True, False):
+        for i, r in enumerate(out):
+            if not _open(r) or (r.replacement and r.replacement in alive):
+                continue
+            for cr, group in made:
+                fits = (
+                    cr.replaces == r.group
+                    if exact
+                    else r.reaction == "Replaced"
+                    and cr.role == r.role
+                    and cr.reason in ("Replace", "Missing")
+                )
+                if fits and group not in claimed:
+                    out[i] = r.model_copy(update={"replacement": group, "domain": cr.domain})
+                    claimed.add(group)
+                    break
+            else:
+                if r.replacement and r.replacement not in alive:
+                    out[i] = r.model_copy(update={"replacement": None, "domain": None})
 
 
 def _serving(plans: Sequence[RolePlan], group: str | None) -> bool:
@@ -63,10 +90,10 @@ def records(
 ) -> list[FaultRecord]:
     """The fault records after this pass: new faults added, replacements noted, recoveries timed."""
     out = [r.model_copy() for r in old]
-    known = {(r.group, r.node, r.kind) for r in out if _open(r)}
+    known = {r.group for r in out if _open(r)}  # (one open record per group)
     for p in plans:
         for group, f in sorted(p.faults.items()):
-            if (group, f.node, f.kind) in known:
+            if group in known:
                 continue
             out.append(
                 FaultRecord(
@@ -79,25 +106,26 @@ def records(
                     reaction="Replaced" if f.sudden else "Evacuated",
                 )
             )
-            known.add((group, f.node, f.kind))
+            known.add(group)
+    made = _made(plans, group_name, created)
+    alive = {g for p in plans for g, st in p.states.items() if st not in ("broken", "deleting")}
+    _match(out, made, alive | {group for _, group in made})
+    faulted = {g for p in plans for g in p.faults}
     for i, r in enumerate(out):
         if not _open(r):
             continue
-        update: dict[str, object] = {}
-        if r.replacement is None:
-            found = _replacement(plans, r.group, group_name, created)
-            if found is not None:
-                update["replacement"], update["domain"] = found
-        replacement = str(update.get("replacement") or r.replacement or "") or None
-        # Recovered: its replacement serves, or (none was needed, e.g. the role scaled down meanwhile) the
-        # role has every group it wants serving and the group itself is gone or leaving.
-        gone = not any(r.group in p.states and p.states[r.group] in ("serving", "starting") for p in plans)
-        if _serving(plans, replacement) or (replacement is None and gone and _role_whole(plans, r.role)):
+        # Recovered: its replacement serves; or, with none known (the role scaled down meanwhile, or the
+        # fault healed), the role has every group it wants serving and none of them is faulted.
+        if _serving(plans, r.replacement) or (
+            r.replacement is None and r.group not in faulted and _role_whole(plans, r.role)
+        ):
             started = parse(r.time)
-            update["recovered"] = rfc3339(now)
-            update["recovery_seconds"] = round(now - started, 1) if started is not None else None
-        if update:
-            out[i] = r.model_copy(update=update)
+            out[i] = r.model_copy(
+                update={
+                    "recovered": rfc3339(now),
+                    "recovery_seconds": round(now - started, 1) if started is not None else None,
+                }
+            )
     return out[-KEEP:]
 
 

@@ -25,18 +25,19 @@ def gang_of(spec: ModelDeploymentSpec, role: RoleName, mode: GangMode) -> GangMo
 
 
 def admits_late(spec: ModelDeploymentSpec, role: RoleName, mode: GangMode) -> bool:
-    """Whether a group's PodGroup is written only after its pods, once the resource claim controller has
-    made every pod's IMEX channel claim from the ComputeDomain's template. Until its PodGroup exists the
-    scheduler holds every pod of the gang back, quietly; a pod whose claim is not made yet is held back
-    too, so a PodGroup written with the pods would let the scheduler try the gang in part, and turn it
-    away with a FailedScheduling Warning, until the last claim is made."""
-    return gang_of(spec, role, mode) == "podgroup" and uses_compute_domain(spec, role)
+    """Whether a group's PodGroup is written only after its pods. Never on Kubernetes 1.37: its resource
+    claim controller makes a pod's claims from their templates only once the PodGroup the pod names
+    exists (a claim may belong to the PodGroup there), so the PodGroup is written with the pods. (On
+    1.36, with v1alpha2, the PodGroup waited for the pods' IMEX channel claims, so the scheduler would
+    not try the gang in part before the last claim was made; 1.36's API is no longer used.)"""
+    del spec, role, mode
+    return False
 
 
 def pod_group(owner: Owner, spec: ModelDeploymentSpec, role: RoleName, slot: int) -> Manifest:
-    """The gang PodGroup of a multi-node group (scheduling.k8s.io, Kubernetes 1.35+ with the
-    GenericWorkload and GangScheduling feature gates): the scheduler binds none of its pods until all
-    of them can bind."""
+    """The gang PodGroup of a multi-node group (scheduling.k8s.io/v1beta1, Kubernetes 1.37 with the beta
+    API group served and the GenericWorkload feature gate on): the scheduler binds none of its pods until
+    all of them can bind."""
     group = group_name(owner, role, slot)
     return {
         "apiVersion": c.POD_GROUP_API,

@@ -1,0 +1,224 @@
+"""Hardware faults on the local AI factory, injected as a real cluster signals them (tokenfab_factory.faults):
+a whole rack lost at once, a node quarantined the way NVIDIA's NVSentinel does, a DRA device taint that
+evicts. The operator re-places lost groups whole at once (force-deleting their pods off the gone Nodes),
+replaces a quarantined node's group before it leaves, keeps new groups off the degraded NVLink domain, and
+names every fault in a condition, a status record and an Event. Times are printed, not asserted: the
+fault benchmark (e2e/bench/fault_bench.py) measures them under load.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e.helpers import apply_yaml, condition, get_json, kubectl, wait_for
+from tests.cases import EXAMPLES
+from tokenfab.planning import contract as c
+from tokenfab_factory import faults
+from tokenfab_factory.factory import Factory
+from tokenfab_factory.racks import CLIQUE_LABEL, RACK_LABEL
+
+NS = "faults"
+NAME = "deepseek-r1"
+
+
+def md(f: Factory) -> dict[str, Any]:
+    return get_json(f, "mdep", NAME, "-n", NS)
+
+
+def groups(f: Factory) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    sel = f"{c.LABEL_DEPLOYMENT}={NAME},{c.COMPONENT}=worker"
+    for p in get_json(f, "pods", "-n", NS, "-l", sel)["items"]:
+        out.setdefault(p["metadata"]["labels"][c.LABEL_GROUP], []).append(p)
+    return out
+
+
+def ready(p: dict[str, Any]) -> bool:
+    conds = (p.get("status") or {}).get("conditions") or []
+    return any(cd["type"] == "Ready" and cd["status"] == "True" for cd in conds) and not p["metadata"].get(
+        "deletionTimestamp"
+    )
+
+
+def serving(gs: dict[str, list[dict[str, Any]]], role: str) -> set[str]:
+    return {
+        g
+        for g, pods in gs.items()
+        if pods[0]["metadata"]["labels"][c.LABEL_ROLE] == role and all(ready(p) for p in pods)
+    }
+
+
+def nodes(f: Factory) -> dict[str, dict[str, str]]:
+    return {n["metadata"]["name"]: n["metadata"]["labels"] for n in get_json(f, "nodes")["items"]}
+
+
+def split_groups(gs: dict[str, list[dict[str, Any]]], labels: dict[str, dict[str, str]]) -> list[str]:
+    """Groups whose bound pods sit in more than one NVLink domain (never allowed)."""
+
+    def cliques(pods: list[dict[str, Any]]) -> set[str | None]:
+        bound = [p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName")]
+        return {labels.get(n, {}).get(CLIQUE_LABEL) for n in bound}
+
+    return [g for g, pods in gs.items() if len(cliques(pods)) > 1]
+
+
+def is_ready(f: Factory) -> bool:
+    cond = condition(md(f), "Ready")
+    return bool(cond and cond["status"] == "True")
+
+
+def events(f: Factory) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = get_json(
+        f, "events", "-n", NS, "--field-selector", f"involvedObject.name={NAME}"
+    )["items"]
+    return items
+
+
+@pytest.fixture(scope="module")
+def deployed(operator: Factory) -> Iterator[Factory]:
+    f = operator
+    kubectl(f, "create", "namespace", NS, check=False)
+    doc = yaml.safe_load((EXAMPLES / "deepseek-r1-disaggregated.yaml").read_text())
+    doc["metadata"]["namespace"] = NS
+    apply_yaml(f, doc, "--server-side", "--field-manager=e2e")
+    wait_for(f"{NS}/{NAME} Ready", lambda: is_ready(f), timeout=180)
+    try:
+        yield f
+    finally:
+        faults.heal(f)
+        kubectl(f, "delete", "mdep", NAME, "-n", NS, "--wait=true", "--timeout=120s", check=False)
+
+
+def decode_group(f: Factory) -> tuple[str, list[dict[str, Any]]]:
+    gs = groups(f)
+    name = sorted(g for g in serving(gs, "decode"))[0]
+    return name, gs[name]
+
+
+def watch_until(f: Factory, what: str, done: Any, timeout: float, seen: dict[str, Any]) -> float:
+    """Poll until `done(groups)`; on every look, no group may be split across domains, and the least number
+    of decode groups serving is kept in seen["min_decode"]. Returns the seconds it took."""
+    labels = nodes(f)
+    t0 = time.monotonic()
+    while True:
+        gs = groups(f)
+        assert not split_groups(gs, labels), (
+            f"a group split across NVLink domains: {split_groups(gs, labels)}"
+        )
+        seen["min_decode"] = min(seen.get("min_decode", 99), len(serving(gs, "decode")))
+        if done(gs):
+            return time.monotonic() - t0
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.5)
+
+
+def test_a_lost_rack_is_re_placed_whole_at_once_and_named(deployed: Factory) -> None:
+    f = deployed
+    victim, pods = decode_group(f)
+    labels = nodes(f)
+    rack_label = labels[pods[0]["spec"]["nodeName"]][RACK_LABEL]
+    lost_clique = labels[pods[0]["spec"]["nodeName"]][CLIQUE_LABEL]
+    lost = faults.nodes_of(f, rack=int(rack_label.split("-")[1]))
+    assert len(lost) == 18
+    faults.lose(f, lost)
+    seen: dict[str, Any] = {}
+
+    def back(gs: dict[str, list[dict[str, Any]]]) -> bool:
+        on_lost = [p for ps in gs.values() for p in ps if p["spec"].get("nodeName") in lost]
+        return not on_lost and len(serving(gs, "decode")) == 2 and len(serving(gs, "prefill")) == 2
+
+    took = watch_until(f, "every group serving again off the lost rack", back, 120, seen)
+    print(f"\nrack of 18 nodes lost: every group serving again {took:.1f} s after the Nodes' deletion")
+    wait_for("Ready again", lambda: is_ready(f), timeout=30)
+    status = md(f)["status"]
+    records = [r for r in status["faults"] if r["node"] in lost]
+    assert records, status["faults"]
+    assert {r["kind"] for r in records} == {"Lost"}
+    assert {r["reaction"] for r in records} == {"Replaced"}
+    assert victim in {r["group"] for r in records}
+    for r in records:
+        assert r["domain"], r
+        assert r["domain"] != lost_clique, r
+    wait_for(
+        "HardwareFault back to False",
+        lambda: (condition(md(f), "HardwareFault") or {}).get("status") == "False",
+        timeout=30,
+    )
+    assert condition(md(f), "HardwareFault")["reason"] == "Recovered"
+    reasons = {e["reason"]: e for e in events(f)}
+    assert "NodeLost" in reasons
+    assert reasons["NodeLost"]["type"] == "Warning"
+    assert any(n in reasons["NodeLost"]["message"] for n in lost)
+    faults.heal(f, lost)
+    wait_for("the rack's nodes back", lambda: set(lost) <= set(nodes(f)), timeout=30)
+
+
+def test_a_quarantined_node_is_left_only_once_its_replacement_serves(deployed: Factory) -> None:
+    f = deployed
+    wait_for("Ready before the fault", lambda: is_ready(f), timeout=120)
+    victim, pods = decode_group(f)
+    node = sorted(p["spec"]["nodeName"] for p in pods)[0]
+    clique = nodes(f)[node][CLIQUE_LABEL]
+    faults.quarantine(f, node)
+    seen: dict[str, Any] = {}
+    try:
+
+        def degraded() -> bool:
+            doms = get_json(f, "nvlinkdomains")["items"]
+            mine = [d for d in doms if d["status"]["domain"] == clique]
+            return bool(mine) and mine[0]["status"].get("health") == "Degraded"
+
+        took = watch_until(
+            f, "the quarantined group gone, its replacement serving",
+            lambda gs: victim not in gs and len(serving(gs, "decode")) == 2, 180, seen,
+        )  # fmt: skip
+        least = seen["min_decode"]
+        print(f"\nquarantine: the group moved in {took:.1f} s; decode groups serving: at least {least}")
+        assert seen["min_decode"] >= 2, "the quarantined group left before its replacement served"
+        assert not any(p["spec"].get("nodeName") == node for ps in groups(f).values() for p in ps)
+        wait_for("the quarantined node's domain shown Degraded", degraded, timeout=30)
+        table = kubectl(f, "get", "nvlinkdomains", "-o", "wide").stdout
+        assert "Degraded" in table, table
+        assert node in table, table
+        status = md(f)["status"]
+        (record,) = [r for r in status["faults"] if r["node"] == node]
+        assert (record["group"], record["kind"], record["reaction"]) == (victim, "Quarantined", "Evacuated")
+        assert record["replacement"]
+        assert record["domain"] != clique
+        reasons = {e["reason"] for e in events(f)}
+        assert {"NodeQuarantined", "GroupCreatedEvacuate"} <= reasons, reasons
+        # NVSentinel's drainer comes after: nothing of the deployment is left on the node to evict.
+        sel = f"spec.nodeName={node}"
+        assert not get_json(f, "pods", "-n", NS, "--field-selector", sel)["items"]
+    finally:
+        faults.heal(f, [node])
+    wait_for("the domain Healthy once the node heals", lambda: not degraded(), timeout=30)
+
+
+def test_a_noexecute_device_taint_loses_the_group_and_it_is_re_placed(deployed: Factory) -> None:
+    f = deployed
+    wait_for("Ready before the fault", lambda: is_ready(f), timeout=120)
+    _victim, pods = decode_group(f)
+    node = sorted(p["spec"]["nodeName"] for p in pods)[0]
+    faults.taint_device(f, node, effect="NoExecute")
+    seen: dict[str, Any] = {}
+    try:
+        took = watch_until(
+            f, "the tainted node's group re-placed and serving",
+            lambda gs: not any(p["spec"].get("nodeName") == node for ps in gs.values() for p in ps)
+            and len(serving(gs, "decode")) == 2, 120, seen,
+        )  # fmt: skip
+        print(f"\nNoExecute device taint: serving again in {took:.1f} s")
+        status = md(f)["status"]
+        (record,) = [r for r in status["faults"] if r["node"] == node]
+        assert (record["kind"], record["reaction"]) == ("DeviceTainted", "Replaced"), record
+        assert "channel-0" in record["message"]
+        assert "DeviceTainted" in {e["reason"] for e in events(f)}
+    finally:
+        faults.heal(f, [node])
