@@ -361,3 +361,40 @@ def test_two_lost_groups_never_share_a_replacement_and_a_vanished_one_is_forgott
     assert by_group["m-decode-1"].recovered is not None
     assert by_group["m-decode-0"].replacement is None
     assert by_group["m-decode-0"].recovered is not None  # (the role has all it wants, none faulted)
+
+
+# ----------------------------------------------------------------------------------------- the baselines
+
+
+def test_plain_kubernetes_replaces_a_lost_group_only_once_its_pods_are_gone():
+    from tests.test_groups import BIND, SHAPE, domains_of
+    from tokenfab.planning.groups import plan_role
+    from tokenfab.planning.role_plan import FaultReaction
+
+    nodes = cluster(a=2, b=2)
+    g0 = group(0, "a-0", "a-1")
+    health = {n: h for n, h in healthy(nodes).items() if n != "a-1"}
+
+    def run(groups, reaction, now=NOW):
+        return plan_role(
+            "decode", 1, NEW, SHAPE, groups, domains_of(nodes, groups), "pack", health, now, TOL, BIND,
+            reaction=reaction,
+        )[0]  # fmt: skip
+
+    plain = run([g0], FaultReaction("none"))
+    assert plain.delete == [Delete("decode", "m-decode-0", "Broken")]
+    assert (plain.create, plain.held) == ([], 1)  # (its pods wait for the pod garbage collector)
+    assert run([], FaultReaction("none")).create != []  # (gone: now it is replaced)
+    # Gang deletion: the whole group goes `delay` seconds after the fault was seen, then is replaced.
+    seen = {"m-decode-0": NOW - 10}
+    early = run([g0], FaultReaction("gang-delete", 30, seen))
+    assert (early.delete, early.create, early.held) == ([], [], 1)
+    late = run([g0], FaultReaction("gang-delete", 30, seen), NOW + 25)
+    assert late.delete == [Delete("decode", "m-decode-0", "Broken")]
+    assert [c.domain for c in late.create] == ["b"]
+    # Neither moves a group off an announced fault.
+    quarantined = _quarantined(nodes, "a-0")
+    for mode in ("none", "gang-delete"):
+        p = plan_role("decode", 1, NEW, SHAPE, [g0], domains_of(nodes, [g0]), "pack", quarantined, NOW, TOL,
+                      BIND, reaction=FaultReaction(mode))[0]  # fmt: skip
+        assert (p.faults, p.create, p.drain, p.delete) == ({}, [], [], [])

@@ -37,6 +37,8 @@ def options_from_env() -> Options:
         settings=Settings(
             gang=env.get("TOKENFAB_GANG", "auto"),
             bind_timeout=float(env.get("TOKENFAB_BIND_TIMEOUT_SECONDS", "90")),
+            fault_reaction=env.get("TOKENFAB_FAULT_REACTION", "replace"),
+            gang_delete_seconds=float(env.get("TOKENFAB_GANG_DELETE_SECONDS", "30")),
         ),
     )
 

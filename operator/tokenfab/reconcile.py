@@ -49,6 +49,7 @@ from tokenfab.planning.capacity import NodeFacts
 from tokenfab.planning.groups import DrainPolicy
 from tokenfab.planning.lifecycle import GroupView
 from tokenfab.planning.one_pass import Plan, Snapshot, Written
+from tokenfab.planning.role_plan import FaultReaction
 from tokenfab.planning.room import Room
 from tokenfab.planning.scaler import due_queries
 from tokenfab.planning.status import event_for, merge_conditions, rfc3339
@@ -273,7 +274,21 @@ def observe(ctx: Context, key: Key, now: float) -> tuple[Obj, Snapshot] | Result
         profile=profile.status,
         planned=profile.condition,
         pod_nodes=frozenset(n for p in pods if (n := p.pinned or p.node)),
+        reaction=fault_reaction(ctx, md),
     )
+
+
+def fault_reaction(ctx: Context, md: ModelDeployment) -> FaultReaction:
+    """The operator's way of answering faults, with when each open fault of the status was first seen."""
+    mode = ctx.settings.fault_reaction
+    if mode not in ("replace", "none", "gang-delete"):
+        mode = "replace"
+    seen = {
+        r.group: t
+        for r in (md.status.faults if md.status else [])
+        if r.recovered is None and (t := parse_time(r.time))
+    }
+    return FaultReaction(mode, ctx.settings.gang_delete_seconds, seen)  # type: ignore[arg-type]
 
 
 def _wait_for_profile(

@@ -25,6 +25,11 @@ class Settings:
     gang: str = "auto"  # auto (PodGroup where the cluster serves it, else gates) | podgroup | gates
     bind_timeout: float = 90.0  # seconds a released group may take to bind before it is placed again
     applied_grace: float = 10.0  # seconds a write is trusted before the watch shows it
+    # How hardware faults are answered: replace (tokenfab), or a baseline of the fault benchmark (none:
+    # plain Kubernetes; gang-delete: whole-group deletion `gang_delete_seconds` after the fault, as Grove's
+    # gang termination). See tokenfab.planning.role_plan.FaultReaction.
+    fault_reaction: str = "replace"
+    gang_delete_seconds: float = 30.0
 
 
 @dataclass

@@ -23,7 +23,7 @@ and the largest free block.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from tokenfab.api.models import RoleName
 from tokenfab.planning.lifecycle import (
@@ -37,7 +37,7 @@ from tokenfab.planning.lifecycle import (
     group_fault,
     missing_ranks,
 )
-from tokenfab.planning.role_plan import Create, Delete, Drain, DrainPolicy, RolePlan
+from tokenfab.planning.role_plan import Create, Delete, Drain, DrainPolicy, FaultReaction, RolePlan
 from tokenfab.planning.topology import (
     Domain,
     GroupShape,
@@ -97,6 +97,7 @@ class _Judge:
     now: float
     toleration: float
     bind_timeout: float
+    reaction: FaultReaction = field(default_factory=FaultReaction)
 
     def classify(self, g: GroupView) -> tuple[GroupState, str]:
         return classify(g, self.nodes, self.now, self.toleration, self.bind_timeout)
@@ -172,6 +173,7 @@ def plan_role(
     other_roles_ready: bool = True,
     retired: bool = False,
     others_short: bool = False,
+    reaction: FaultReaction | None = None,
 ) -> tuple[RolePlan, dict[str, Domain]]:
     """Plan one role. Returns the plan and the domains with this plan's new pods taken out.
 
@@ -189,14 +191,14 @@ def plan_role(
     of the spec has a serving group (`other_roles_ready`); while the spec's new groups find no room
     (`others_short`) it gives up one group at a time, as long as another of its groups still serves."""
     leave = drain or DrainPolicy()
-    judge = _Judge(nodes, now, toleration, bind_timeout)
+    judge = _Judge(nodes, now, toleration, bind_timeout, reaction or FaultReaction())
     plan = RolePlan(role=role, desired=desired, revision=revision, shape=shape)
     alive, domains = _classify_groups(plan, groups, domains, judge)
     hold = hold_seconds(list(plan.broken_reasons.values())) if callable(hold_seconds) else hold_seconds
     plan.backoff = max(0.0, hold)
     placer = _Placer(plan, domains, policy, {g.slot for g in groups}, _per_domain(alive))
     counted = [g for g in alive if plan.states[g.name] != "draining"]
-    _note_moving(plan, alive, judge)
+    _note_moving(plan, groups, alive, judge)
     _settle_draining(plan, alive, counted, judge, leave)
     moving = [g for g in counted if g.name in plan.faults]
     new = [g for g in counted if g.revision == revision and g.name not in plan.faults]
@@ -226,10 +228,14 @@ def _classify_groups(
         plan.states[g.name] = state
         if state == "broken":
             plan.broken_reasons[g.name] = why
-            plan.delete.append(Delete(plan.role, g.name, "Broken"))
             fault = judge.fault(g)
             if fault is not None and fault.sudden:
                 plan.faults[g.name] = fault
+                since = judge.reaction.seen.get(g.name, judge.now)
+                if judge.reaction.mode == "gang-delete" and judge.now - since < judge.reaction.delay:
+                    plan.held += 1  # (deleted whole once the delay is over)
+                    continue
+            plan.delete.append(Delete(plan.role, g.name, "Broken"))
             continue
         if state not in ALIVE:
             continue
@@ -349,16 +355,24 @@ def _replacing(plan: RolePlan) -> tuple[str, list[str]]:
 def _scale(plan: RolePlan, placer: _Placer, new: Sequence[GroupView], leave: DrainPolicy) -> None:
     """No rollout: missing groups are created (replacements when groups broke or stand on a faulted
     node), surplus ones leave."""
-    if len(new) < plan.desired:
+    if len(new) + plan.held < plan.desired:
         reason, replacing = _replacing(plan)
-        placer.place_up_to(plan.desired - len(new), reason, replacing)
+        placer.place_up_to(plan.desired - len(new) - plan.held, reason, replacing)
     elif len(new) > plan.desired:
         for g in _order_for_removal(new, plan.states)[: len(new) - plan.desired]:
             _remove(plan, g, "Surplus", leave)
 
 
-def _note_moving(plan: RolePlan, alive: Sequence[GroupView], judge: _Judge) -> None:
-    """The alive groups of the current revision standing on a node with an announced fault: they move."""
+def _note_moving(
+    plan: RolePlan, groups: Sequence[GroupView], alive: Sequence[GroupView], judge: _Judge
+) -> None:
+    """The alive groups of the current revision standing on a node with an announced fault: they move
+    (answering faults the plain Kubernetes way, nothing moves, and a broken group's replacement waits
+    until its pods are gone)."""
+    if judge.reaction.mode == "none":
+        plan.held = sum(1 for g in groups if plan.states[g.name] in ("broken", "deleting"))
+    if judge.reaction.mode != "replace":
+        return
     for g in alive:
         if g.revision != plan.revision:
             continue  # (a rollout replaces it anyway)
@@ -399,7 +413,7 @@ def _rollout(
 ) -> None:
     """A rollout: the new generation comes up where capacity allows, the old one drains once the new
     one can serve (every role has a serving group of it)."""
-    short = plan.desired - len(new)
+    short = plan.desired - len(new) - plan.held
     if short > 0 and plan.backoff <= 0:
         placer.place_up_to(short, "Surge")
     elif short < 0:

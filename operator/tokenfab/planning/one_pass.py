@@ -29,6 +29,7 @@ from tokenfab.planning import builders as b
 from tokenfab.planning import fault_report, recovery
 from tokenfab.planning.groups import DrainPolicy, RolePlan, plan_role
 from tokenfab.planning.lifecycle import GroupView, NodeHealth, classify
+from tokenfab.planning.role_plan import FaultReaction
 from tokenfab.planning.room import Capacity, LazyDomains, Reservation, Room
 from tokenfab.planning.scaler import Outcome, autoscale, next_due
 from tokenfab.planning.scaler.memory import parse
@@ -63,6 +64,8 @@ class Snapshot:
     profile: ProfileStatus | None = None  # spec.profile's plan, as status keeps it
     planned: Condition | None = None  # the Planned condition (None: the spec leaves nothing to plan)
     pod_nodes: frozenset[str] = frozenset()  # the nodes the deployment's pods are on or pinned to
+    # How hardware faults are answered (tokenfab's way, or a fault benchmark's baseline).
+    reaction: FaultReaction = field(default_factory=FaultReaction)
 
     @property
     def spec(self) -> ModelDeploymentSpec:
@@ -211,6 +214,7 @@ class RoleInputs:
     blocked: Mapping[RoleName, str] = field(default_factory=dict)
     holds: Mapping[str, Callable[[list[str]], float]] = field(default_factory=dict)
     drain: DrainPolicy | None = None
+    reaction: FaultReaction = field(default_factory=FaultReaction)
 
 
 def _plan_one(
@@ -241,6 +245,7 @@ def _plan_one(
         all(r in ready for r, _ in spec.roles() if r != role),
         retired=not in_spec,
         others_short=others_short,
+        reaction=x.reaction,
     )
     why = x.blocked.get(role, "") if in_spec and plan.create else ""
     if why:
@@ -339,7 +344,7 @@ def plan(s: Snapshot) -> Plan:
     old = failures_of(s.md.status)
     inputs = RoleInputs(
         spec, desired, s.groups, s.health, s.now, s.bind_timeout, s.blocked,
-        {role: _hold(old.get(role), s.now) for role in PLAN_ORDER}, s.drain,
+        {role: _hold(old.get(role), s.now) for role in PLAN_ORDER}, s.drain, s.reaction,
     )  # fmt: skip
     roles = plan_roles(inputs, capacity, commit=capacity.reserve)
     return Plan(
@@ -352,7 +357,7 @@ def plan(s: Snapshot) -> Plan:
         autoscaling=outcome,
         events=_scaling_events(outcome),
         requeue_after=requeue_after(s, roles),
-        force_delete=orphans(s),
+        force_delete=orphans(s) if s.reaction.mode == "replace" else (),
     )
 
 
@@ -387,6 +392,8 @@ def requeue_after(s: Snapshot, roles: list[RolePlan]) -> float | None:
                 waits.append(h.not_ready_since + tol - s.now)
     if any(p.waiting or p.unbound for p in roles):
         waits.append(10.0)
+    if any(p.held for p in roles):  # (a lost group waits for its pods to go, or for its delay)
+        waits.append(1.0)
     backoff = [p.backoff + 0.1 for p in roles if p.backoff > 0]
     out = None if not waits else max(0.2, min(waits) + 0.1)
     return min([*([] if out is None else [out]), *backoff], default=None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 from tokenfab.api.models import RoleName
 from tokenfab.planning.lifecycle import GroupFault, GroupState
@@ -67,6 +68,7 @@ class RolePlan:
     delete: list[Delete] = field(default_factory=list)
     release: list[str] = field(default_factory=list)  # reserved groups whose pods all exist: ungate them
     unplaced: int = 0
+    held: int = 0  # lost groups that still stand in for their replacement (see FaultReaction)
     largest_block: tuple[int, str | None] = (0, None)
     rollout_blocked: bool = False
     old_groups: int = 0  # alive groups at an older revision (a rollout is under way)
@@ -89,3 +91,23 @@ class RolePlan:
     def ready(self) -> int:
         """Groups serving (every pod Running and Ready)."""
         return sum(1 for s in self.states.values() if s == "serving")
+
+
+@dataclass(frozen=True)
+class FaultReaction:
+    """How hardware faults are answered.
+
+    - replace (tokenfab): a group on a node with an announced fault is replaced first, then drained; a
+      group lost to a sudden one is deleted and re-placed whole at once, its pods on a gone Node deleted
+      with grace period 0.
+    - none (plain Kubernetes, a baseline of the fault benchmark): announced faults are not acted on (a
+      group leaves when its pods are evicted); pods on a gone Node wait for the pod garbage collector, and
+      a broken group's replacement waits until its pods are gone, as a StatefulSet or LeaderWorkerSet
+      recreates a pod only once the old one is deleted.
+    - gang-delete (Grove's gang termination, a baseline): a group lost to a sudden fault is deleted whole
+      `delay` seconds after the fault was seen (`seen`, from the status's fault records), then replaced;
+      announced faults are not acted on; nothing is force-deleted."""
+
+    mode: Literal["replace", "none", "gang-delete"] = "replace"
+    delay: float = 30.0
+    seen: Mapping[str, float] = field(default_factory=dict)  # group -> when its fault was first seen
