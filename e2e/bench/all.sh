@@ -2,7 +2,7 @@
 # Every benchmark the README quotes, one after another on this machine (about 2.5 hours on 2 cores; run
 # nothing else meanwhile: they share the cores with what they measure). Each writes its result file and
 # its history copy under e2e/bench/results/ (e2e/bench/record.py) and starts and stops its own factory.
-# Usage: bash e2e/bench/all.sh [name ...]   (names: autoscaler operator factory scale drain closed_loop fleet)
+# Usage: bash e2e/bench/all.sh [name ...]   (names: autoscaler operator factory scale drain faults closed_loop fleet)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=../lib/bootstrap.sh
@@ -18,7 +18,7 @@ run() {
 }
 
 wanted=("$@")
-[ ${#wanted[@]} -gt 0 ] || wanted=(autoscaler operator factory scale drain closed_loop fleet)
+[ ${#wanted[@]} -gt 0 ] || wanted=(autoscaler operator factory scale drain faults closed_loop fleet)
 for name in "${wanted[@]}"; do
   work="$(mktemp -d -t tokenfab-bench-XXXXXX)"
   case "$name" in
@@ -27,6 +27,7 @@ for name in "${wanted[@]}"; do
     factory) run e2e.bench.factory_bench ;;
     scale) run e2e.bench.scale_bench --run-dir "$work/run" ;;
     drain) run e2e.bench.drain_bench --run-dir "$work/run" ;;
+    faults) run e2e.bench.fault_bench ;;
     closed_loop) run e2e.fleet.scenario --run-dir "$work/run" --port-base 31100 ;;
     fleet)
       run e2e.bench.fleet_bench --run-dir "$work/run" --port-base 31200 --batch 6 \

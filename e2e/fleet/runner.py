@@ -112,6 +112,7 @@ class Proc:
     sigterm_sent: bool = False
     out_of_routing: bool = False  # its pod's routable gate is False (the EndpointSlice says not ready)
     target: dict[str, str] = field(default_factory=dict)  # its Prometheus target's discovery labels
+    node: str = ""  # the node its pod is bound to (when that Node is gone, the process dies at once)
 
 
 class PortPool:
@@ -295,6 +296,20 @@ class Runner:
             print(f"runner: listing pods failed: {exc}", file=sys.stderr, flush=True)
             return None
 
+    def node_names(self) -> set[str] | None:
+        """The Nodes that exist (a pod bound to one that does not is on a machine that died)."""
+        try:
+            out = subprocess.run(
+                [self.opts.kubectl, f"--kubeconfig={self.opts.kubeconfig}", "get", "nodes", "-o",
+                 "jsonpath={.items[*].metadata.name}"],
+                capture_output=True, text=True, timeout=30, check=True,
+            )  # fmt: skip
+            return set(out.stdout.split())
+        except subprocess.SubprocessError as exc:
+            self.errors += 1
+            print(f"runner: listing nodes failed: {exc}", file=sys.stderr, flush=True)
+            return None
+
     # ----------------------------------------------------------------------------- act
     def argv_for(self, kind: str, pod: dict[str, Any]) -> tuple[list[str], dict[str, str], Proc]:
         """The pod's own process (see e2e/fleet/pods.py), its ports swapped for free ones."""
@@ -314,6 +329,7 @@ class Runner:
             penv = pods.process_env(env, path=path, home=str(home), kubeconfig=config, ports={})
             url = f"http://127.0.0.1:{ports['http']}"
             proc = Proc(key, meta["uid"], kind, 0, ports, pod_labels(pod, "frontend", ""), time.time(), url)
+            proc.node = pod["spec"].get("nodeName") or ""
             proc.metrics_url = f"{url}/metrics"
             proc.health_url = f"{url}{c.HEALTH_PATH}"
             proc.target = pods.target_labels(pod, "http")
@@ -335,6 +351,7 @@ class Runner:
         role = labels.get(c.LABEL_ROLE, "worker")
         group = labels.get(c.LABEL_GROUP, meta["name"])
         proc = Proc(key, meta["uid"], "mocker", 0, ports, pod_labels(pod, role, group), time.time())
+        proc.node = pod["spec"].get("nodeName") or ""
         proc.metrics_url = f"http://127.0.0.1:{ports['system']}/metrics"
         proc.health_url = f"http://127.0.0.1:{ports['system']}{c.HEALTH_PATH}"
         proc.target = pods.target_labels(pod, "metrics")
@@ -419,12 +436,26 @@ class Runner:
         if pods is None:
             return
         by_key = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": p for p in pods}
+        nodes = self.node_names()
+        lost = (
+            set()
+            if nodes is None
+            else {k for k, p in by_key.items() if p["spec"].get("nodeName") not in nodes}
+        )
         desired: dict[str, tuple[str, dict[str, Any]]] = {}
         for key, pod in by_key.items():
             kind = wanted(pod)
-            if kind:
+            if kind and key not in lost:
                 desired[key] = (kind, pod)
         now = time.monotonic()
+        if nodes is not None:  # a machine that died takes its processes with it, at once (no grace)
+            for proc in [*self.procs.values(), *self.terminating.values()]:
+                if proc.node and proc.node not in nodes:
+                    if self.procs.get(proc.key) is proc:
+                        del self.procs[proc.key]
+                    process.stop(proc.pid, expect="dynamo", timeout=0)
+                    self.finish(proc, "node lost")
+                    print(f"runner: {proc.kind} for {proc.key} killed: node {proc.node} is gone", flush=True)
         for proc in list(self.terminating.values()):
             self.progress(proc, now)
         for key in list(self.procs):
