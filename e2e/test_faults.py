@@ -222,3 +222,26 @@ def test_a_noexecute_device_taint_loses_the_group_and_it_is_re_placed(deployed: 
         assert "DeviceTainted" in {e["reason"] for e in events(f)}
     finally:
         faults.heal(f, [node])
+
+
+def test_a_compute_domain_gone_not_ready_loses_its_group_and_it_is_re_placed(deployed: Factory) -> None:
+    f = deployed
+    wait_for("Ready before the fault", lambda: is_ready(f), timeout=120)
+    victim, pods = decode_group(f)
+    before = {p["metadata"]["uid"] for p in pods}
+    faults.break_domain(f, NS, f"{victim}-imex")
+    seen: dict[str, Any] = {}
+    try:
+        took = watch_until(
+            f, "the group re-placed with its IMEX domain",
+            lambda gs: not any(p["metadata"]["uid"] in before for ps in gs.values() for p in ps)
+            and len(serving(gs, "decode")) == 2, 120, seen,
+        )  # fmt: skip
+        print(f"\nComputeDomain NotReady: serving again in {took:.1f} s")
+        records = [r for r in md(f)["status"]["faults"] if r["kind"] == "ComputeDomainNotReady"]
+        assert records, md(f)["status"]["faults"]
+        assert records[-1]["group"] == victim
+        assert f"{victim}-imex" in records[-1]["message"]
+        assert "ComputeDomainNotReady" in {e["reason"] for e in events(f)}
+    finally:
+        faults.heal(f)

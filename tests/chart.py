@@ -83,7 +83,7 @@ NAMESPACED_RULES: dict[tuple[str, str], set[str]] = {
     ("", "pods/status"): {"patch"},
     ("policy", "poddisruptionbudgets"): {"list", "watch", "create", "patch", "delete"},
     ("scheduling.k8s.io", "podgroups"): {"create", "patch", "delete"},
-    ("resource.nvidia.com", "computedomains"): {"list", "create", "patch", "delete"},
+    ("resource.nvidia.com", "computedomains"): {"list", "watch", "create", "patch", "delete"},
     ("resource.k8s.io", "resourceclaimtemplates"): {"get"},
     ("", "serviceaccounts"): {"list", "watch", "create", "patch", "delete"},
     ("", "persistentvolumeclaims"): {"list", "watch", "create", "patch", "delete"},

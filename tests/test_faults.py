@@ -398,3 +398,78 @@ def test_plain_kubernetes_replaces_a_lost_group_only_once_its_pods_are_gone():
         p = plan_role("decode", 1, NEW, SHAPE, [g0], domains_of(nodes, [g0]), "pack", quarantined, NOW, TOL,
                       BIND, reaction=FaultReaction(mode))[0]  # fmt: skip
         assert (p.faults, p.create, p.drain, p.delete) == ({}, [], [], [])
+
+
+def test_a_compute_domain_gone_not_ready_under_a_serving_group_faults_its_nodes():
+    from tokenfab.fleet.view import ClusterView
+    from tokenfab.planning import contract as c
+
+    view = ClusterView()
+    for n in ("n1", "n2"):
+        view.on_node("ADDED", {"metadata": {"name": n, "labels": {}}, "spec": {}, "status": {}})
+    labels = {c.MANAGED_BY: c.MANAGED_BY_VALUE, c.LABEL_DEPLOYMENT: "m", c.LABEL_GROUP: "m-decode-0"}
+
+    def pod(name: str, node: str, ready: bool) -> dict:
+        cond = {
+            "type": "Ready",
+            "status": "True" if ready else "False",
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+        }
+        return {"metadata": {"name": name, "namespace": "ns", "labels": labels, "uid": name},
+                "spec": {"nodeName": node, "containers": []},
+                "status": {"phase": "Running", "conditions": [cond]}}  # fmt: skip
+
+    cd = {
+        "metadata": {"name": "m-decode-0-imex", "namespace": "ns", "labels": labels},
+        "status": {"status": "NotReady"},
+    }
+    view.on_pod("ADDED", pod("m-decode-0-0", "n1", ready=False))
+    view.on_child("ComputeDomain", "ADDED", cd)
+    assert view.node("n1").faults == ()  # (a group still starting: its domain is not Ready yet)
+    view.on_pod("MODIFIED", pod("m-decode-0-0", "n1", ready=True))
+    (f,) = view.node("n1").faults
+    assert (f.kind, f.sudden, f.degrades) == ("ComputeDomainNotReady", True, True)
+    assert "ns/m-decode-0-imex" in f.message
+    assert view.node("n2").faults == ()
+    change = view.on_child("ComputeDomain", "MODIFIED", {**cd, "status": {"status": "Ready"}})
+    assert view.node("n1").faults == ()
+    assert change.freed
+
+
+def test_a_node_that_faults_again_soon_is_avoided_for_a_growing_while():
+    from tokenfab.fleet.view import ClusterView
+    from tokenfab.planning.capacity import feasible
+    from tokenfab.planning.faults import FLAP_BASE, flapping
+
+    assert flapping([NOW - 5], NOW) is None  # (once is not flapping)
+    assert flapping([NOW - 700, NOW - 5], NOW) is None  # (the first one is out of the window)
+    f = flapping([NOW - 100, NOW - 5], NOW)
+    assert f is not None
+    assert (f.kind, f.sudden, f.degrades, f.moves) == ("Flapping", False, False, False)
+    assert flapping([NOW - 100, NOW - 5], NOW - 5 + FLAP_BASE) is None  # (its backoff ran out)
+    assert flapping([NOW - 200, NOW - 100, NOW - 5], NOW - 5 + FLAP_BASE) is not None  # (twice as long)
+
+    view = ClusterView()
+    clock = [NOW]
+    view.clock = lambda: clock[0]
+    healthy_node = {"metadata": {"name": "n1", "labels": {"clique": "a"}}, "spec": {},
+                    "status": {"conditions": [{"type": "Ready", "status": "True"}]}}  # fmt: skip
+    sick = {**healthy_node, "spec": {"taints": [{"key": "nvidia.com/gpu-xid-error", "effect": "NoSchedule"}]}}
+    view.on_node("ADDED", healthy_node)
+    for _ in range(2):  # quarantined and healed twice
+        view.on_node("MODIFIED", sick)
+        clock[0] += 10
+        view.on_node("MODIFIED", healthy_node)
+    (flap,) = view.node("n1").faults
+    assert flap.kind == "Flapping"
+    assert not feasible(view.node("n1"), Constraints(domain_label="clique"))
+    clock[0] += FLAP_BASE + 1
+    assert view.node("n1").faults == ()
+    # A maintenance cordon is not a fault that counts.
+    cordoned = {**healthy_node, "spec": {"unschedulable": True}}
+    other = ClusterView()
+    other.on_node("ADDED", healthy_node)
+    for _ in range(3):
+        other.on_node("MODIFIED", cordoned)
+        other.on_node("MODIFIED", healthy_node)
+    assert other.node("n1").faults == ()

@@ -209,6 +209,21 @@ def taint_device(
     typer.echo(f"DeviceTaintRule {rule}: {driver}/{node}/{device} {effect}")
 
 
+@fault_app.command("break-domain")
+def break_domain(
+    domain: Annotated[str, typer.Argument(help="NAMESPACE/NAME of a group's ComputeDomain.")],
+    run_dir: RunDir = None,
+) -> None:
+    """Turn a ComputeDomain NotReady (its IMEX daemons failed), as NVIDIA's DRA driver would report it."""
+    from tokenfab_factory import faults
+
+    namespace, _, name = domain.partition("/")
+    if not name:
+        raise typer.BadParameter("give NAMESPACE/NAME")
+    faults.break_domain(_running(run_dir), namespace, name)
+    typer.echo(f"ComputeDomain {domain} NotReady")
+
+
 @fault_app.command()
 def heal(node: NodeArg = None, run_dir: RunDir = None) -> None:
     """Undo injected faults on a node (default: all): lost Nodes back, quarantines lifted, taints removed."""

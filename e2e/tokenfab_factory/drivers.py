@@ -47,6 +47,7 @@ PLURAL = "computedomains"
 DRIVER = "compute-domain.nvidia.com"
 CHANNEL_CLASS = "compute-domain-default-channel.nvidia.com"
 DAEMON_CLASS = "compute-domain-daemon.nvidia.com"
+BROKEN = "tokenfab.dev/injected-fault"  # a ComputeDomain the fault injector broke
 FINALIZER = "resource.nvidia.com/computeDomain"
 LABEL_DOMAIN = "resource.nvidia.com/computeDomain"
 LABEL_TARGET = "resource.nvidia.com/computeDomainTarget"
@@ -313,6 +314,7 @@ class Driver:
             log.warning("slice of %s: %s", obj["metadata"]["name"], exc.reason)
 
     def on_compute_domain(self, type_: str, cd: dict[str, Any]) -> None:
+        """Make the domain's claim template and say Ready (NotReady while it carries BROKEN)."""
         if type_ == "DELETED":
             return
         meta = cd["metadata"]
@@ -334,9 +336,11 @@ class Driver:
                     GROUP, VERSION, ns, PLURAL, name, {"metadata": {"finalizers": fin}}
                 )
             self.apply(f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates", rct)
-            if (cd.get("status") or {}).get("status") != "Ready":
+            # (`tokenfab factory fault break-domain` marks a domain broken: its IMEX daemons failed)
+            want = "NotReady" if (meta.get("annotations") or {}).get(BROKEN) else "Ready"
+            if (cd.get("status") or {}).get("status") != want:
                 self.custom.patch_namespaced_custom_object_status(
-                    GROUP, VERSION, ns, PLURAL, name, {"status": {"status": "Ready", "nodes": []}}
+                    GROUP, VERSION, ns, PLURAL, name, {"status": {"status": want, "nodes": []}}
                 )
         except ApiException as exc:
             if exc.status != 404:

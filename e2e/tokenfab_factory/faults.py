@@ -11,6 +11,8 @@ signals it (`tokenfab factory fault ...`), and healed again.
   (PodDisruptionBudgets apply);
 - taint-device: a DRA DeviceTaintRule (resource.k8s.io/v1) on a node's device (its IMEX channel by
   default), NoSchedule or NoExecute (Kubernetes' device taint eviction controller then evicts its pods);
+- break-domain: a group's ComputeDomain turned NotReady (its IMEX daemons failed) by the simulated DRA
+  driver;
 - heal: everything above undone (lost Nodes re-created, quarantines lifted, the injector's rules deleted).
 """
 
@@ -143,6 +145,16 @@ def taint_device(
     return rule
 
 
+def break_domain(f: Factory, namespace: str, name: str) -> None:
+    """Turn a ComputeDomain NotReady, as NVIDIA's DRA driver reports failed IMEX daemons (the factory's
+    driver keeps it so while the annotation is there)."""
+    custom = client.CustomObjectsApi(f.api())
+    patch = {"metadata": {"annotations": {INJECTED: "NotReady"}}}
+    custom.patch_namespaced_custom_object(
+        "resource.nvidia.com", "v1beta1", namespace, "computedomains", name, patch
+    )
+
+
 def heal(f: Factory, names: list[str] | None = None) -> list[str]:
     """Undo the faults on these nodes (None: every node the injector touched). Returns what was done."""
     api = f.api()
@@ -183,8 +195,23 @@ def heal(f: Factory, names: list[str] | None = None) -> list[str]:
                    "message": "healthy", "lastHeartbeatTime": now, "lastTransitionTime": now}  # fmt: skip
         core.patch_node_status(node.metadata.name, {"status": {"conditions": [cleared]}})
         done.append(f"node {node.metadata.name} unquarantined")
-    group, version, plural = DEVICE_TAINT_API
     custom = client.CustomObjectsApi(api)
+    if names is None:
+        cds = custom.list_cluster_custom_object("resource.nvidia.com", "v1beta1", "computedomains")["items"]
+        for cd in cds:
+            if INJECTED in (cd["metadata"].get("annotations") or {}):
+                meta = cd["metadata"]
+                unmark = {"metadata": {"annotations": {INJECTED: None}}}
+                custom.patch_namespaced_custom_object(
+                    "resource.nvidia.com",
+                    "v1beta1",
+                    meta["namespace"],
+                    "computedomains",
+                    meta["name"],
+                    unmark,
+                )
+                done.append(f"ComputeDomain {meta['namespace']}/{meta['name']} Ready again")
+    group, version, plural = DEVICE_TAINT_API
     for rule in custom.list_cluster_custom_object(group, version, plural, label_selector=f"{INJECTED}=true")[
         "items"
     ]:

@@ -193,6 +193,19 @@ class Controller:
                     on_list=self._list_handler(source),
                 )
             )
+        if self.kube.has_kind(c.COMPUTE_DOMAIN_API, "ComputeDomain"):  # (NVIDIA's DRA driver installed)
+            scopes: list[str | None] = list(self.options.namespaces) or [None]
+            for ns in scopes:
+                suffix = f"@{ns}" if ns else ""
+                source = Source(f"ComputeDomain{suffix}", c.COMPUTE_DOMAIN_API, "ComputeDomain", ns, MANAGED)
+                self.informers.append(
+                    Informer(
+                        self.kube,
+                        source,
+                        on_event=self._event_handler(_child_handler(self.view, "ComputeDomain")),
+                        on_list=self._list_handler(source),
+                    )
+                )
         for inf in self.informers:
             inf.start()
         if leading:

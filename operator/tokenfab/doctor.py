@@ -53,7 +53,10 @@ OPERATOR_RULES: dict[tuple[str, str], tuple[frozenset[str], bool]] = {
     ("", "pods/status"): (frozenset({"patch"}), True),
     ("policy", "poddisruptionbudgets"): (frozenset({"list", "watch", "create", "patch", "delete"}), True),
     ("scheduling.k8s.io", "podgroups"): (frozenset({"create", "patch", "delete"}), True),
-    ("resource.nvidia.com", "computedomains"): (frozenset({"list", "create", "patch", "delete"}), True),
+    ("resource.nvidia.com", "computedomains"): (
+        frozenset({"list", "watch", "create", "patch", "delete"}),
+        True,
+    ),
     ("resource.k8s.io", "resourceclaimtemplates"): (frozenset({"get"}), True),
     ("", "persistentvolumeclaims"): (frozenset({"list", "watch", "create", "patch", "delete"}), True),
     ("", "serviceaccounts"): (frozenset({"list", "watch", "create", "patch", "delete"}), True),

@@ -236,6 +236,8 @@ class ChildFacts:
     role: str = ""
     revision: str = ""
     node: str = ""  # a model cache claim's node
+    group: str = ""  # a ComputeDomain's group
+    state: str = ""  # a ComputeDomain's status.status (Ready | NotReady)
 
 
 def child_facts(kind: str, obj: Obj) -> ChildFacts:
@@ -252,6 +254,8 @@ def child_facts(kind: str, obj: Obj) -> ChildFacts:
         role=labels.get(c.LABEL_ROLE, ""),
         revision=labels.get(c.LABEL_REVISION, ""),
         node=(meta.get("annotations") or {}).get(c.ANN_NODE, ""),
+        group=labels.get(c.LABEL_GROUP, "") if kind == "ComputeDomain" else "",
+        state=str(status.get("status") or "") if kind == "ComputeDomain" else "",
     )
 
 

@@ -17,7 +17,8 @@ tokenfab pod pinned to it but not bound yet (placement already promised it that 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -36,7 +37,7 @@ from tokenfab.fleet.facts import (
 )
 from tokenfab.planning import contract as c
 from tokenfab.planning.capacity import NodeFacts, add
-from tokenfab.planning.faults import NodeFault
+from tokenfab.planning.faults import FLAP_WINDOW, NodeFault, flapping
 
 __all__ = [
     "Change",
@@ -74,6 +75,9 @@ class ClusterView:
         self._lock = threading.RLock()
         self._nodes: dict[str, NodeFacts] = {}
         self._device_rules: dict[str, tuple[str, NodeFault]] = {}  # DeviceTaintRule -> (node, fault)
+        self._domains_down: set[tuple[str, str, str]] = set()  # ComputeDomain children NotReady
+        self._fault_onsets: dict[str, list[float]] = {}  # node -> when each of its recent faults began
+        self.clock: Callable[[], float] = time.time
         self._pods: dict[Key, PodFacts] = {}  # tokenfab's pods
         self._by_deployment: dict[Key, set[str]] = {}  # (ns, deployment) -> pod names
         self._by_node: dict[str, set[Key]] = {}  # node -> deployments with pods there
@@ -97,8 +101,12 @@ class ClusterView:
             before = self._nodes.get(facts.name)
             if type_ == "DELETED":
                 self._nodes.pop(facts.name, None)
+                if before is not None and _healthy(before):
+                    self._onset(facts.name)
                 return Change(set(self._by_node.get(facts.name, ())), False)
             self._nodes[facts.name] = facts
+            if before is not None and _healthy(before) and not _healthy(facts):
+                self._onset(facts.name)
             if before is not None and same_node(before, facts):
                 return Change()
             wake = set(self._by_node.get(facts.name, ()))
@@ -107,19 +115,58 @@ class ClusterView:
 
     def nodes(self) -> list[NodeFacts]:
         with self._lock:
-            if not self._device_rules:
-                return list(self._nodes.values())
-            return [self._with_devices(n) for n in self._nodes.values()]
+            extra = self._extra_faults()
+            return (
+                [self._with(n, extra) for n in self._nodes.values()] if extra else list(self._nodes.values())
+            )
 
     def node(self, name: str) -> NodeFacts | None:
         with self._lock:
             node = self._nodes.get(name)
-            return node if node is None or not self._device_rules else self._with_devices(node)
+            extra = self._extra_faults() if node is not None else {}
+            return self._with(node, extra) if node is not None and extra else node
 
-    def _with_devices(self, node: NodeFacts) -> NodeFacts:
-        """The node with the faults of the DeviceTaintRules that taint its devices (under the lock)."""
-        extra = tuple(f for n, f in self._device_rules.values() if n == node.name)
-        return replace(node, faults=node.faults + extra) if extra else node
+    def _onset(self, node: str) -> None:
+        now = self.clock()
+        recent = [t for t in self._fault_onsets.get(node, []) if now - t <= FLAP_WINDOW]
+        self._fault_onsets[node] = [*recent, now]
+
+    @staticmethod
+    def _with(node: NodeFacts, extra: Mapping[str, tuple[NodeFault, ...]]) -> NodeFacts:
+        more = extra.get(node.name, ())
+        return replace(node, faults=node.faults + more) if more else node
+
+    def _extra_faults(self) -> dict[str, tuple[NodeFault, ...]]:
+        """Faults that are not on the Node object (under the lock): the DeviceTaintRules that taint a
+        node's devices, and a ComputeDomain gone NotReady under a group that served (its IMEX channels
+        are broken: every node of the group is faulted, and its NVLink domain degraded)."""
+        if not self._device_rules and not self._domains_down and not self._fault_onsets:
+            return {}
+        out: dict[str, list[NodeFault]] = {}
+        now = self.clock()
+        for node, onsets in list(self._fault_onsets.items()):
+            if not any(now - t <= FLAP_WINDOW for t in onsets):
+                del self._fault_onsets[node]  # (forgotten)
+                continue
+            facts = self._nodes.get(node)
+            flap = flapping(onsets, now) if facts is not None and _healthy(facts) else None
+            if flap is not None:
+                out.setdefault(node, []).append(flap)
+        for node, fault in self._device_rules.values():
+            out.setdefault(node, []).append(fault)
+        for key in self._domains_down:
+            ch = self._children[key]
+            _, ns, name = key
+            if not ch.group or not ch.deployment:
+                continue
+            pods = [p for p in self._pods_of((ns, ch.deployment)) if p.labels.get(c.LABEL_GROUP) == ch.group]
+            if not any(p.ready_since is not None or p.ready for p in pods):
+                continue  # (a group still starting: its ComputeDomain is not Ready yet)
+            fault = NodeFault("ComputeDomainNotReady", f"ComputeDomain {ns}/{name} is NotReady", sudden=True)
+            for p in pods:
+                if p.node:
+                    out.setdefault(p.node, []).append(fault)
+        return {n: tuple(fs) for n, fs in out.items()}
 
     def on_device_taint_rule(self, type_: str, obj: Obj) -> Change:
         """A DRA DeviceTaintRule: its node's deployments hear of it (and, once it goes, everyone waiting
@@ -244,12 +291,18 @@ class ClusterView:
         with self._lock:
             if type_ == "DELETED":
                 before = self._children.pop(key, None)
+                self._domains_down.discard(key)
             else:
                 before = self._children.get(key)
                 self._children[key] = facts
+                if facts.state == "NotReady":
+                    self._domains_down.add(key)
+                else:
+                    self._domains_down.discard(key)
                 if before == facts:
                     return Change()  # nothing a pass reads has changed (e.g. a PDB's status)
-        return Change({(facts.namespace, facts.deployment)} if facts.deployment else set())
+            freed = before is not None and before.state == "NotReady" and facts.state != "NotReady"
+        return Change({(facts.namespace, facts.deployment)} if facts.deployment else set(), freed)
 
     def child(self, kind: str, namespace: str, name: str) -> ChildFacts | None:
         with self._lock:
@@ -357,6 +410,11 @@ class ClusterView:
     def node_holders(self, node: str) -> set[Key]:
         with self._lock:
             return set(self._by_node.get(node, ()))
+
+
+def _healthy(node: NodeFacts) -> bool:
+    """Ready, with no fault but a maintenance cordon (or the flapping it would add itself)."""
+    return node.ready and all(f.kind in ("Cordoned", "Flapping") for f in node.faults)
 
 
 def _pod_stub(p: PodFacts) -> Obj:

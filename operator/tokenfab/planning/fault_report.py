@@ -28,6 +28,7 @@ REASONS = {
     "Quarantined": "NodeQuarantined",
     "Cordoned": "NodeCordoned",
     "DeviceTainted": "DeviceTainted",
+    "ComputeDomainNotReady": "ComputeDomainNotReady",
 }
 
 

@@ -18,7 +18,8 @@ A fault is *announced* (the node still runs its pods: cordon, a NoSchedule quara
 condition, a NoSchedule device taint; its groups are replaced first, then drained) or *sudden* (NoExecute:
 Kubernetes evicts the pods now; the group is lost and re-placed at once). A quarantine or a device taint
 also *degrades* the node's NVLink domain: no new group is placed there until it heals. A plain cordon does
-not (one node out for maintenance says nothing about its rack's fabric).
+not (one node out for maintenance says nothing about its rack's fabric). A node that faults again soon
+after it healed is *flapping*: new groups avoid it for a growing while (`flapping`).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class NodeFault:
     message: str  # what says so (the taint, the condition and its message...)
     sudden: bool = False  # NoExecute: its pods are being evicted now
     degrades: bool = True  # its NVLink domain takes no new group until it heals
+    moves: bool = True  # its groups move (False: it only takes no new group)
 
 
 def _matches(name: str, patterns: Iterable[str]) -> bool:
@@ -127,6 +129,31 @@ def device_fault(device: str, key: str, value: str, effect: str) -> NodeFault:
     if effect == "NoExecute":
         return NodeFault("DeviceTainted", f"{taint} (its pods are evicted)", sudden=True)
     return NodeFault("DeviceTainted", taint)
+
+
+# A node that faults again soon after it healed is avoided for a while: FLAP_WINDOW seconds of history,
+# the second fault in it keeps new groups off the node for FLAP_BASE seconds once it heals, each further
+# one twice as long, at most FLAP_CAP.
+FLAP_WINDOW = 600.0
+FLAP_BASE = 60.0
+FLAP_CAP = 1800.0
+
+
+def flapping(onsets: Iterable[float], now: float) -> NodeFault | None:
+    """The fault of a healthy node that faulted repeatedly (`onsets`: when each fault began), while its
+    backoff runs: new groups avoid it; the groups on it stay."""
+    recent = sorted(t for t in onsets if now - t <= FLAP_WINDOW)
+    if len(recent) < 2:
+        return None
+    until = recent[-1] + min(FLAP_CAP, FLAP_BASE * 2 ** (len(recent) - 2))
+    if now >= until:
+        return None
+    return NodeFault(
+        "Flapping",
+        f"faulted {len(recent)} times in {FLAP_WINDOW / 60:.0f} min; no new group before {until - now:.0f} s",
+        degrades=False,
+        moves=False,
+    )
 
 
 def summary(faults: Iterable[NodeFault]) -> str:

@@ -76,7 +76,7 @@ class NodeHealth:
     @property
     def announced(self) -> NodeFault | None:
         """The first announced fault (its groups move: replaced first, then drained)."""
-        return next((f for f in self.faults if not f.sudden), None)
+        return next((f for f in self.faults if not f.sudden and f.moves), None)
 
     @property
     def sudden(self) -> NodeFault | None:

@@ -175,8 +175,8 @@ class FaultRecord(StatusModel):
     node: str = Field(description="The faulted node.")
     kind: str = Field(
         description="Lost (the Node gone), NotReady (past the toleration), Evicting (a NoExecute taint), "
-        "Quarantined (a GPU health system's taint, condition or annotation), Cordoned, or DeviceTainted "
-        "(a DRA device taint)."
+        "Quarantined (a GPU health system's taint, condition or annotation), Cordoned, DeviceTainted "
+        "(a DRA device taint), or ComputeDomainNotReady (the group's IMEX domain failed)."
     )
     message: str = Field(default="", description="The signal's own words (the taint, the condition).")
     reaction: Literal["Replaced", "Evacuated"] = Field(
