@@ -53,6 +53,12 @@ def _drain(r: dict[str, Any]) -> str:
     return drain_bench.table(r)
 
 
+def _faults(r: dict[str, Any]) -> str:
+    from e2e.bench import fault_bench
+
+    return fault_bench.table(r)
+
+
 def _fleet(r: dict[str, Any]) -> str:
     from e2e.bench import fleet_bench
 
@@ -94,6 +100,7 @@ REPORTS: dict[str, Callable[[dict[str, Any]], str]] = {
     "factory": _factory,
     "scale": _scale,
     "drain": _drain,
+    "faults": _faults,
     "fleet_bench": _fleet,
     "fleet_closed_loop": _closed_loop,
 }
