@@ -406,7 +406,6 @@ FORBIDDEN = [
     ("create", "pods", f"-n={NS}", "--subresource=attach"),
     ("create", "pods", f"-n={NS}", "--subresource=portforward"),
     ("get", "pods", f"-n={NS}", "--subresource=log"),
-    ("delete", "pods", f"-n={NS}"),
     ("create", "serviceaccounts", f"-n={SYSTEM_NS}", "--subresource=token"),
     ("impersonate", "users"),
     ("impersonate", "serviceaccounts", f"-n={SYSTEM_NS}"),
@@ -432,7 +431,9 @@ FORBIDDEN = [
 ALLOWED = [
     ("create", "pods", f"-n={NS}"),
     ("deletecollection", "pods", f"-n={NS}"),
+    ("delete", "pods", f"-n={NS}"),  # (a pod left on a Node that no longer exists, with grace period 0)
     ("list", "nodes"),
+    ("watch", "devicetaintrules.resource.k8s.io"),
     ("patch", "modeldeployments.tokenfab.dev", f"-n={NS}", "--subresource=status"),
     ("patch", "nvlinkdomains.tokenfab.dev", "--subresource=status"),
     ("create", "podgroups.scheduling.k8s.io", f"-n={NS}"),

@@ -8,7 +8,7 @@ Asserted: every policy ran the whole trace and every request the trace intended 
 completed + failed + never sent); static peak sent at least 95% of them and tokenfab 80% (the load was
 delivered; a baseline's unsent requests are misses in its goodput); static peak holds the most GPU-minutes;
 both tokenfab policies hold fewer than static and brought a new decode group to serve during the burst; the
-oracle scaled at the burst's start (its first new group serves within 15 s). Quality, against floors
+oracle scaled at the burst's start (its first new group serves within 20 s). Quality, against floors
 measured in the same run: tokenfab's goodput (completed within the SLO, of every request intended) is at
 least that of the KV-only policy and of the planner baseline, less 5 points for the noise of 2 shared cores
 (measured: 94.5% against 64.4% and 80.8%). Latency is printed, not asserted.
@@ -72,4 +72,6 @@ def test_fleet_benchmark_smoke(operator: Factory, capsys):
     assert goodput["tokenfab"] >= floor - 0.05, goodput
     oracle = by["oracle"]["first_serve_s"]
     assert oracle is not None, "the oracle found the trace's start on the frontend's counter"
-    assert oracle < 15, oracle
+    # (measured: 14.5 s in the committed full run, 16 s in a suite run on 2 shared cores; a policy that
+    # waits for the load to rise serves its first new group 22-33 s into the burst)
+    assert oracle < 20, oracle
