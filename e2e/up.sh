@@ -19,11 +19,12 @@ source "$run_dir/env"
 say "installing the tokenfab CRDs"
 kubectl apply --server-side --force-conflicts --field-manager=tokenfab-quickstart -f crds/ >/dev/null
 # (polled: kubectl 1.37's `wait --for=condition=Established` fails at once while the CRD has no conditions)
-for _ in $(seq 120); do
+established() {
   [ "$(kubectl get crd modeldeployments.tokenfab.dev \
-      -o jsonpath='{.status.conditions[?(@.type=="Established")].status}' 2>/dev/null)" = True ] && break
-  sleep 0.5
-done
+      -o jsonpath='{.status.conditions[?(@.type=="Established")].status}' 2>/dev/null)" = True ]
+}
+for _ in $(seq 120); do established && break; sleep 0.5; done
+established || { echo "the ModelDeployment CRD was not Established within 60 s" >&2; exit 1; }
 say "starting the tokenfab operator"
 tokenfab factory operator
 say "applying examples/deepseek-r1-disaggregated.yaml"
