@@ -8,7 +8,7 @@ Asserted: every policy ran the whole trace and every request the trace intended 
 completed + failed + never sent); static peak sent at least 95% of them and tokenfab 80% (the load was
 delivered; a baseline's unsent requests are misses in its goodput); static peak holds the most GPU-minutes;
 both tokenfab policies hold fewer than static and brought a new decode group to serve during the burst; the
-oracle scaled at the burst's start (its first new group serves within 20 s). Quality, against floors
+oracle asked for its new group within 8 s of the burst's start and it served. Quality, against floors
 measured in the same run: tokenfab's goodput (completed within the SLO, of every request intended) is at
 least that of the KV-only policy and of the planner baseline, less 5 points for the noise of 2 shared cores
 (measured: 94.5% against 64.4% and 80.8%). Latency is printed, not asserted.
@@ -21,7 +21,7 @@ import json
 import pytest
 
 from e2e.bench import fleet_bench
-from e2e.fleet import fleet
+from e2e.fleet import fleet, load
 from tokenfab_factory.factory import Factory
 
 pytestmark = pytest.mark.slow
@@ -70,8 +70,14 @@ def test_fleet_benchmark_smoke(operator: Factory, capsys):
     goodput = {name: r["slo"]["goodput_fraction"] or 0.0 for name, r in by.items()}
     floor = max(goodput["tokenfab_kv_only"], goodput["planner_baseline"])
     assert goodput["tokenfab"] >= floor - 0.05, goodput
-    oracle = by["oracle"]["first_serve_s"]
-    assert oracle is not None, "the oracle found the trace's start on the frontend's counter"
-    # (measured: 14.5 s in the committed full run, 16 s in a suite run on 2 shared cores; a policy that
-    # waits for the load to rise serves its first new group 22-33 s into the burst)
-    assert oracle < 20, oracle
+    assert by["oracle"]["first_serve_s"] is not None, "the oracle brought no new group to serve in the burst"
+    # The oracle acts on the trace, not on the load: its decode groups rise at the burst's start. Asserted on
+    # the groups it asked for, not on when they served, which is the machine's group start time (14.5 s in the
+    # committed full run, 16 s in suite runs here, 26 s once in CI on a slower machine).
+    oracle = bench["traces"]["single_burst"]["oracle"]
+    start = load.rises([load.Point(**p) for p in oracle["trace"]])[0]
+    base = next(r["groups"].get("decode") or 0 for r in reversed(oracle["series"]) if r["t"] <= start)
+    rose = [r["t"] for r in oracle["series"] if r["t"] > start and (r["groups"].get("decode") or 0) > base]
+    assert rose, "the oracle never asked for another decode group"
+    # (the committed full run: 3.8 s after the rise, one sampling interval and a reconcile)
+    assert rose[0] - start < 8, (rose[0], start)
