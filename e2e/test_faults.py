@@ -1,10 +1,10 @@
 """Hardware faults on the local AI factory, injected as a real cluster signals them (tokenfab_factory.faults):
 a whole rack lost at once, a node quarantined the way NVIDIA's NVSentinel does, a DRA device taint that
-evicts. The operator re-places lost groups whole at once (force-deleting their pods off the gone Nodes),
-replaces a quarantined node's group before it leaves, keeps new groups off the degraded NVLink domain, and
-names every fault in a condition, a status record and an Event. Times are printed, not asserted: the
-fault benchmark (e2e/bench/fault_bench.py) measures them under load.
-"""
+evicts, a ComputeDomain gone NotReady, a worker whose health endpoint stops answering on a healthy node.
+The operator re-places lost groups whole at once (force-deleting their pods off the gone Nodes), replaces
+a quarantined node's group before it leaves, keeps new groups off the degraded NVLink domain, and names
+every fault in a condition, a status record and an Event. Times are printed, not asserted: the fault
+benchmark (e2e/bench/fault_bench.py) measures them under load."""
 
 from __future__ import annotations
 
@@ -245,3 +245,32 @@ def test_a_compute_domain_gone_not_ready_loses_its_group_and_it_is_re_placed(dep
         assert "ComputeDomainNotReady" in {e["reason"] for e in events(f)}
     finally:
         faults.heal(f)
+
+
+def test_a_worker_that_stops_answering_on_a_healthy_node_loses_its_group(deployed: Factory) -> None:
+    f = deployed
+    wait_for("Ready before the fault", lambda: is_ready(f), timeout=120)
+    victim, pods = decode_group(f)
+    before = {p["metadata"]["uid"] for p in pods}
+    worker = sorted(pods, key=lambda p: p["metadata"]["name"])[-1]
+    node = worker["spec"]["nodeName"]
+    assert worker["spec"]["containers"][0]["startupProbe"]["httpGet"]["path"] == c.HEALTH_PATH
+    time.sleep(2)  # (a kubelet's readiness verdict comes after 3 failed probes 10 s apart, never within 1 s)
+    print("\n" + faults.hang(f, NS, worker["metadata"]["name"]))
+    seen: dict[str, Any] = {}
+    took = watch_until(
+        f, "the hung worker's group re-placed",
+        lambda gs: not any(p["metadata"]["uid"] in before for ps in gs.values() for p in ps)
+        and len(serving(gs, "decode")) == 2, 180, seen,
+    )  # fmt: skip
+    print(f"worker unhealthy: serving again in {took:.1f} s (30 s of readiness grace included)")
+    records = [r for r in md(f)["status"]["faults"] if r["kind"] == "WorkerUnhealthy"]
+    assert records, md(f)["status"]["faults"]
+    r = records[-1]
+    assert (r["group"], r["node"], r["reaction"]) == (victim, node, "Replaced")
+    assert worker["metadata"]["name"] in r["message"]
+    assert r["faultedDomain"] == worker["metadata"]["labels"][c.LABEL_DOMAIN]
+    assert r["replacement"]
+    assert "WorkerUnhealthy" in {e["reason"] for e in events(f)}
+    # Its node was healthy all along: nothing cordoned it, and it takes groups again.
+    assert not get_json(f, "node", node)["spec"].get("unschedulable")

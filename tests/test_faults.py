@@ -473,3 +473,123 @@ def test_a_node_that_faults_again_soon_is_avoided_for_a_growing_while():
         other.on_node("MODIFIED", cordoned)
         other.on_node("MODIFIED", healthy_node)
     assert other.node("n1").faults == ()
+
+
+# ----------------------------------------------------------------------------------------- a hung worker
+
+
+START = "2026-11-26T10:00:00Z"
+
+
+def _worker_pod(started: bool, cr_since: str, cr: str = "False", probe: bool = True) -> dict:
+    ctr = {
+        "name": "worker",
+        **({"startupProbe": {"httpGet": {"path": "/health", "port": "metrics"}}} if probe else {}),
+    }
+    return {
+        "metadata": {"name": "m-decode-0-0", "namespace": "ns"},
+        "spec": {"nodeName": "a-0", "containers": [ctr]},
+        "status": {
+            "phase": "Running",
+            "conditions": [{"type": "ContainersReady", "status": cr, "lastTransitionTime": cr_since}],
+            "containerStatuses": [
+                {
+                    "name": "worker",
+                    "started": started,
+                    "state": {"running": {"startedAt": "2026-11-26T10:00:00Z"}},
+                }
+            ],
+        },
+    }
+
+
+def test_pod_facts_tell_a_worker_that_stopped_answering_from_one_still_loading():
+    from tokenfab.fleet.facts import parse_time, pod_facts
+
+    later = "2026-11-26T10:20:00Z"
+    assert pod_facts(_worker_pod(True, later)).unhealthy_since == parse_time(later)
+    # Still loading: not started (its startup probe has not passed yet).
+    assert pod_facts(_worker_pod(False, "2026-11-26T10:00:00Z")).unhealthy_since is None
+    # Started but never ready since it started (its readiness probe has not run yet): not a fault.
+    assert pod_facts(_worker_pod(True, "2026-11-26T10:00:00Z")).unhealthy_since is None
+    # Ready: healthy.
+    assert pod_facts(_worker_pod(True, later, cr="True")).unhealthy_since is None
+    # No startup probe (a pod made before it had one): `started` says nothing, so nothing is concluded.
+    assert pod_facts(_worker_pod(True, later, probe=False)).unhealthy_since is None
+
+
+def test_a_worker_whose_health_endpoint_keeps_failing_loses_its_group_once_the_grace_is_over():
+    from tests.test_groups import with_pod
+    from tokenfab.planning import recovery
+    from tokenfab.planning.lifecycle import UNHEALTHY_GRACE
+
+    nodes = cluster(a=2, b=2)
+    hung = lambda since: with_pod(group(0, "a-0", "a-1"), 1, ready=False, unhealthy_since=since)  # noqa: E731
+    # Within its grace the group is starting (not serving): nothing is replaced yet.
+    p, _ = plan([hung(NOW - UNHEALTHY_GRACE + 5)], 1, nodes)
+    assert p.states["m-decode-0"] == "starting"
+    assert not p.faults
+    assert p.create == []
+    p, _ = plan([hung(NOW - UNHEALTHY_GRACE - 1)], 1, nodes)
+    assert p.states["m-decode-0"] == "broken"
+    f = p.faults["m-decode-0"]
+    assert (f.node, f.kind, f.sudden, f.domain) == ("a-1", "WorkerUnhealthy", True, "a")
+    assert "m-decode-0-1" in f.message
+    assert "healthy node a-1" in f.message
+    assert p.delete == [Delete("decode", "m-decode-0", "Broken")]
+    assert [(c.replaces, c.reason) for c in p.create] == [("m-decode-0", "Replace")]
+    # Replaced at once, as for a lost node: not an engine that keeps crashing (no role backoff).
+    assert not recovery.recurring(p.broken_reasons["m-decode-0"])
+    recs = fault_report.records([], [p], NOW, name, frozenset())
+    assert (recs[0].kind, recs[0].faulted_domain) == ("WorkerUnhealthy", "a")
+    assert fault_report.condition(recs).reason == "WorkerUnhealthy"
+    # Plain Kubernetes only takes the hung pod out of its Service: the group stays, hung, for ever.
+    from tests.test_groups import BIND, SHAPE, domains_of
+    from tokenfab.planning.groups import plan_role
+    from tokenfab.planning.role_plan import FaultReaction
+
+    g = hung(NOW - 3600)
+    plain, _ = plan_role("decode", 1, NEW, SHAPE, [g], domains_of(nodes, [g]), "pack", healthy(nodes), NOW,
+                         TOL, BIND, reaction=FaultReaction("none"))  # fmt: skip
+    assert (plain.states["m-decode-0"], plain.faults, plain.delete, plain.create) == ("starting", {}, [], [])
+    # A node fault comes first: the same group on a lost node is Lost.
+    health = {n: h for n, h in healthy(nodes).items() if n != "a-0"}
+    assert group_fault(hung(NOW - 100), health, NOW, TOL).kind == "Lost"
+
+
+def _record(domain: str, age: float, kind: str = "WorkerUnhealthy") -> FaultRecord:
+    from tokenfab.planning.status import rfc3339
+
+    return FaultRecord(
+        time=rfc3339(NOW - age), group=f"m-decode-{int(age)}", role="decode", node=f"{domain}-0", kind=kind,
+        reaction="Replaced", faulted_domain=domain,
+    )  # fmt: skip
+
+
+def test_a_domain_where_the_deployments_groups_keep_failing_takes_none_of_them_for_a_while():
+    from tests.test_groups import SHAPE, domains_of
+    from tokenfab.planning.faults import FLAP_BASE
+    from tokenfab.planning.groups import plan_role
+
+    once = [_record("a", 100)]
+    assert fault_report.avoided(once, NOW) == {}
+    twice = [_record("a", 100), _record("a", 5)]
+    avoided = fault_report.avoided(twice, NOW)
+    assert set(avoided) == {"a"}
+    assert "2 times" in avoided["a"]
+    assert fault_report.avoided(twice, NOW - 5 + FLAP_BASE + 1) == {}  # (its backoff ran out)
+    # A maintenance cordon is not a failure of the group.
+    assert fault_report.avoided([_record("a", 100, "Cordoned"), _record("a", 5, "Cordoned")], NOW) == {}
+    # Best fit would choose a (it fits exactly); avoided, the group goes to c.
+    nodes = cluster(a=2, c=4)
+    args = ("decode", 1, NEW, SHAPE, [], domains_of(nodes, []), "pack", healthy(nodes), NOW, TOL)
+    assert plan_role(*args)[0].create[0].domain == "a"
+    p, _ = plan_role(*args, avoid=frozenset({"a"}))
+    assert p.create[0].domain == "c"
+    # With nowhere else to go the group waits (the pass looks again while the backoff runs).
+    only_a = cluster(a=2)
+    p, _ = plan_role("decode", 1, NEW, SHAPE, [], domains_of(only_a, []), "pack", healthy(only_a), NOW, TOL,
+                     avoid=frozenset({"a"}))  # fmt: skip
+    assert (p.create, p.unplaced) == ([], 1)
+    cond = fault_report.condition(twice, avoided)
+    assert "NVLink domain a avoided" in cond.message

@@ -7,13 +7,16 @@ The faults (injected by tokenfab_factory.faults, as a real cluster signals them)
 - node_quarantine: NVSentinel's quarantine of a decode group's node (cordon, annotation, SysLogsXIDError
   condition, NoSchedule taint), then `drain_after_s` later its node drainer evicts every pod there;
 - device_taint: a NoSchedule DRA device taint (DeviceTaintRule) on that node's IMEX channel, made
-  NoExecute `drain_after_s` later (Kubernetes' device taint eviction controller then evicts its pods).
+  NoExecute `drain_after_s` later (Kubernetes' device taint eviction controller then evicts its pods);
+- worker_hang: that group's engine process stopped (SIGSTOP) on a healthy node: its /health stops
+  answering, and the runner, as a kubelet, turns the pod not ready after 3 failed probes (30 s). Not in
+  KINDS (its own results file: `--kinds worker_hang --name faults_worker_hang`).
 
 The contestants, each the operator with another TOKENFAB_FAULT_REACTION (tokenfab.planning.role_plan):
 - tokenfab (replace): announced faults replaced first and drained; lost groups re-placed at once, their
   pods on a gone Node force-deleted;
 - plain (none): plain Kubernetes: nothing moves before the eviction; a lost group's replacement waits for
-  the pod garbage collector to remove its pods;
+  the pod garbage collector to remove its pods; a hung worker's pod only leaves its Service;
 - gang_delete: a lost group deleted whole 30 s after the fault (Grove's gang termination), then replaced.
 
 aiperf plays a steady trace through the frontend; every intended request is counted once (intended =
@@ -27,6 +30,7 @@ gpu_minutes_lost, ...}}}}]}; nothing passes or fails on a time.
 
     python -m e2e.bench.fault_bench                   # 3 kinds x 3 contestants, twice: about 35 minutes
     python -m e2e.bench.fault_bench --smoke --out /tmp/faults   # the suite's short pair
+    python -m e2e.bench.fault_bench --kinds worker_hang --name faults_worker_hang   # about 15 minutes
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from tokenfab_factory.factory import Factory, FactoryConfig
 from tokenfab_factory.racks import CLIQUE_LABEL, RACK_LABEL
 
 KINDS = ("rack_loss", "node_quarantine", "device_taint")
+ANNOUNCED = ("node_quarantine", "device_taint")
 REACTIONS = {"tokenfab": "replace", "plain": "none", "gang_delete": "gang-delete"}
 SMOKE_KINDS = ("rack_loss",)
 SMOKE_CONTESTANTS = ("tokenfab", "plain")
@@ -157,12 +162,17 @@ def target(f: Factory, ns: str) -> tuple[str, list[str]]:
 
 
 def inject(
-    f: Factory, kind: str, node: str, rack: list[str], plan: Plan
+    f: Factory, ns: str, kind: str, node: str, rack: list[str], plan: Plan
 ) -> tuple[set[str], threading.Thread | None]:
     """Start the fault; returns the faulted nodes and the thread that escalates an announced one."""
     if kind == "rack_loss":
         faults.lose(f, rack)
         return set(rack), None
+    if kind == "worker_hang":
+        on_node = [p for p in pods(f, ns) if _role(p) == "decode" and p["spec"].get("nodeName") == node]
+        worker = on_node[0]["metadata"]["name"]
+        print(faults.hang(f, ns, worker), flush=True)
+        return set(), None
     if kind == "node_quarantine":
         faults.quarantine(f, node)
         later = lambda: faults.drain(f, node, timeout=60)  # noqa: E731
@@ -234,7 +244,7 @@ def run_one(
     try:
         time.sleep(plan.warm_s)
         node, rack = target(f, ns)
-        faulted, escalation = inject(f, kind, node, rack, plan)
+        faulted, escalation = inject(f, ns, kind, node, rack, plan)
         samples = observe(f, ns, faulted, full, plan.after_s)
         if escalation is not None:
             escalation.join(timeout=90)
@@ -255,7 +265,7 @@ def run_one(
     fleet.delete_deployment(f, ns, NAME)
     return {
         "requests": requests,
-        **figures(samples, full, kind != "rack_loss", plan.drain_after_s),
+        **figures(samples, full, kind in ANNOUNCED, plan.drain_after_s),
         "fault": {"kind": kind, "node": node, "nodes": len(rack) if kind == "rack_loss" else 1},
         "fault_records": status.get("faults", []),
         "event_reasons": reasons,
@@ -317,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="one short pair: rack loss, tokenfab and plain")
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--kinds", default=",".join(KINDS))
+    ap.add_argument("--name", default="faults", help="results file name (without .json)")
     ap.add_argument("--port-base", type=int, default=30400)
     ap.add_argument(
         "--out", type=Path, default=record.RESULTS, help="directory (faults.json, faults_smoke.json)"
@@ -341,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         }  # fmt: skip
     finally:
         f.down()
-    name = "faults_smoke" if a.smoke else "faults"
+    name = "faults_smoke" if a.smoke else a.name
     path = record.save(name, result, a.out, "e2e.bench.fault_bench", argv, started)
     print(table(result))
     print(f"saved {path}")

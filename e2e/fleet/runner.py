@@ -113,6 +113,7 @@ class Proc:
     out_of_routing: bool = False  # its pod's routable gate is False (the EndpointSlice says not ready)
     target: dict[str, str] = field(default_factory=dict)  # its Prometheus target's discovery labels
     node: str = ""  # the node its pod is bound to (when that Node is gone, the process dies at once)
+    failing_since: float | None = None  # its health endpoint has not answered since (once it had)
 
 
 class PortPool:
@@ -509,10 +510,15 @@ class Runner:
         elif proc is None or proc.uid != pod["metadata"]["uid"]:
             healthy = False  # not started yet (a cold start) or restarting
         else:
-            healthy = http_ok(proc.health_url)
+            healthy = self.readiness(proc, pod, conds.get("ContainersReady") is True)
         gates = [g.get("conditionType") for g in (pod.get("spec") or {}).get("readinessGates") or []]
         ready = healthy and all(conds.get(g) is True for g in gates)
-        if conds.get("ContainersReady") == healthy and conds.get("Ready") == ready:
+        # A container with a startup probe is `started` from its first healthy answer until it ends.
+        had = {s.get("name"): s for s in status.get("containerStatuses") or []}
+        was = {name: bool(s.get("started")) for name, s in had.items()}
+        names = [ctr["name"] for ctr in pod["spec"].get("containers") or []]
+        started = {name: was.get(name, False) or healthy for name in names}
+        if conds.get("ContainersReady") == healthy and conds.get("Ready") == ready and started == was:
             return
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
@@ -529,8 +535,10 @@ class Runner:
         patch = {
             "status": {
                 "conditions": [cond("ContainersReady", healthy), cond("Ready", ready)],
+                # (the whole list, as a kubelet writes it: a status patch replaces it, no merge key)
                 "containerStatuses": [
-                    {"name": ctr["name"], "ready": healthy} for ctr in pod["spec"].get("containers") or []
+                    {**had.get(name, {"name": name}), "ready": healthy, "started": on}
+                    for name, on in started.items()
                 ],
             }
         }
@@ -559,6 +567,22 @@ class Runner:
             print(f"runner: readiness of {key} not written: {exc}", file=sys.stderr, flush=True)
             return
         print(f"runner: {key} ContainersReady={healthy} Ready={ready}", flush=True)
+
+    @staticmethod
+    def readiness(proc: Proc, pod: dict[str, Any], was_ready: bool) -> bool:
+        """The readiness probe's verdict, as the kubelet's: a ready container turns not ready only once its
+        probe has failed failureThreshold times periodSeconds apart (3 x 10 s by default), not on the
+        first slow answer."""
+        if http_ok(proc.health_url):
+            proc.failing_since = None
+            return True
+        if not was_ready:
+            return False
+        now = time.monotonic()
+        proc.failing_since = proc.failing_since or now
+        probe = next((ctr.get("readinessProbe") or {} for ctr in pod["spec"].get("containers") or []), {})
+        window = float(probe.get("failureThreshold", 3)) * float(probe.get("periodSeconds", 10))
+        return now - proc.failing_since < window
 
     # ------------------------------------------------------------------ routing and termination
     def record_counters(self, proc: Proc, when: str) -> None:

@@ -225,6 +225,20 @@ def break_domain(
 
 
 @fault_app.command()
+def hang(
+    pod: Annotated[str, typer.Argument(help="NAMESPACE/POD of a worker.")],
+    run_dir: RunDir = None,
+) -> None:
+    """Make a worker stop answering its health endpoint while its node stays healthy (a hung engine)."""
+    from tokenfab_factory import faults
+
+    namespace, _, name = pod.partition("/")
+    if not name:
+        raise typer.BadParameter("give NAMESPACE/POD")
+    typer.echo(faults.hang(_running(run_dir), namespace, name))
+
+
+@fault_app.command()
 def heal(node: NodeArg = None, run_dir: RunDir = None) -> None:
     """Undo injected faults on a node (default: all): lost Nodes back, quarantines lifted, taints removed."""
     from tokenfab_factory import faults

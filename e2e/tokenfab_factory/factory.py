@@ -57,9 +57,10 @@ KWOK_STAGES = (
     "pod/fast/pod-delete.yaml",
 )
 # Pods in namespaces named live-* are run by the fleet runner (e2e/fleet/runner.py), which plays their
-# kubelet's probes: kwok starts them (Running, containers started) but leaves them not ready, and the runner
-# sets ContainersReady when the engine's /health answers and Ready when the readiness gates hold too, as a
-# kubelet does. Everywhere else kwok's fast stage makes a pod Ready (and its readiness gates True) at once.
+# kubelet's probes: kwok starts them (Running; a container with a startup probe not `started` yet) but leaves
+# them not ready, and the runner sets `started` and ContainersReady when the engine's /health answers and
+# Ready when the readiness gates hold too, as a kubelet does. Everywhere else kwok's fast stage makes a pod
+# Ready (and its readiness gates True) at once.
 # Both give the pod an IP from POD_CIDR, as a kubelet would: the EndpointSlice controller lists a pod only
 # with one (Dynamo's kubernetes discovery never connects to it: its addresses come from DynamoWorkerMetadata).
 LIVE_NAMESPACE_PREFIX = "live-"
@@ -107,7 +108,7 @@ spec:
       - image: {{ .image | Quote }}
         name: {{ .name | Quote }}
         ready: false
-        started: true
+        started: {{ if .startupProbe }}false{{ else }}true{{ end }}
         restartCount: 0
         state:
           running:

@@ -13,12 +13,19 @@ signals it (`tokenfab factory fault ...`), and healed again.
   default), NoSchedule or NoExecute (Kubernetes' device taint eviction controller then evicts its pods);
 - break-domain: a group's ComputeDomain turned NotReady (its IMEX daemons failed) by the simulated DRA
   driver;
+- hang: a worker whose engine stops answering while its node stays healthy (a hung NCCL communicator after
+  an Xid, a wedged GPU no health system flagged): a process the fleet runner runs is stopped (SIGSTOP), so
+  its /health times out and the runner, as the kubelet, turns the pod not ready; any other pod gets the
+  status a kubelet writes when a readiness probe fails after the startup probe passed;
 - heal: everything above undone (lost Nodes re-created, quarantines lifted, the injector's rules deleted).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -155,11 +162,47 @@ def break_domain(f: Factory, namespace: str, name: str) -> None:
     )
 
 
+def hang(f: Factory, namespace: str, pod: str) -> str:
+    """Make a worker stop answering its health endpoint; returns what was done."""
+    # (the fleet runner's state, e2e/fleet/runner.py: its processes by <namespace>/<pod>)
+    with contextlib.suppress(OSError, ValueError):
+        state = json.loads((f.run / "fleet" / "state.json").read_text())
+        proc = (state.get("processes") or {}).get(f"{namespace}/{pod}")
+        if proc and state.get("running"):
+            os.kill(int(proc["pid"]), signal.SIGSTOP)
+            stopped = _saved(f).parent / "stopped"
+            stopped.mkdir(exist_ok=True)
+            (stopped / str(proc["pid"])).write_text(f"{namespace}/{pod}")
+            return f"process {proc['pid']} of {namespace}/{pod} stopped"
+    core = client.CoreV1Api(f.api())
+    obj = core.read_namespaced_pod(pod, namespace)
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    failed = {"status": "False", "reason": "ContainersNotReady", "lastTransitionTime": now,
+              "message": "containers with unready status: [worker]"}  # fmt: skip
+    patch = {
+        "status": {
+            "conditions": [{"type": "ContainersReady", **failed}, {"type": "Ready", **failed}],
+            # (the whole list: a status patch replaces it, there is no merge key)
+            "containerStatuses": [
+                {**s, "ready": False, "started": True}
+                for s in client.ApiClient().sanitize_for_serialization(obj.status.container_statuses or [])
+            ],
+        }
+    }
+    core.patch_namespaced_pod_status(pod, namespace, patch)
+    return f"pod {namespace}/{pod}: readiness probe failing (ContainersReady False)"
+
+
 def heal(f: Factory, names: list[str] | None = None) -> list[str]:
     """Undo the faults on these nodes (None: every node the injector touched). Returns what was done."""
     api = f.api()
     core = client.CoreV1Api(api)
     done: list[str] = []
+    for stopped in sorted((_saved(f).parent / "stopped").glob("*")) if names is None else []:
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(stopped.name), signal.SIGCONT)
+            done.append(f"process {stopped.name} of {stopped.read_text()} continued")
+        stopped.unlink()
     saved = {p.stem: p for p in _saved(f).glob("*.json")}
     for name in sorted(saved if names is None else set(names) & set(saved)):
         obj = json.loads(saved[name].read_text())

@@ -23,6 +23,7 @@ def pod_view(p: PodFacts) -> PodView:
         claims_pending=p.claims_pending,
         pinned=p.pinned,
         exit_message=p.exit_message,
+        unhealthy_since=p.unhealthy_since,
     )
 
 

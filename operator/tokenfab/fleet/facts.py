@@ -89,6 +89,7 @@ class PodFacts:
     containers_ready: bool = False
     routable: bool | None = None  # the tokenfab.dev/routable readiness gate's condition (None: not set)
     claims_pending: bool = False  # a ResourceClaim of one of its templates not made yet
+    unhealthy_since: float | None = None  # its health endpoint stopped answering after it had served
 
     @property
     def terminal(self) -> bool:
@@ -157,7 +158,26 @@ def pod_facts(obj: Obj) -> PodFacts:
         containers_ready=conds.get("ContainersReady", {}).get("status") == "True",
         routable=None if routable is None else routable.get("status") == "True",
         claims_pending=_claims_pending(spec, status),
+        unhealthy_since=_unhealthy_since(spec, status, conds.get("ContainersReady", {})),
     )
+
+
+def _unhealthy_since(spec: Obj, status: Obj, containers_ready: Obj) -> float | None:
+    """When a running pod's health endpoint stopped answering after it had served: its containers passed
+    their startup probes (`started`: only a container with one says when) and were ready, then a readiness
+    probe failed (ContainersReady False since a time after the containers started; False since their
+    start means never ready yet, i.e. still loading). None otherwise."""
+    if status.get("phase") != "Running" or containers_ready.get("status") != "False":
+        return None
+    probed = {ctr.get("name") for ctr in spec.get("containers") or [] if ctr.get("startupProbe")}
+    statuses = [s for s in status.get("containerStatuses") or [] if s.get("name") in probed]
+    if not probed or len(statuses) != len(probed) or not all(s.get("started") for s in statuses):
+        return None
+    since = parse_time(containers_ready.get("lastTransitionTime"))
+    starts = [parse_time(((s.get("state") or {}).get("running") or {}).get("startedAt")) for s in statuses]
+    if since is None or any(t is None for t in starts):
+        return None
+    return since if since > max(t for t in starts if t is not None) + 1.0 else None
 
 
 def _claims_pending(spec: Obj, status: Obj) -> bool:

@@ -11,9 +11,10 @@ are the Events (a Warning naming the node and the fault, then a Normal with the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from tokenfab.api.models import Condition, FaultRecord
+from tokenfab.planning.faults import flapping
 from tokenfab.planning.groups import Create, RolePlan
 from tokenfab.planning.scaler.memory import parse
 from tokenfab.planning.status import rfc3339
@@ -29,6 +30,7 @@ REASONS = {
     "Cordoned": "NodeCordoned",
     "DeviceTainted": "DeviceTainted",
     "ComputeDomainNotReady": "ComputeDomainNotReady",
+    "WorkerUnhealthy": "WorkerUnhealthy",
 }
 
 
@@ -102,6 +104,7 @@ def records(
                     group=group,
                     role=p.role,
                     node=f.node,
+                    faulted_domain=f.domain or None,
                     kind=f.kind,
                     message=f.message[:300],
                     reaction="Replaced" if f.sudden else "Evacuated",
@@ -130,9 +133,29 @@ def records(
     return out[-KEEP:]
 
 
-def condition(recs: Sequence[FaultRecord]) -> Condition:
-    """HardwareFault: True while a faulted group's replacement does not serve yet."""
+def avoided(recs: Sequence[FaultRecord], now: float) -> dict[str, str]:
+    """The NVLink domains where the deployment's groups keep failing, while their backoff runs: domain ->
+    why. A group that faults again in the domain it was lost in moves: the second fault there within
+    FLAP_WINDOW keeps new groups out for FLAP_BASE seconds, each further one twice as long (as a flapping
+    node, tokenfab.planning.faults). A cordon (maintenance) does not count."""
+    onsets: dict[str, list[float]] = {}
+    for r in recs:
+        t = parse(r.time)
+        if r.faulted_domain and t is not None and r.kind != "Cordoned":
+            onsets.setdefault(r.faulted_domain, []).append(t)
+    out = {}
+    for domain, times in sorted(onsets.items()):
+        f = flapping(times, now)
+        if f is not None:
+            out[domain] = f"this deployment's groups {f.message}"
+    return out
+
+
+def condition(recs: Sequence[FaultRecord], avoiding: Mapping[str, str] | None = None) -> Condition:
+    """HardwareFault: True while a faulted group's replacement does not serve yet (its message names the
+    domains new groups avoid)."""
     active = [r for r in recs if _open(r)]
+    avoid = "".join(f"; NVLink domain {d} avoided: {why}" for d, why in sorted((avoiding or {}).items()))
     if active:
         latest = active[-1]
         parts = []
@@ -148,7 +171,7 @@ def condition(recs: Sequence[FaultRecord]) -> Condition:
             type="HardwareFault",
             status="True",
             reason=REASONS.get(latest.kind, "NodeFault"),
-            message="; ".join(parts)[:900],
+            message=("; ".join(parts) + avoid)[:900],
         )
     if recs:
         last = recs[-1]
@@ -158,6 +181,7 @@ def condition(recs: Sequence[FaultRecord]) -> Condition:
             status="False",
             reason="Recovered",
             message=f"last fault: group {last.group}, {last.message} ({last.kind}); serving again{took}"
-            + (f" with {last.replacement} in NVLink domain {last.domain}" if last.replacement else ""),
+            + (f" with {last.replacement} in NVLink domain {last.domain}" if last.replacement else "")
+            + avoid,
         )
     return Condition(type="HardwareFault", status="False", reason="NoFault", message="no hardware fault seen")

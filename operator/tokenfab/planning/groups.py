@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from tokenfab.api.models import RoleName
 from tokenfab.planning.lifecycle import (
     ALIVE,
+    UNHEALTHY_GRACE,
     GroupFault,
     GroupState,
     GroupView,
@@ -99,11 +100,16 @@ class _Judge:
     bind_timeout: float
     reaction: FaultReaction = field(default_factory=FaultReaction)
 
+    @property
+    def grace(self) -> float:
+        """How long a hung worker keeps its group (for ever the plain Kubernetes way)."""
+        return float("inf") if self.reaction.mode == "none" else UNHEALTHY_GRACE
+
     def classify(self, g: GroupView) -> tuple[GroupState, str]:
-        return classify(g, self.nodes, self.now, self.toleration, self.bind_timeout)
+        return classify(g, self.nodes, self.now, self.toleration, self.bind_timeout, self.grace)
 
     def fault(self, g: GroupView) -> GroupFault | None:
-        return group_fault(g, self.nodes, self.now, self.toleration)
+        return group_fault(g, self.nodes, self.now, self.toleration, self.grace)
 
 
 @dataclass(frozen=True)
@@ -125,18 +131,20 @@ class _Placer:
     policy: PlacementPolicy
     used_slots: set[int]
     per_domain: dict[str, int]  # alive groups per domain (placement may spread them)
+    avoid: frozenset[str] = frozenset()  # domains where this deployment's groups keep failing
 
     def place(self, reason: str, replaces: str = "") -> bool:
         plan, shape = self.plan, self.plan.shape
         if plan.backoff > 0:
             return False
-        chosen = choose_domain(self.domains, shape, self.policy, self.per_domain)
+        open_domains = {k: v for k, v in self.domains.items() if k not in self.avoid}
+        chosen = choose_domain(open_domains, shape, self.policy, self.per_domain)
         targets = (
             None if chosen is None else best_fit_nodes(self.domains[chosen].free, shape.nodes, shape.pod_gpus)
         )
         if chosen is None or targets is None:
             plan.unplaced = 1  # the caller counts the rest
-            plan.largest_block = largest_block(self.domains, shape)
+            plan.largest_block = largest_block(open_domains, shape)
             return False
         slot = next(i for i in range(len(self.used_slots) + 1) if i not in self.used_slots)
         self.used_slots.add(slot)
@@ -174,29 +182,30 @@ def plan_role(
     retired: bool = False,
     others_short: bool = False,
     reaction: FaultReaction | None = None,
+    avoid: frozenset[str] = frozenset(),
 ) -> tuple[RolePlan, dict[str, Domain]]:
     """Plan one role. Returns the plan and the domains with this plan's new pods taken out.
 
-    `hold_seconds` > 0 (the role's groups keep failing: see tokenfab.planning.recovery) creates no new
-    group in this pass; broken groups are still deleted, and interrupted ones still completed. It may be
-    a function of the reasons of the groups this pass finds broken (so this pass's failures count).
+    `hold_seconds` > 0 (the role's groups keep failing: tokenfab.planning.recovery; a function of this
+    pass's broken groups' reasons) creates no new group (broken ones are deleted, interrupted ones done).
 
     Groups leave through `drain` (see DrainPolicy). A rollout brings up groups of the new revision (a
     generation) wherever capacity allows; once the generation is ready (every role of the deployment has
     a serving group of it) the old groups are drained: all of them when the new ones all serve, or as
-    many as new groups could not be placed (making room, batch by batch). `other_roles_ready` says whether
-    the deployment's other roles have a serving group of the new generation.
+    many as new groups could not be placed (making room, batch by batch); `other_roles_ready`: the other
+    roles have a serving group of the new generation.
 
     A `retired` role (it left the spec: serving.mode changed) keeps its groups serving until every role
     of the spec has a serving group (`other_roles_ready`); while the spec's new groups find no room
-    (`others_short`) it gives up one group at a time, as long as another of its groups still serves."""
+    (`others_short`) it gives up one group at a time, as long as another of its groups still serves. New
+    groups stay out of the `avoid` domains (see tokenfab.planning.fault_report.avoided)."""
     leave = drain or DrainPolicy()
     judge = _Judge(nodes, now, toleration, bind_timeout, reaction or FaultReaction())
     plan = RolePlan(role=role, desired=desired, revision=revision, shape=shape)
     alive, domains = _classify_groups(plan, groups, domains, judge)
     hold = hold_seconds(list(plan.broken_reasons.values())) if callable(hold_seconds) else hold_seconds
     plan.backoff = max(0.0, hold)
-    placer = _Placer(plan, domains, policy, {g.slot for g in groups}, _per_domain(alive))
+    placer = _Placer(plan, domains, policy, {g.slot for g in groups}, _per_domain(alive), avoid)
     counted = [g for g in alive if plan.states[g.name] != "draining"]
     _note_moving(plan, groups, alive, judge)
     _settle_draining(plan, alive, counted, judge, leave)

@@ -11,8 +11,9 @@
 - draining: chosen for removal and out of routing, waiting for in-flight requests.
 - deleting: every pod is terminating.
 - broken: a pod failed or vanished, a node was lost (gone, not ready past the toleration, or its pods
-  evicted by a NoExecute taint), or the group could not bind in time; the whole group is deleted and
-  placed again.
+  evicted by a NoExecute taint), a worker's health endpoint kept failing on a healthy node after it had
+  served (`UNHEALTHY_GRACE` past its readiness probe's verdict), or the group could not bind in time; the
+  whole group is deleted and placed again.
 
 A group on a node with an announced fault (`NodeHealth.fault`) keeps its state: tokenfab.planning.groups
 replaces it first and drains it once the replacement serves.
@@ -44,6 +45,10 @@ TRANSITIONS: dict[GroupState, frozenset[GroupState]] = {
     "broken": frozenset({"broken", "deleting"}),
     "deleting": frozenset({"deleting"}),
 }
+# Seconds a worker's health endpoint may fail (after its readiness probe's own 3 x 10 s) before its group
+# counts as lost: an engine that stops answering /health while its node is healthy (a hung NCCL
+# communicator after an Xid, a wedged GPU no health system flagged) does not recover on its own.
+UNHEALTHY_GRACE = 30.0
 # States that hold capacity and count as one of the role's groups.
 ALIVE: frozenset[GroupState] = frozenset({"reserved", "starting", "serving", "draining"})
 
@@ -64,6 +69,9 @@ class PodView:
     claims_pending: bool = False  # a ResourceClaim from one of its templates not made yet
     pinned: str | None = None  # the node placement assigned it (it may bind nowhere else)
     exit_message: str = ""  # why its container ended, when it did
+    # When its health endpoint stopped answering after it had served (its container passed the startup
+    # probe and was ready, then the readiness probe failed); None: healthy, or never ready yet.
+    unhealthy_since: float | None = None
 
 
 @dataclass(frozen=True)
@@ -87,12 +95,14 @@ class NodeHealth:
 @dataclass(frozen=True)
 class GroupFault:
     """A fault on a node of a group: the node, what (Lost, NotReady, Evicting, Quarantined, Cordoned,
-    DeviceTainted), the signal's words, and whether the group is lost (sudden) or moves (announced)."""
+    DeviceTainted, WorkerUnhealthy), the signal's words, and whether the group is lost (sudden) or moves
+    (announced)."""
 
     node: str
     kind: str
     message: str
     sudden: bool
+    domain: str = ""  # the group's NVLink domain
 
 
 @dataclass(frozen=True)
@@ -119,40 +129,58 @@ def missing_ranks(group: GroupView) -> list[int]:
     return sorted(set(range(group.size)) - ranks)
 
 
+def _lost(
+    pods: list[PodView], nodes: Mapping[str, NodeHealth], now: float, toleration: float, grace: float
+) -> str:
+    """Why the group is lost ("" when it is not): a pod failed or is being deleted, its node is gone, not
+    ready past the toleration or evicting, the node it was assigned can no longer take it, or a worker's
+    health endpoint kept failing."""
+    for p in pods:
+        if p.deleting:
+            return f"pod {p.name} is being deleted"
+        if p.phase in ("Failed", "Succeeded"):
+            why = f": {p.exit_message}" if p.exit_message else ""
+            return f"pod {p.name} {p.phase.lower()}{why}"
+        if p.node is not None:
+            health = nodes.get(p.node)
+            if health is None:
+                return f"node {p.node} of pod {p.name} is gone"
+            if health.sudden is not None:
+                f = health.sudden
+                return f"node {p.node} of pod {p.name}: {f.kind.lower()}, {f.message}"
+            if not health.ready and (
+                health.not_ready_since is None or now - health.not_ready_since >= toleration
+            ):
+                return f"node {p.node} of pod {p.name} is not ready"
+        elif p.pinned is not None:
+            health = nodes.get(p.pinned)
+            if health is None:
+                return f"node {p.pinned} assigned to pod {p.name} is gone"
+            if not health.ready or not health.schedulable:
+                return f"node {p.pinned} assigned to pod {p.name} can no longer take it"
+    for p in pods:
+        if _unhealthy(p, now, grace):
+            return _unhealthy_words(p, now)
+    return ""
+
+
 def classify(
     group: GroupView,
     nodes: Mapping[str, NodeHealth],
     now: float,
     toleration: float,
     bind_timeout: float = float("inf"),
+    unhealthy_grace: float = UNHEALTHY_GRACE,
 ) -> tuple[GroupState, str]:
-    """The group's state and, when broken, why (when starting, why it waits, if a pod says)."""
+    """The group's state and, when broken, why (when starting, why it waits, if a pod says).
+    `unhealthy_grace` inf: a hung worker never loses its group (plain Kubernetes, which only takes a
+    failing readiness probe's pod out of its Service)."""
     if group.pods and all(p.deleting for p in group.pods):
         return "deleting", "being deleted"
     pods = sorted(group.pods, key=lambda p: p.rank)
-    for p in pods:
-        if p.deleting:
-            return "broken", f"pod {p.name} is being deleted"
-        if p.phase in ("Failed", "Succeeded"):
-            why = f": {p.exit_message}" if p.exit_message else ""
-            return "broken", f"pod {p.name} {p.phase.lower()}{why}"
-        if p.node is not None:
-            health = nodes.get(p.node)
-            if health is None:
-                return "broken", f"node {p.node} of pod {p.name} is gone"
-            if health.sudden is not None:
-                f = health.sudden
-                return "broken", f"node {p.node} of pod {p.name}: {f.kind.lower()}, {f.message}"
-            if not health.ready and (
-                health.not_ready_since is None or now - health.not_ready_since >= toleration
-            ):
-                return "broken", f"node {p.node} of pod {p.name} is not ready"
-        elif p.pinned is not None:
-            health = nodes.get(p.pinned)
-            if health is None:
-                return "broken", f"node {p.pinned} assigned to pod {p.name} is gone"
-            if not health.ready or not health.schedulable:
-                return "broken", f"node {p.pinned} assigned to pod {p.name} can no longer take it"
+    lost = _lost(pods, nodes, now, toleration, unhealthy_grace)
+    if lost:
+        return "broken", lost
     missing = missing_ranks(group)
     if missing:
         # A pinned pod binds only once every rank of its group exists (gates are lifted, or the PodGroup
@@ -177,31 +205,56 @@ def classify(
         return "draining", ""
     if all(p.ready and p.phase == "Running" for p in pods):
         return "serving", ""
+    sick = next((p for p in pods if p.unhealthy_since is not None), None)
+    if sick is not None:  # (lost once UNHEALTHY_GRACE is over)
+        return "starting", _unhealthy_words(sick, now)
     return "starting", next((p.waiting for p in pods if p.waiting and not p.ready), "")
 
 
+def _unhealthy(p: PodView, now: float, grace: float) -> bool:
+    since = p.unhealthy_since
+    return since is not None and p.phase == "Running" and now - since >= grace
+
+
+def _unhealthy_words(p: PodView, now: float) -> str:
+    since = p.unhealthy_since or now
+    return f"pod {p.name}'s health endpoint has not answered for {now - since:.0f} s on healthy node {p.node}"
+
+
 def group_fault(
-    group: GroupView, nodes: Mapping[str, NodeHealth], now: float, toleration: float
+    group: GroupView,
+    nodes: Mapping[str, NodeHealth],
+    now: float,
+    toleration: float,
+    unhealthy_grace: float = UNHEALTHY_GRACE,
 ) -> GroupFault | None:
     """The first fault on a node the group's pods are bound to: a sudden one (the node gone, not ready
-    past the toleration, evicting) before an announced one (cordoned, quarantined, a device tainted)."""
+    past the toleration, evicting) before an announced one (cordoned, quarantined, a device tainted); with
+    no node fault, a worker whose health endpoint keeps failing (sudden: the group is lost)."""
     announced: GroupFault | None = None
-    for p in sorted(group.pods, key=lambda p: p.rank):
+    d = group.domain
+    pods = sorted(group.pods, key=lambda p: p.rank)
+    for p in pods:
         if p.node is None:
             continue
         health = nodes.get(p.node)
         if health is None:
-            return GroupFault(p.node, "Lost", f"node {p.node} is gone", True)
+            return GroupFault(p.node, "Lost", f"node {p.node} is gone", True, d)
         if not health.ready and (
             health.not_ready_since is None or now - health.not_ready_since >= toleration
         ):
-            return GroupFault(p.node, "NotReady", f"node {p.node} is not ready", True)
+            return GroupFault(p.node, "NotReady", f"node {p.node} is not ready", True, d)
         if health.sudden is not None:
-            return GroupFault(p.node, health.sudden.kind, f"node {p.node}: {health.sudden.message}", True)
+            return GroupFault(p.node, health.sudden.kind, f"node {p.node}: {health.sudden.message}", True, d)
         if announced is None and health.announced is not None:
             f = health.announced
-            announced = GroupFault(p.node, f.kind, f"node {p.node}: {f.message}", False)
-    return announced
+            announced = GroupFault(p.node, f.kind, f"node {p.node}: {f.message}", False, d)
+    if announced is not None:
+        return announced
+    sick = next((p for p in pods if p.node is not None and _unhealthy(p, now, unhealthy_grace)), None)
+    if sick is not None and sick.node is not None:
+        return GroupFault(sick.node, "WorkerUnhealthy", _unhealthy_words(sick, now), True, d)
+    return None
 
 
 def allowed(before: GroupState, after: GroupState) -> bool:

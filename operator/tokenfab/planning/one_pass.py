@@ -28,7 +28,7 @@ from tokenfab.api.models import (
 from tokenfab.planning import builders as b
 from tokenfab.planning import fault_report, recovery
 from tokenfab.planning.groups import DrainPolicy, RolePlan, plan_role
-from tokenfab.planning.lifecycle import GroupView, NodeHealth, classify
+from tokenfab.planning.lifecycle import UNHEALTHY_GRACE, GroupView, NodeHealth, classify
 from tokenfab.planning.role_plan import FaultReaction
 from tokenfab.planning.room import Capacity, LazyDomains, Reservation, Room
 from tokenfab.planning.scaler import Outcome, autoscale, next_due
@@ -215,6 +215,7 @@ class RoleInputs:
     holds: Mapping[str, Callable[[list[str]], float]] = field(default_factory=dict)
     drain: DrainPolicy | None = None
     reaction: FaultReaction = field(default_factory=FaultReaction)
+    avoid: frozenset[str] = frozenset()  # NVLink domains where the deployment's groups keep failing
 
 
 def _plan_one(
@@ -246,6 +247,7 @@ def _plan_one(
         retired=not in_spec,
         others_short=others_short,
         reaction=x.reaction,
+        avoid=x.avoid,
     )
     why = x.blocked.get(role, "") if in_spec and plan.create else ""
     if why:
@@ -345,6 +347,7 @@ def plan(s: Snapshot) -> Plan:
     inputs = RoleInputs(
         spec, desired, s.groups, s.health, s.now, s.bind_timeout, s.blocked,
         {role: _hold(old.get(role), s.now) for role in PLAN_ORDER}, s.drain, s.reaction,
+        frozenset(fault_report.avoided(s.md.status.faults if s.md.status else [], s.now)),
     )  # fmt: skip
     roles = plan_roles(inputs, capacity, commit=capacity.reserve)
     return Plan(
@@ -377,7 +380,8 @@ def orphans(s: Snapshot) -> tuple[str, ...]:
 
 def requeue_after(s: Snapshot, roles: list[RolePlan]) -> float | None:
     """When time alone (no event) may change this deployment's plan: the autoscaler's next evaluation,
-    a binding deadline, a node's toleration running out."""
+    a binding deadline, a node's toleration running out, a hung worker's grace, an avoided domain's backoff
+    (looked at every 10 s while a group waits for room)."""
     waits: list[float] = []
     due = next_due(s.md, s.now, s.urgent_kept)
     if due is not None:
@@ -390,7 +394,11 @@ def requeue_after(s: Snapshot, roles: list[RolePlan]) -> float | None:
             h = s.health.get(p.node or "")
             if h is not None and not h.ready and h.not_ready_since is not None:
                 waits.append(h.not_ready_since + tol - s.now)
+            if p.unhealthy_since is not None:  # (a hung worker's group is lost once its grace is over)
+                waits.append(p.unhealthy_since + UNHEALTHY_GRACE - s.now)
     if any(p.waiting or p.unbound for p in roles):
+        waits.append(10.0)
+    if any(p.unplaced for p in roles) and s.md.status and fault_report.avoided(s.md.status.faults, s.now):
         waits.append(10.0)
     if any(p.held for p in roles):  # (a lost group waits for its pods to go, or for its delay)
         waits.append(1.0)
@@ -453,7 +461,7 @@ def settle(s: Snapshot, p: Plan, written: Written) -> tuple[ModelDeploymentStatu
         extra=[
             *(outcome.conditions if outcome else ()),
             *filter(None, [s.planned]),
-            fault_report.condition(faults),
+            fault_report.condition(faults, fault_report.avoided(faults, s.now)),
         ],
     )
     status.profile = s.profile

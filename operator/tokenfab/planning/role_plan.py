@@ -103,7 +103,8 @@ class FaultReaction:
     - none (plain Kubernetes, a baseline of the fault benchmark): announced faults are not acted on (a
       group leaves when its pods are evicted); pods on a gone Node wait for the pod garbage collector, and
       a broken group's replacement waits until its pods are gone, as a StatefulSet or LeaderWorkerSet
-      recreates a pod only once the old one is deleted.
+      recreates a pod only once the old one is deleted; a hung worker (its readiness probe failing) only
+      leaves its Service, and its group stays.
     - gang-delete (Grove's gang termination, a baseline): a group lost to a sudden fault is deleted whole
       `delay` seconds after the fault was seen (`seen`, from the status's fault records), then replaced;
       announced faults are not acted on; nothing is force-deleted."""

@@ -176,12 +176,18 @@ class FaultRecord(StatusModel):
     kind: str = Field(
         description="Lost (the Node gone), NotReady (past the toleration), Evicting (a NoExecute taint), "
         "Quarantined (a GPU health system's taint, condition or annotation), Cordoned, DeviceTainted "
-        "(a DRA device taint), or ComputeDomainNotReady (the group's IMEX domain failed)."
+        "(a DRA device taint), ComputeDomainNotReady (the group's IMEX domain failed), or WorkerUnhealthy "
+        "(a worker's health endpoint stopped answering after it had served, its node healthy)."
     )
     message: str = Field(default="", description="The signal's own words (the taint, the condition).")
     reaction: Literal["Replaced", "Evacuated"] = Field(
         description="Replaced: the group was lost and re-placed whole at once. Evacuated: a replacement "
         "was started first, then the group drained."
+    )
+    faulted_domain: str | None = Field(
+        default=None,
+        description="The NVLink domain the faulted group was in (two faults there within 10 min keep the "
+        "deployment's new groups out of it for a while).",
     )
     replacement: str | None = Field(default=None, description="The group that replaces it.")
     domain: str | None = Field(default=None, description="The replacement's NVLink domain.")

@@ -37,6 +37,7 @@ from tokenfab.planning.builders.probes import (
     termination_grace_seconds,
     worker_lifecycle,
     worker_readiness_probe,
+    worker_startup_probe,
 )
 from tokenfab.planning.builders.roles import group_shape, worker_resources
 from tokenfab.planning.builders.security import POD_SECURITY, container_security, pod_identity
@@ -168,6 +169,7 @@ def _container(g: _Group, rank: int) -> dict[str, Any]:
             {"name": "metrics", "containerPort": c.WORKER_METRICS_PORT},
             *([{"name": "mpi-ssh", "containerPort": c.MPI_SSH_PORT}] if multi_node else []),
         ],
+        "startupProbe": worker_startup_probe(),
         "readinessProbe": worker_readiness_probe(),
         "resources": {"requests": g.requests, "limits": g.limits, **container_claims(g.spec, g.role)},
         "securityContext": container_security(g.spec),

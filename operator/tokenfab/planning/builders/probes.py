@@ -21,6 +21,24 @@ def worker_readiness_probe() -> dict[str, Any]:
     }
 
 
+# A worker may load its weights for this long before the kubelet gives up on it (its pod fails, and the
+# group is replaced): 720 probes 10 s apart, 2 hours (a DeepSeek-R1 download from a hub takes minutes to
+# tens of minutes).
+STARTUP_PROBES = 720
+
+
+def worker_startup_probe() -> dict[str, Any]:
+    """Started once the worker's health endpoint first answers: from then on a failing readiness probe
+    means the engine stopped serving (tokenfab.planning.lifecycle counts it as a fault of the group once it
+    lasts), not that it is still loading. Without it the kubelet says `started` as soon as the container
+    runs, and a loading worker could not be told from a hung one."""
+    return {
+        "httpGet": {"path": c.HEALTH_PATH, "port": "metrics"},
+        "periodSeconds": 10,
+        "failureThreshold": STARTUP_PROBES,
+    }
+
+
 def worker_lifecycle() -> dict[str, Any]:
     return {
         # Let the endpoint's removal reach the routers before the engine hears SIGTERM.
