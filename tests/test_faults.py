@@ -72,6 +72,25 @@ def test_the_keys_are_configurable_with_prefixes():
     assert FaultKeys.from_env({}) == KEYS
 
 
+def test_the_operators_fault_keys_come_from_its_settings_and_reach_the_cluster_view(monkeypatch):
+    from tokenfab.controller import Controller
+    from tokenfab.handlers import options_from_env
+
+    monkeypatch.setenv("TOKENFAB_FAULT_TAINTS", "gpu.health/*")
+    opts = options_from_env()
+    assert opts.settings.fault_keys.taints == ("gpu.health/*",)
+    view = Controller(kube=None, options=opts).view  # type: ignore[arg-type]
+    taint = {"key": "gpu.health/ecc", "effect": "NoSchedule"}
+    node = {"metadata": {"name": "n1"}, "spec": {"taints": [taint]},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}}  # fmt: skip
+    view.on_node("ADDED", node)
+    assert [f.kind for f in view.node("n1").faults] == ["Quarantined"]
+    # With the defaults, that taint is nobody's quarantine.
+    default = Controller(kube=None).view  # type: ignore[arg-type]
+    default.on_node("ADDED", node)
+    assert default.node("n1").faults == ()
+
+
 def test_a_device_taint_is_announced_unless_it_evicts():
     assert not device_fault("gpu.nvidia.com/n1/gpu-0", "k", "v", "NoSchedule").sudden
     evicting = device_fault("compute-domain.nvidia.com/n1/channel-0", "k", "", "NoExecute")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -173,9 +174,10 @@ def _cluster_domains(kubeconfig: Path, domain_label: str, gpu_resource: str) -> 
     from tokenfab.fleet.ledger import Ledger
     from tokenfab.fleet.view import ClusterView
     from tokenfab.inventory import domains
+    from tokenfab.planning.faults import FaultKeys
 
     kube = Kube(config.new_client_from_config(config_file=str(kubeconfig)))
-    view = ClusterView()
+    view = ClusterView(fault_keys=FaultKeys.from_env(os.environ))
     view.replace("Node", kube.nodes())
     pods = kube.gpu_pods()
     view.replace("ForeignPod", [p for p in pods if (p["spec"] or {}).get("nodeName")])

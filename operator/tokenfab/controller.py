@@ -66,7 +66,7 @@ class Controller:
         self.kube = kube
         self.fleet_reader = fleet_reader
         self.options = options or Options()
-        self.view = ClusterView(self.options.namespaces or None)
+        self.view = ClusterView(self.options.namespaces or None, self.options.settings.fault_keys)
         self.ledger = Ledger(self.view)
         self.ctx = Context(
             kube=kube,

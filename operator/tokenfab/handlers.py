@@ -17,6 +17,7 @@ from tokenfab.adapters.kube import Kube
 from tokenfab.api.models import GROUP, PLURAL, VERSION
 from tokenfab.controller import Controller, Options
 from tokenfab.leader import Elector
+from tokenfab.planning.faults import FaultKeys
 from tokenfab.runtime import Settings
 
 # A graceful stop waits this long at most for the passes and writes in flight (the pod's grace period is
@@ -39,6 +40,7 @@ def options_from_env() -> Options:
             bind_timeout=float(env.get("TOKENFAB_BIND_TIMEOUT_SECONDS", "90")),
             fault_reaction=env.get("TOKENFAB_FAULT_REACTION", "replace"),
             gang_delete_seconds=float(env.get("TOKENFAB_GANG_DELETE_SECONDS", "30")),
+            fault_keys=FaultKeys.from_env(env),
         ),
     )
 

@@ -17,6 +17,7 @@ from tokenfab.adapters.metrics import Reader
 from tokenfab.fleet.expectations import Expectations
 from tokenfab.fleet.ledger import Ledger
 from tokenfab.fleet.view import ClusterView, Key
+from tokenfab.planning.faults import FaultKeys
 from tokenfab.planning.groups import RolePlan
 
 
@@ -30,6 +31,9 @@ class Settings:
     # gang termination). See tokenfab.planning.role_plan.FaultReaction.
     fault_reaction: str = "replace"
     gang_delete_seconds: float = 30.0
+    # The taints, node conditions and annotations that mean a GPU health system quarantined a node
+    # (TOKENFAB_FAULT_TAINTS / _CONDITIONS / _ANNOTATIONS; NVSentinel's by default).
+    fault_keys: FaultKeys = field(default_factory=FaultKeys)
 
 
 @dataclass

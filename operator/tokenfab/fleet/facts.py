@@ -12,7 +12,6 @@ largest init container, plus the pod overhead).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -23,9 +22,7 @@ from tokenfab.planning.capacity import NodeFacts, Taint, add, to_units
 from tokenfab.planning.faults import FaultKeys, NodeFault, device_fault, node_faults
 
 Obj = dict[str, Any]
-# The taints, conditions and annotations that mean a GPU health system quarantined a node (NVSentinel's by
-# default; see tokenfab.planning.faults).
-FAULT_KEYS = FaultKeys.from_env(os.environ)
+NVSENTINEL = FaultKeys()  # NVSentinel's quarantine signals (tokenfab.planning.faults)
 
 
 def parse_time(ts: str | None) -> float | None:
@@ -191,7 +188,10 @@ def _claims_pending(spec: Obj, status: Obj) -> bool:
     )
 
 
-def node_facts(obj: Obj) -> NodeFacts:
+def node_facts(obj: Obj, keys: FaultKeys = NVSENTINEL) -> NodeFacts:
+    """A Node, reduced; `keys` are the taints, conditions and annotations that mean a GPU health system
+    quarantined it (NVSentinel's by default: tokenfab.planning.faults; the operator's come from its
+    settings)."""
     meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
     cond: Obj = next((cd for cd in status.get("conditions") or [] if cd.get("type") == "Ready"), {})
     ready = cond.get("status") == "True"
@@ -224,7 +224,7 @@ def node_facts(obj: Obj) -> NodeFacts:
             true,
             (meta.get("annotations") or {}).keys(),
             unschedulable,
-            FAULT_KEYS,
+            keys,
         ),
     )
 

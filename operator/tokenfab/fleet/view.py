@@ -37,7 +37,7 @@ from tokenfab.fleet.facts import (
 )
 from tokenfab.planning import contract as c
 from tokenfab.planning.capacity import NodeFacts, add
-from tokenfab.planning.faults import FLAP_WINDOW, NodeFault, flapping
+from tokenfab.planning.faults import FLAP_WINDOW, FaultKeys, NodeFault, flapping
 
 __all__ = [
     "Change",
@@ -68,10 +68,11 @@ class Change:
 class ClusterView:
     """Thread-safe; every read returns immutable facts or fresh containers."""
 
-    def __init__(self, namespaces: Iterable[str] | None = None) -> None:
+    def __init__(self, namespaces: Iterable[str] | None = None, fault_keys: FaultKeys | None = None) -> None:
         # The namespaces whose tokenfab pods on_pod sees (None: all). tokenfab's pods elsewhere (served by
         # another operator scoped to other namespaces) are others' pods here, counted by on_foreign_pod.
         self.namespaces = frozenset(namespaces) if namespaces else None
+        self.fault_keys = fault_keys or FaultKeys()  # what a GPU health system's quarantine looks like
         self._lock = threading.RLock()
         self._nodes: dict[str, NodeFacts] = {}
         self._device_rules: dict[str, tuple[str, NodeFault]] = {}  # DeviceTaintRule -> (node, fault)
@@ -96,7 +97,7 @@ class ClusterView:
 
     # ------------------------------------------------------------------------------------ nodes
     def on_node(self, type_: str, obj: Obj) -> Change:
-        facts = node_facts(obj)
+        facts = node_facts(obj, self.fault_keys)
         with self._lock:
             before = self._nodes.get(facts.name)
             if type_ == "DELETED":
