@@ -274,6 +274,7 @@ def observe(ctx: Context, key: Key, now: float) -> tuple[Obj, Snapshot] | Result
         profile=profile.status,
         planned=profile.condition,
         pod_nodes=frozenset(n for p in pods if (n := p.pinned or p.node)),
+        claims={pvc.node: pvc.weights for pvc in ctx.view.children("PersistentVolumeClaim", key) if pvc.node},
         reaction=fault_reaction(ctx, md),
     )
 

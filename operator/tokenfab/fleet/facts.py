@@ -258,6 +258,7 @@ class ChildFacts:
     node: str = ""  # a model cache claim's node
     group: str = ""  # a ComputeDomain's group
     state: str = ""  # a ComputeDomain's status.status (Ready | NotReady)
+    weights: str = ""  # a model cache claim: the weights served from it (contract.ANN_WEIGHTS)
 
 
 def child_facts(kind: str, obj: Obj) -> ChildFacts:
@@ -276,6 +277,7 @@ def child_facts(kind: str, obj: Obj) -> ChildFacts:
         node=(meta.get("annotations") or {}).get(c.ANN_NODE, ""),
         group=labels.get(c.LABEL_GROUP, "") if kind == "ComputeDomain" else "",
         state=str(status.get("status") or "") if kind == "ComputeDomain" else "",
+        weights=(meta.get("annotations") or {}).get(c.ANN_WEIGHTS, ""),
     )
 
 

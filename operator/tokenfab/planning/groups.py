@@ -132,15 +132,19 @@ class _Placer:
     used_slots: set[int]
     per_domain: dict[str, int]  # alive groups per domain (placement may spread them)
     avoid: frozenset[str] = frozenset()  # domains where this deployment's groups keep failing
+    warmth: Mapping[str, int] = field(default_factory=dict)  # node -> its model cache's warmth
 
     def place(self, reason: str, replaces: str = "") -> bool:
         plan, shape = self.plan, self.plan.shape
         if plan.backoff > 0:
             return False
         open_domains = {k: v for k, v in self.domains.items() if k not in self.avoid}
-        chosen = choose_domain(open_domains, shape, self.policy, self.per_domain)
+        warm = self.warmth or None
+        chosen = choose_domain(open_domains, shape, self.policy, self.per_domain, warm)
         targets = (
-            None if chosen is None else best_fit_nodes(self.domains[chosen].free, shape.nodes, shape.pod_gpus)
+            None
+            if chosen is None
+            else best_fit_nodes(self.domains[chosen].free, shape.nodes, shape.pod_gpus, warm)
         )
         if chosen is None or targets is None:
             plan.unplaced = 1  # the caller counts the rest
@@ -183,6 +187,7 @@ def plan_role(
     others_short: bool = False,
     reaction: FaultReaction | None = None,
     avoid: frozenset[str] = frozenset(),
+    warmth: Mapping[str, int] | None = None,
 ) -> tuple[RolePlan, dict[str, Domain]]:
     """Plan one role. Returns the plan and the domains with this plan's new pods taken out.
 
@@ -198,14 +203,14 @@ def plan_role(
     A `retired` role (it left the spec: serving.mode changed) keeps its groups serving until every role
     of the spec has a serving group (`other_roles_ready`); while the spec's new groups find no room
     (`others_short`) it gives up one group at a time, as long as another of its groups still serves. New
-    groups stay out of the `avoid` domains (see tokenfab.planning.fault_report.avoided)."""
+    groups stay out of the `avoid` domains (fault_report.avoided), on the warmest nodes (weights_cache)."""
     leave = drain or DrainPolicy()
     judge = _Judge(nodes, now, toleration, bind_timeout, reaction or FaultReaction())
     plan = RolePlan(role=role, desired=desired, revision=revision, shape=shape)
     alive, domains = _classify_groups(plan, groups, domains, judge)
     hold = hold_seconds(list(plan.broken_reasons.values())) if callable(hold_seconds) else hold_seconds
     plan.backoff = max(0.0, hold)
-    placer = _Placer(plan, domains, policy, {g.slot for g in groups}, _per_domain(alive), avoid)
+    placer = _Placer(plan, domains, policy, {g.slot for g in groups}, _per_domain(alive), avoid, warmth or {})
     counted = [g for g in alive if plan.states[g.name] != "draining"]
     _note_moving(plan, groups, alive, judge)
     _settle_draining(plan, alive, counted, judge, leave)

@@ -26,7 +26,7 @@ from tokenfab.api.models import (
     RoleName,
 )
 from tokenfab.planning import builders as b
-from tokenfab.planning import fault_report, recovery
+from tokenfab.planning import fault_report, recovery, weights_cache
 from tokenfab.planning.groups import DrainPolicy, RolePlan, plan_role
 from tokenfab.planning.lifecycle import UNHEALTHY_GRACE, GroupView, NodeHealth, classify
 from tokenfab.planning.role_plan import FaultReaction
@@ -64,6 +64,9 @@ class Snapshot:
     profile: ProfileStatus | None = None  # spec.profile's plan, as status keeps it
     planned: Condition | None = None  # the Planned condition (None: the spec leaves nothing to plan)
     pod_nodes: frozenset[str] = frozenset()  # the nodes the deployment's pods are on or pinned to
+    # The deployment's model cache claims: node -> the weights served from it ("" none yet; see
+    # tokenfab.planning.weights_cache).
+    claims: Mapping[str, str] = field(default_factory=dict)
     # How hardware faults are answered (tokenfab's way, or a fault benchmark's baseline).
     reaction: FaultReaction = field(default_factory=FaultReaction)
 
@@ -216,6 +219,7 @@ class RoleInputs:
     drain: DrainPolicy | None = None
     reaction: FaultReaction = field(default_factory=FaultReaction)
     avoid: frozenset[str] = frozenset()  # NVLink domains where the deployment's groups keep failing
+    warmth: Mapping[str, int] = field(default_factory=dict)  # node -> how warm its model cache is
 
 
 def _plan_one(
@@ -248,6 +252,7 @@ def _plan_one(
         others_short=others_short,
         reaction=x.reaction,
         avoid=x.avoid,
+        warmth=x.warmth,
     )
     why = x.blocked.get(role, "") if in_spec and plan.create else ""
     if why:
@@ -325,12 +330,16 @@ class Children:
 
 
 def children(
-    owner: b.Owner, spec: ModelDeploymentSpec, roles: list[RolePlan], nodes: frozenset[str]
+    owner: b.Owner,
+    spec: ModelDeploymentSpec,
+    roles: list[RolePlan],
+    nodes: frozenset[str],
+    weights: Mapping[str, str] | None = None,
 ) -> Children:
     """The shared children of the plan; `nodes` are those the deployment's pods are on or pinned to (the
-    new groups' nodes are added: each gets its model cache)."""
+    new groups' nodes are added: each gets its model cache, marked with the weights served from it)."""
     nodes = nodes | {n for r in roles for cr in r.create for n in cr.nodes}
-    rest: list[Manifest] = [*b.model_cache_claims(owner, spec, nodes)]
+    rest: list[Manifest] = [*b.model_cache_claims(owner, spec, nodes, weights)]
     rest += [b.frontend_deployment(owner, spec), b.frontend_service(owner)]
     rest += [b.engine_configmap(owner, spec, role) for role, _ in spec.roles()]
     rest += [
@@ -348,6 +357,7 @@ def plan(s: Snapshot) -> Plan:
         spec, desired, s.groups, s.health, s.now, s.bind_timeout, s.blocked,
         {role: _hold(old.get(role), s.now) for role in PLAN_ORDER}, s.drain, s.reaction,
         frozenset(fault_report.avoided(s.md.status.faults if s.md.status else [], s.now)),
+        _warmth(s, spec),
     )  # fmt: skip
     roles = plan_roles(inputs, capacity, commit=capacity.reserve)
     return Plan(
@@ -355,7 +365,13 @@ def plan(s: Snapshot) -> Plan:
         desired=desired,
         roles=roles,
         reservations=capacity.reservations,
-        children=children(s.owner, spec, roles, s.pod_nodes),
+        children=children(
+            s.owner,
+            spec,
+            roles,
+            s.pod_nodes,
+            weights_cache.marks(s.claims, served_nodes(spec, s.groups), weights_cache.weights_key(spec)),
+        ),
         failures=next_failures(s.md.status, roles, s.now),
         autoscaling=outcome,
         events=_scaling_events(outcome),
@@ -375,6 +391,27 @@ def orphans(s: Snapshot) -> tuple[str, ...]:
             for p in g.pods
             if p.node is not None and p.node not in s.health
         )
+    )
+
+
+def _warmth(s: Snapshot, spec: ModelDeploymentSpec) -> dict[str, int]:
+    """The nodes' model cache warmth for this spec's weights (none without per-node caches)."""
+    if not b.uses_model_cache_claims(spec):
+        return {}
+    return weights_cache.warmth(s.claims, weights_cache.weights_key(spec))
+
+
+def served_nodes(spec: ModelDeploymentSpec, groups: Mapping[RoleName, list[GroupView]]) -> frozenset[str]:
+    """The nodes where a worker of its role's current revision (so of the spec's weights) is Ready: their
+    model caches hold those weights."""
+    return frozenset(
+        p.node
+        for role, gs in groups.items()
+        if spec.role(role) is not None
+        for g in gs
+        if g.revision == b.role_revision(spec, role)
+        for p in g.pods
+        if p.ready and p.node is not None
     )
 
 

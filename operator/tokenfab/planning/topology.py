@@ -84,13 +84,28 @@ class Domain:
 Chooser = Callable[[Mapping[str, Domain], GroupShape], str | None]
 
 
-def best_fit_nodes(free: Mapping[str, int], pods: int, pod_gpus: int) -> list[str] | None:
-    """The nodes for `pods` pods of `pod_gpus` GPUs: the fullest nodes that fit, one pod per node (ties by
-    name), in rank order; None when fewer nodes fit."""
-    fitting = sorted((gpus, name) for name, gpus in free.items() if gpus >= pod_gpus)
+# How near a node's model cache is to serving the deployment's weights (tokenfab.planning.weights_cache):
+# 0 warm (they served from it), 1 fetching (a cache is there, partly filled or of another revision), 2 cold.
+Warmth = Mapping[str, int]
+COLD = 2
+
+
+def best_fit_nodes(
+    free: Mapping[str, int], pods: int, pod_gpus: int, warmth: Warmth | None = None
+) -> list[str] | None:
+    """The nodes for `pods` pods of `pod_gpus` GPUs: the warmest nodes that fit (`warmth`; none given: all
+    alike), then the fullest, one pod per node (ties by name), in rank order; None when fewer nodes fit."""
+    w = warmth or {}
+    fitting = sorted((w.get(name, COLD), gpus, name) for name, gpus in free.items() if gpus >= pod_gpus)
     if len(fitting) < pods:
         return None
-    return [name for _, name in fitting[:pods]]
+    return [name for _, _, name in fitting[:pods]]
+
+
+def group_warmth(domain: Domain, shape: GroupShape, warmth: Warmth) -> int:
+    """How warm a group placed in `domain` would start: its coldest node's warmth (COLD if it fits not)."""
+    chosen = best_fit_nodes(domain.free, shape.nodes, shape.pod_gpus, warmth)
+    return max((warmth.get(n, COLD) for n in chosen), default=COLD) if chosen else COLD
 
 
 def _best_fit_nodes(free: Mapping[str, int], pods: int, pod_gpus: int) -> dict[str, int] | None:
@@ -171,20 +186,27 @@ def choose_domain(
     shape: GroupShape,
     policy: PlacementPolicy,
     groups_per_domain: Mapping[str, int] | None = None,
+    warmth: Warmth | None = None,
 ) -> str | None:
     """The domain for a group, or None when it fits nowhere.
 
-    pack (best fit): the fitting domain with the fewest free GPUs, keeping large blocks whole for large
-    groups. spread: the fitting domain with the fewest of this deployment's groups (`groups_per_domain`),
-    then the most free GPUs. Ties go to the first name.
+    With `warmth` (the nodes' model caches), the domains where the group would start warmest come first:
+    warm, then fetching, then cold; only among the domains it fits whole in. Then pack (best fit): the
+    fitting domain with the fewest free GPUs, keeping large blocks whole for large groups; or spread: the
+    fitting domain with the fewest of this deployment's groups (`groups_per_domain`), then the most free
+    GPUs. Ties go to the first name.
     """
     groups = groups_per_domain or {}
     fitting = [d for d in domains.values() if fits(d, shape)]
     if not fitting:
         return None
+
+    def warm(d: Domain) -> int:
+        return group_warmth(d, shape, warmth) if warmth else 0
+
     if policy == "pack":
-        return min(fitting, key=lambda d: (d.free_gpus, d.name)).name
-    return min(fitting, key=lambda d: (groups.get(d.name, 0), -d.free_gpus, d.name)).name
+        return min(fitting, key=lambda d: (warm(d), d.free_gpus, d.name)).name
+    return min(fitting, key=lambda d: (warm(d), groups.get(d.name, 0), -d.free_gpus, d.name)).name
 
 
 def first_fit(domains: Mapping[str, Domain], shape: GroupShape) -> str | None:

@@ -4,7 +4,7 @@ of a multi-node group."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from tokenfab.api.models import ModelDeploymentSpec, RoleName
@@ -38,13 +38,13 @@ def model_cache_claim_name(owner: Owner, spec: ModelDeploymentSpec, node: str) -
     return f"{owner.name}-model-{content_hash([node, cache.storage_class_name, str(cache.size)], 10)}"
 
 
-def model_cache_claim(owner: Owner, spec: ModelDeploymentSpec, node: str) -> Manifest:
+def model_cache_claim(owner: Owner, spec: ModelDeploymentSpec, node: str, weights: str = "") -> Manifest:
     """The node-local PersistentVolumeClaim that keeps a deployment's hf:// weights on `node` across pods,
     restarts and rollouts (spec.model.cache.storageClassName: a WaitForFirstConsumer class, so the volume
     is made on the node of the first pod that mounts it, and every pod there shares it)."""
     cache = spec.model.cache
     meta = child_meta(owner, model_cache_claim_name(owner, spec, node), "worker")
-    meta["annotations"] = {c.ANN_NODE: node}
+    meta["annotations"] = {c.ANN_NODE: node, **({c.ANN_WEIGHTS: weights} if weights else {})}
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
@@ -61,12 +61,15 @@ def uses_model_cache_claims(spec: ModelDeploymentSpec) -> bool:
     return fetches_weights(spec) and spec.model.cache.storage_class_name is not None
 
 
-def model_cache_claims(owner: Owner, spec: ModelDeploymentSpec, nodes: Iterable[str]) -> list[Manifest]:
+def model_cache_claims(
+    owner: Owner, spec: ModelDeploymentSpec, nodes: Iterable[str], weights: Mapping[str, str] | None = None
+) -> list[Manifest]:
     """The per-node model cache claims of the nodes the deployment's pods run on (none without a storage
-    class)."""
+    class), each marked with the weights served from it (`weights`: node -> source@revision, if known)."""
     if not uses_model_cache_claims(spec):
         return []
-    return [model_cache_claim(owner, spec, node) for node in sorted(set(nodes))]
+    marked = weights or {}
+    return [model_cache_claim(owner, spec, node, marked.get(node, "")) for node in sorted(set(nodes))]
 
 
 def pinned_nodes(pods: Iterable[Manifest]) -> set[str]:

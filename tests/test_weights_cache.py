@@ -1,0 +1,95 @@
+"""Per-node model caches and warm-first placement (tokenfab.planning.weights_cache): a new group goes to
+the nodes whose cache already holds the deployment's weights, then to those with a cache begun, then to
+cold ones, only among the domains it fits whole in; a claim is marked with the weights once a worker of
+the current revision served from it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tests.test_one_pass import deployment, materialize, nodes_of, snapshot, used_by
+from tokenfab.fleet.facts import child_facts
+from tokenfab.planning import builders as b
+from tokenfab.planning import contract as c
+from tokenfab.planning import weights_cache
+from tokenfab.planning.one_pass import plan
+from tokenfab.planning.topology import Domain, GroupShape, best_fit_nodes, choose_domain
+
+
+def _domain(name: str, free: dict[str, int]) -> Domain:
+    return Domain(name, 4 * len(free), free, len(free), len(free))
+
+
+def test_the_warmest_nodes_that_fit_come_first_then_the_fullest():
+    free = {"a-0": 4, "a-1": 2, "a-2": 4, "a-3": 4}
+    assert best_fit_nodes(free, 2, 2) == ["a-1", "a-0"]  # (best fit: the fullest first)
+    assert best_fit_nodes(free, 2, 2, {"a-3": 0, "a-2": 1}) == ["a-3", "a-2"]
+    assert best_fit_nodes(free, 2, 4, {"a-1": 0}) == ["a-0", "a-2"]  # (a warm node without room is no use)
+
+
+def test_a_warm_domain_wins_over_best_fit_only_where_the_group_fits_whole():
+    shape = GroupShape(8, 4)  # two nodes of 4 GPUs
+    domains = {"a": _domain("a", {"a-0": 4, "a-1": 4}), "b": _domain("b", {f"b-{i}": 4 for i in range(4)})}
+    assert choose_domain(domains, shape, "pack") == "a"  # (best fit)
+    assert choose_domain(domains, shape, "pack", warmth={"b-1": 0, "b-2": 0}) == "b"
+    # One warm node is not a warm group: its coldest node decides; fetching beats cold.
+    assert choose_domain(domains, shape, "pack", warmth={"b-1": 0}) == "a"
+    assert choose_domain(domains, shape, "pack", warmth={"b-1": 0, "b-2": 1}) == "b"
+    # A warm domain the group does not fit in whole is never chosen (nor split across).
+    tight = {"a": _domain("a", {"a-0": 4, "a-1": 4}), "b": _domain("b", {"b-0": 4, "b-1": 0})}
+    assert choose_domain(tight, shape, "pack", warmth={"b-0": 0, "b-1": 0}) == "a"
+    assert choose_domain(domains, shape, "spread", {"b": 3}, warmth={"b-0": 0, "b-3": 0}) == "b"
+
+
+def test_warmth_and_marks_follow_the_weights_served():
+    key = "hf://deepseek-ai/DeepSeek-R1@abc"
+    claims = {"n1": key, "n2": "", "n3": "hf://deepseek-ai/DeepSeek-R1@old"}
+    assert weights_cache.warmth(claims, key) == {"n1": 0, "n2": 1, "n3": 1}
+    assert weights_cache.marks(claims, ["n3"], key) == {"n1": key, "n2": "", "n3": key}
+
+
+def test_a_scale_up_goes_to_the_nodes_whose_cache_holds_the_weights_and_serving_marks_them():
+    md = deployment(decode=1)
+    key = weights_cache.weights_key(md.spec)
+    assert md.spec.model.cache.storage_class_name  # (the example keeps weights on per-node claims)
+    nodes = nodes_of({"a": 4, "b": 4})
+    cold = plan(snapshot(md, nodes, {}, {}))
+    decode = next(r for r in cold.roles if r.role == "decode").create[0]
+    assert decode.nodes[0].startswith("a")  # (nothing cached: best fit, the first domain)
+    warm_snap = replace(snapshot(md, nodes, {}, {}), claims={"b-2": key, "b-3": key, "a-1": ""})
+    warm = plan(warm_snap)
+    decode = next(r for r in warm.roles if r.role == "decode").create[0]
+    assert sorted(decode.nodes) == ["b-2", "b-3"]
+    # A claim whose node served the weights is marked with them; one that did not keeps its mark.
+    groups = materialize(warm_snap, warm)
+    served = {n for r in warm.roles for cr in r.create for n in cr.nodes}
+    after = snapshot(md, nodes, used_by(groups, md), groups)
+    idle = sorted({n.name for n in nodes} - served)[0]
+    again = plan(replace(after, claims={"b-2": "", idle: "x@y"}, pod_nodes=frozenset(served)))
+    marked = {
+        m["metadata"]["annotations"][c.ANN_NODE]: m["metadata"]["annotations"].get(c.ANN_WEIGHTS)
+        for m in again.children.rest
+        if m["kind"] == "PersistentVolumeClaim"
+    }
+    assert {n: marked[n] for n in served} == dict.fromkeys(served, key)
+    # (a node with no pod now: its claim is not rendered, and so not rewritten)
+    assert idle not in marked
+
+
+def test_without_per_node_claims_placement_is_unchanged():
+    md = deployment(decode=1)
+    no_claims = md.model_copy(deep=True)
+    no_claims.spec.model.cache.storage_class_name = None
+    snap = replace(snapshot(no_claims, nodes_of({"a": 4, "b": 4}), {}, {}), claims={"b-2": "x", "b-3": "x"})
+    decode = next(r for r in plan(snap).roles if r.role == "decode").create[0]
+    assert decode.nodes[0].startswith("a")
+
+
+def test_the_claims_mark_is_read_from_its_annotation():
+    obj = {"metadata": {"name": "m-model-1", "namespace": "ns", "labels": {c.LABEL_DEPLOYMENT: "m"},
+                        "annotations": {c.ANN_NODE: "n1", c.ANN_WEIGHTS: "hf://x@y"}}}  # fmt: skip
+    facts = child_facts("PersistentVolumeClaim", obj)
+    assert (facts.node, facts.weights) == ("n1", "hf://x@y")
+    own = b.Owner(name="m", namespace="ns", uid="u")
+    claim = b.model_cache_claim(own, deployment().spec, "n1", "hf://x@y")
+    assert child_facts("PersistentVolumeClaim", claim).weights == "hf://x@y"
