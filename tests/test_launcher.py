@@ -32,6 +32,7 @@ from tests.cases import example_paths, load_example
 from tests.test_builders import DOMAIN, env, owner, spec_of
 from tokenfab.api.errors import parse_model_deployment
 from tokenfab.api.models import ModelDeploymentSpec, RoleName
+from tokenfab.launcher import manifest
 from tokenfab.launcher import plan as lp
 from tokenfab.launcher.run import LaunchError, Runner
 from tokenfab.planning import builders as b
@@ -615,11 +616,22 @@ def test_a_complete_pinned_snapshot_is_loaded_without_asking_the_hub(tmp_path, f
     environ, args = single_pod_environ(tmp_path, fakes)
     repo = environ[c.ENV_MODEL_PATH]
     snapshot = with_snapshot(args, tmp_path, repo)[args.index("--model-path") + 1]
-    (Path(snapshot) / lp.COMPLETE_MARKER).write_text("done\n")
+    manifest.write(Path(snapshot), COMMIT)
     environ = hub_down({**environ, c.ENV_MODEL_REVISION: COMMIT})
     done = launcher(args, environ)
     assert done.returncode == 0, done.stderr
-    assert f"{snapshot} (complete in the model cache)" in done.stderr
+    assert f"{snapshot} (complete in the model cache, " in done.stderr
+    assert "as its manifest says)" in done.stderr
+    full = launcher(args, {**environ, "TOKENFAB_VERIFY_WEIGHTS": "full"})
+    assert "as its manifest says and SHA-256)" in full.stderr
+    # A file of it damaged since: not loaded from the cache unchecked; the hub is asked (down here: the
+    # snapshot is used, said to be unverified).
+    victim = next(p for p in sorted(Path(snapshot).rglob("*")) if p.is_file() and p.name != manifest.MANIFEST)
+    victim.write_bytes(victim.read_bytes() + b"x")
+    damaged = launcher(args, environ)
+    assert "is not verified" in damaged.stderr
+    assert f"{victim.relative_to(snapshot)} has" in damaged.stderr
+    assert "complete in the model cache" not in damaged.stderr
 
 
 def test_an_unverified_snapshot_is_completed_from_the_hub_or_used_with_a_warning(tmp_path, fakes):
@@ -824,3 +836,26 @@ def test_engine_yaml_of_every_example_is_what_the_launcher_reads():
             _, pods, engine_yaml = rendered(path.name, role)
             assert env(pods[0])[c.ENV_ENGINE_CONFIG].endswith("/" + c.ENGINE_CONFIG_FILE)
             assert isinstance(yaml.safe_load(engine_yaml), dict)
+
+
+def test_a_manifest_names_every_file_with_its_size_and_sha256_and_finds_any_change(tmp_path):
+    snap = tmp_path / "snapshots" / COMMIT
+    (snap / "sub").mkdir(parents=True)
+    (snap / "config.json").write_text("{}")
+    (snap / "sub" / "model-00001.safetensors").write_bytes(b"\0" * 3000)
+    doc = manifest.write(snap, COMMIT)
+    assert doc["commit"] == COMMIT
+    assert doc["files"]["sub/model-00001.safetensors"]["size"] == 3000
+    assert doc["files"]["config.json"]["sha256"] == manifest.sha256(snap / "config.json")
+    assert manifest.verify(snap).ok
+    assert manifest.verify(snap, full=True).ok
+    # Same size, other bytes: only the full check sees it.
+    (snap / "config.json").write_text("[]")
+    assert manifest.verify(snap).ok
+    bad = manifest.verify(snap, full=True)
+    assert not bad.ok
+    assert "config.json does not match its SHA-256" in bad.words()
+    (snap / "sub" / "model-00001.safetensors").unlink()
+    assert "sub/model-00001.safetensors is missing" in manifest.verify(snap).words()
+    (snap / manifest.MANIFEST).unlink()
+    assert not manifest.verify(snap).ok  # (no manifest: no completed download)

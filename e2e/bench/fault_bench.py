@@ -22,8 +22,9 @@ The contestants, each the operator with another TOKENFAB_FAULT_REACTION (tokenfa
 aiperf plays a steady trace through the frontend; every intended request is counted once (intended =
 completed + failed + never sent, e2e/fleet/load.py). Capacity is sampled every half second: the GPUs of the
 groups whose every pod is Ready on a Node that exists. recovery_s: from the fault to the first sample with
-the full capacity again and no group left on a faulted node; gpu_minutes_lost: the missing GPUs integrated
-over the observation. Times are measured on the factory (simulated nodes, mocker engines that start in a
+the full capacity again and no group left on a faulted node (for a hung worker: its group gone; it counts
+as capacity until its readiness probe fails, as a kubelet's would, though its streams hang); gpu_minutes_lost:
+the missing GPUs integrated over the observation. Times are measured on the factory (simulated nodes, mocker engines that start in a
 few seconds): they show the control plane's reaction, not a real engine's start. Saved (e2e/bench/record.py)
 to e2e/bench/results/faults.json as {"runs": [{"faults": {kind: {contestant: {requests, recovery_s,
 gpu_minutes_lost, ...}}}}]}; nothing passes or fails on a time.
@@ -132,11 +133,11 @@ def sample(f: Factory, ns: str, faulted: set[str], t0: float) -> Sample:
         if c.LABEL_GROUP in p["metadata"]["labels"]:
             by_group.setdefault(p["metadata"]["labels"][c.LABEL_GROUP], []).append(p)
     gpus = on_faulted = split = 0
-    for members in by_group.values():
+    for group, members in by_group.items():
         bound = [p["spec"].get("nodeName") for p in members if p["spec"].get("nodeName")]
         if len({nodes.get(n, {}).get(CLIQUE_LABEL) for n in bound}) > 1:
             split += 1
-        if any(n in faulted for n in bound):
+        if group in faulted or any(n in faulted for n in bound):
             on_faulted += 1
         if all(_ready(p) and p["spec"].get("nodeName") in nodes for p in members):
             gpus += int(members[0]["metadata"]["annotations"].get(c.ANN_GROUP_GPUS, 0))
@@ -164,15 +165,16 @@ def target(f: Factory, ns: str) -> tuple[str, list[str]]:
 def inject(
     f: Factory, ns: str, kind: str, node: str, rack: list[str], plan: Plan
 ) -> tuple[set[str], threading.Thread | None]:
-    """Start the fault; returns the faulted nodes and the thread that escalates an announced one."""
+    """Start the fault; returns the faulted nodes (or, for a hung worker, its group) and the thread that
+    escalates an announced one."""
     if kind == "rack_loss":
         faults.lose(f, rack)
         return set(rack), None
     if kind == "worker_hang":
         on_node = [p for p in pods(f, ns) if _role(p) == "decode" and p["spec"].get("nodeName") == node]
-        worker = on_node[0]["metadata"]["name"]
-        print(faults.hang(f, ns, worker), flush=True)
-        return set(), None
+        worker = on_node[0]["metadata"]
+        print(faults.hang(f, ns, worker["name"]), flush=True)
+        return {worker["labels"][c.LABEL_GROUP]}, None  # (recovered once that group is gone: its node is fine)
     if kind == "node_quarantine":
         faults.quarantine(f, node)
         later = lambda: faults.drain(f, node, timeout=60)  # noqa: E731

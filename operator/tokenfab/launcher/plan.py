@@ -42,7 +42,6 @@ from tokenfab.launcher.identity import (
     read_identity,
 )
 from tokenfab.launcher.weights import (
-    COMPLETE_MARKER,
     Fetch,
     WeightsSource,
     fetch_of,
@@ -52,7 +51,6 @@ from tokenfab.launcher.weights import (
 from tokenfab.planning import contract as c
 
 __all__ = [
-    "COMPLETE_MARKER",
     "DEFAULT_HEALTH_HOST",
     "DEFAULT_PEER_WAIT_SECONDS",
     "EXIT_CONFIG",

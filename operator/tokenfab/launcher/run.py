@@ -27,9 +27,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
 
+from tokenfab.launcher import manifest
 from tokenfab.launcher.identity import ConfigError, read_identity
 from tokenfab.launcher.plan import EXIT_CONFIG, PROGRAM, Endpoint, LaunchPlan, plan_launch
-from tokenfab.launcher.weights import COMPLETE_MARKER, Fetch, WeightsSource, weights_source, with_model_path
+from tokenfab.launcher.weights import Fetch, WeightsSource, weights_source, with_model_path
 from tokenfab.planning import contract as c
 
 FORWARDED_SIGNALS = (
@@ -197,9 +198,12 @@ class Runner:
                                       local_files_only=True)  # fmt: skip
         except Exception:
             local = None
-        complete = local is not None and (Path(local) / COMPLETE_MARKER).exists()
+        full = self.env.get("TOKENFAB_VERIFY_WEIGHTS", "").lower() == "full"
+        verdict = manifest.verify(Path(local), full) if local is not None else None
+        if verdict is not None and not verdict.ok:
+            log(f"weights {what}: the cached snapshot is not verified: {verdict.words()}")
         offline = self.env.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
-        source = weights_source(fetch.revision, local is not None, complete, offline)
+        source = weights_source(fetch.revision, local is not None, bool(verdict and verdict.ok), offline)
         self.fetching = True
         t0 = time.monotonic()
         try:
@@ -211,7 +215,8 @@ class Runner:
             raise LaunchError(
                 f"weights {what} are not in the model cache {fetch.cache_dir} and the hub is off"
             )
-        self._use_snapshot(local, what, source, time.monotonic() - t0)
+        checked = f", {verdict.words()}" + (" and SHA-256" if full else "") if verdict and verdict.ok else ""
+        self._use_snapshot(local, what, source, time.monotonic() - t0, checked)
 
     def _download(self, fetch: Fetch, what: str, local: str | None) -> str | None:
         """The hub names the commit (a branch or tag may have moved), then what the cache lacks of it is
@@ -234,14 +239,18 @@ class Runner:
             fetched: str = snapshot_download(fetch.repo, revision=commit, cache_dir=fetch.cache_dir)
         except Exception as exc:
             raise LaunchError(f"weights {what} could not be fetched: {type(exc).__name__}: {exc}") from exc
-        (Path(fetched) / COMPLETE_MARKER).write_text(f"{what} = {commit}\n")
+        t0 = time.monotonic()
+        doc = manifest.write(Path(fetched), commit)
+        log(f"weights {what}: manifest of {len(doc['files'])} files written in {time.monotonic() - t0:.0f} s")
         return fetched
 
-    def _use_snapshot(self, local: str, what: str, source: WeightsSource, seconds: float) -> None:
+    def _use_snapshot(
+        self, local: str, what: str, source: WeightsSource, seconds: float, checked: str = ""
+    ) -> None:
         """Say where the weights came from, and point the engine's --model-path at them (not on followers:
         their command is the SSH daemon)."""
         origin = {
-            "cache": "complete in the model cache",
+            "cache": f"complete in the model cache{checked}",
             "download": f"fetched into the model cache in {seconds:.0f} s",
             "offline": "from the model cache, HF_HUB_OFFLINE (not checked against the hub)",
         }[source]

@@ -13,8 +13,6 @@ from typing import Literal
 
 from tokenfab.launcher.identity import ConfigError, Identity
 
-# Written into a snapshot's directory once a download of it completed (an interrupted one leaves none).
-COMPLETE_MARKER = ".tokenfab-complete"
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 
 WeightsSource = Literal["cache", "download", "offline"]
@@ -41,8 +39,8 @@ def fetch_of(identity: Identity) -> Fetch | None:
 
 def weights_source(revision: str | None, cached: bool, complete: bool, offline: bool) -> WeightsSource:
     """Where the launcher takes hf:// weights from:
-    - "cache": a pinned commit whose snapshot a completed download left in the cache (what it is can
-      never change);
+    - "cache": a pinned commit whose snapshot a completed download left in the cache, verified against
+      the manifest that download wrote (tokenfab.launcher.manifest; what a commit is can never change);
     - "offline": HF_HUB_OFFLINE, whatever the cache holds;
     - "download" otherwise: the hub resolves a branch or tag to its current commit and fetches what the
       cache lacks (nothing, for a complete snapshot), so every rank of a group loads the same commit."""
