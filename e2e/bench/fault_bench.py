@@ -23,11 +23,12 @@ aiperf plays a steady trace through the frontend; every intended request is coun
 completed + failed + never sent, e2e/fleet/load.py). Capacity is sampled every half second: the GPUs of the
 groups whose every pod is Ready on a Node that exists. recovery_s: from the fault to the first sample with
 the full capacity again and no group left on a faulted node (for a hung worker: its group gone; it counts
-as capacity until its readiness probe fails, as a kubelet's would, though its streams hang); gpu_minutes_lost:
-the missing GPUs integrated over the observation. Times are measured on the factory (simulated nodes, mocker engines that start in a
-few seconds): they show the control plane's reaction, not a real engine's start. Saved (e2e/bench/record.py)
-to e2e/bench/results/faults.json as {"runs": [{"faults": {kind: {contestant: {requests, recovery_s,
-gpu_minutes_lost, ...}}}}]}; nothing passes or fails on a time.
+as capacity until its readiness probe fails, as a kubelet's would, though its streams hang);
+gpu_minutes_lost: the missing GPUs integrated over the observation. Times are measured on the factory
+(simulated nodes, mocker engines that start in a few seconds): they show the control plane's reaction, not
+a real engine's start. Saved (e2e/bench/record.py) to e2e/bench/results/faults.json as {"runs":
+[{"faults": {kind: {contestant: {requests, recovery_s, gpu_minutes_lost, ...}}}}]}; nothing passes or
+fails on a time.
 
     python -m e2e.bench.fault_bench                   # 3 kinds x 3 contestants, twice: about 35 minutes
     python -m e2e.bench.fault_bench --smoke --out /tmp/faults   # the suite's short pair
@@ -174,7 +175,7 @@ def inject(
         on_node = [p for p in pods(f, ns) if _role(p) == "decode" and p["spec"].get("nodeName") == node]
         worker = on_node[0]["metadata"]
         print(faults.hang(f, ns, worker["name"]), flush=True)
-        return {worker["labels"][c.LABEL_GROUP]}, None  # (recovered once that group is gone: its node is fine)
+        return {worker["labels"][c.LABEL_GROUP]}, None  # (recovered once that group is gone)
     if kind == "node_quarantine":
         faults.quarantine(f, node)
         later = lambda: faults.drain(f, node, timeout=60)  # noqa: E731
