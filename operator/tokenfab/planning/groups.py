@@ -200,9 +200,8 @@ def plan_role(
     many as new groups could not be placed (making room, batch by batch); `other_roles_ready`: the other
     roles have a serving group of the new generation.
 
-    A `retired` role (it left the spec: serving.mode changed) keeps its groups serving until every role
-    of the spec has a serving group (`other_roles_ready`); while the spec's new groups find no room
-    (`others_short`) it gives up one group at a time, as long as another of its groups still serves. New
+    A `retired` role (left the spec) serves until every spec role has a serving group; while the spec's new
+    groups find no room (`others_short`) it gives up one group at a time while another still serves. New
     groups stay out of the `avoid` domains (fault_report.avoided), on the warmest nodes (weights_cache)."""
     leave = drain or DrainPolicy()
     judge = _Judge(nodes, now, toleration, bind_timeout, reaction or FaultReaction())

@@ -357,7 +357,7 @@ def plan(s: Snapshot) -> Plan:
         spec, desired, s.groups, s.health, s.now, s.bind_timeout, s.blocked,
         {role: _hold(old.get(role), s.now) for role in PLAN_ORDER}, s.drain, s.reaction,
         frozenset(fault_report.avoided(s.md.status.faults if s.md.status else [], s.now)),
-        _warmth(s, spec),
+        weights_cache.node_warmth(spec, s.claims),
     )  # fmt: skip
     roles = plan_roles(inputs, capacity, commit=capacity.reserve)
     return Plan(
@@ -370,7 +370,7 @@ def plan(s: Snapshot) -> Plan:
             spec,
             roles,
             s.pod_nodes,
-            weights_cache.marks(s.claims, served_nodes(spec, s.groups), weights_cache.weights_key(spec)),
+            weights_cache.claim_marks(spec, s.claims, s.groups),
         ),
         failures=next_failures(s.md.status, roles, s.now),
         autoscaling=outcome,
@@ -391,27 +391,6 @@ def orphans(s: Snapshot) -> tuple[str, ...]:
             for p in g.pods
             if p.node is not None and p.node not in s.health
         )
-    )
-
-
-def _warmth(s: Snapshot, spec: ModelDeploymentSpec) -> dict[str, int]:
-    """The nodes' model cache warmth for this spec's weights (none without per-node caches)."""
-    if not b.uses_model_cache_claims(spec):
-        return {}
-    return weights_cache.warmth(s.claims, weights_cache.weights_key(spec))
-
-
-def served_nodes(spec: ModelDeploymentSpec, groups: Mapping[RoleName, list[GroupView]]) -> frozenset[str]:
-    """The nodes where a worker of its role's current revision (so of the spec's weights) is Ready: their
-    model caches hold those weights."""
-    return frozenset(
-        p.node
-        for role, gs in groups.items()
-        if spec.role(role) is not None
-        for g in gs
-        if g.revision == b.role_revision(spec, role)
-        for p in g.pods
-        if p.ready and p.node is not None
     )
 
 

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from tokenfab.api.models import ModelDeploymentSpec
+from tokenfab.api.models import ModelDeploymentSpec, RoleName
+from tokenfab.planning import builders as b
+from tokenfab.planning.lifecycle import GroupView
 from tokenfab.planning.topology import COLD
 
 
@@ -38,4 +40,32 @@ def marks(claims: Mapping[str, str], served: Iterable[str], key: str) -> dict[st
     return {**claims, **dict.fromkeys(served, key)}
 
 
-__all__ = ["COLD", "marks", "warmth", "weights_key"]
+def node_warmth(spec: ModelDeploymentSpec, claims: Mapping[str, str]) -> dict[str, int]:
+    """The nodes' model cache warmth for this spec's weights (none without per-node caches)."""
+    if not b.uses_model_cache_claims(spec):
+        return {}
+    return warmth(claims, weights_key(spec))
+
+
+def served_nodes(spec: ModelDeploymentSpec, groups: Mapping[RoleName, list[GroupView]]) -> frozenset[str]:
+    """The nodes where a worker of its role's current revision (so of the spec's weights) is Ready: their
+    model caches hold those weights."""
+    return frozenset(
+        p.node
+        for role, gs in groups.items()
+        if spec.role(role) is not None
+        for g in gs
+        if g.revision == b.role_revision(spec, role)
+        for p in g.pods
+        if p.ready and p.node is not None
+    )
+
+
+def claim_marks(
+    spec: ModelDeploymentSpec, claims: Mapping[str, str], groups: Mapping[RoleName, list[GroupView]]
+) -> dict[str, str]:
+    """What each of the deployment's model cache claims is to be marked with (see `marks`)."""
+    return marks(claims, served_nodes(spec, groups), weights_key(spec))
+
+
+__all__ = ["COLD", "claim_marks", "marks", "node_warmth", "served_nodes", "warmth", "weights_key"]
