@@ -1,7 +1,8 @@
 """Per-node model caches and warm-first placement (tokenfab.planning.weights_cache): a new group goes to
 the nodes whose cache already holds the deployment's weights, then to those with a cache begun, then to
 cold ones, only among the domains it fits whole in; a claim is marked with the weights once a worker of
-the current revision served from it."""
+the current revision served from it. Each new group notes its start path (warm, fetching, cold); the
+autoscaler learns each path's start time and forecasts as far ahead as the next group's path takes."""
 
 from __future__ import annotations
 
@@ -93,3 +94,70 @@ def test_the_claims_mark_is_read_from_its_annotation():
     own = b.Owner(name="m", namespace="ns", uid="u")
     claim = b.model_cache_claim(own, deployment().spec, "n1", "hf://x@y")
     assert child_facts("PersistentVolumeClaim", claim).weights == "hf://x@y"
+
+
+# ------------------------------------------------------------------------ lead time per start path
+
+
+def test_each_new_group_carries_its_start_path_onto_its_pods_and_back():
+    from tokenfab.fleet.facts import pod_facts
+    from tokenfab.observe import group_views
+
+    md = deployment(decode=1)
+    key = weights_cache.weights_key(md.spec)
+    snap = replace(
+        snapshot(md, nodes_of({"a": 4, "b": 4}), {}, {}), claims={"b-2": key, "b-3": key, "a-0": ""}
+    )
+    p = plan(snap)
+    paths = {cr.role: cr.path for r in p.roles for cr in r.create}
+    assert paths["decode"] == "warm"  # (b-2 and b-3)
+    assert paths["prefill"] in ("fetching", "cold")
+    decode = next(cr for r in p.roles for cr in r.create if cr.role == "decode")
+    pods = b.group_pods(snap.owner, md.spec, "decode", decode.slot, decode.domain, decode.revision,
+                        decode.nodes, start_path=decode.path)  # fmt: skip
+    assert {pod["metadata"]["annotations"][c.ANN_START_PATH] for pod in pods} == {"warm"}
+    for pod in pods:
+        pod["metadata"].update(namespace="ns", creationTimestamp="2026-11-26T10:00:00Z")
+    (view,) = group_views([pod_facts(pod) for pod in pods], set())["decode"]
+    assert view.start_path == "warm"
+    # Without per-node caches nothing is noted.
+    cold = md.model_copy(deep=True)
+    cold.spec.model.cache.storage_class_name = None
+    assert {cr.path for r in plan(snapshot(cold, nodes_of({"a": 4}), {}, {})).roles for cr in r.create} == {
+        ""
+    }
+
+
+def test_the_start_time_is_learned_per_path_and_the_horizon_is_the_next_groups_path():
+    from tests.test_groups import group
+    from tokenfab.planning.scaler import _lead_time, _Step
+    from tokenfab.planning.scaler.memory import learned_startup_by_path
+    from tokenfab.planning.topology import next_path
+
+    def started(slot: int, path: str, seconds: float):
+        g = group(slot, "a-0", "a-1")
+        pods = tuple(replace(pod, ready_since=1000.0 + seconds) for pod in g.pods)
+        return replace(g, pods=pods, created_at=1000.0, start_path=path)
+
+    groups = {"decode": [started(0, "warm", 40), started(1, "cold", 400), started(2, "", 90)]}
+    learned = learned_startup_by_path(groups, {}, None)
+    assert learned == {"warm": 40.0, "cold": 400.0}  # (a group placed knowing no path teaches none)
+    assert learned_startup_by_path(groups, {"warm": 60.0}, None)["warm"] == 50.0  # (smoothed)
+    # The next group's path: the warmest where it fits whole.
+    shape = GroupShape(8, 4)
+    domains = {"a": _domain("a", {"a-0": 4, "a-1": 4}), "b": _domain("b", {"b-0": 4, "b-1": 0})}
+    assert next_path(domains, shape, {"b-0": 0, "b-1": 0}) == "cold"  # (b is warm, but full)
+    assert next_path(domains, shape, {"a-0": 0, "a-1": 1}) == "fetching"
+    md = deployment()
+    step = _Step(md, None, None, 0.0, False, 0.0, 100.0, {"warm": 40.0, "cold": 400.0})  # type: ignore[arg-type]
+    nodes = nodes_of({"a": 4})
+    warm_a = {"a-0": 0, "a-1": 0, "a-2": 0, "a-3": 0}
+    from tokenfab.planning.room import Capacity, Room
+
+    capacity = Capacity(Room.fixed(nodes, {}, b.placement_constraints(md.spec)), md.spec,
+                        b.Owner(name="m", namespace="ns", uid="u"))  # fmt: skip
+    assert _lead_time(step, "decode", capacity) == 100.0  # (no warmth known: every path's)
+    step.warmth = warm_a
+    assert _lead_time(step, "decode", capacity) == 40.0
+    step.warmth = {"a-0": 1}
+    assert _lead_time(step, "decode", capacity) == 400.0  # (one node fetching, the other cold: cold)

@@ -327,7 +327,7 @@ def _submit_creates(
                     waits.append((plan, group))
                     continue
             pods = b.group_pods(
-                owner, spec, cr.role, cr.slot, cr.domain, cr.revision, cr.nodes, cr.ranks, gang
+                owner, spec, cr.role, cr.slot, cr.domain, cr.revision, cr.nodes, cr.ranks, gang, cr.path
             )
             objs: list[Obj] = []
             if b.gang_of(spec, cr.role, gang) == "podgroup" and not b.admits_late(spec, cr.role, gang):

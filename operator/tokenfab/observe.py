@@ -62,6 +62,7 @@ def group_views(pods: list[PodFacts], recorded: set[str]) -> dict[RoleName, list
                 released_at=released,
                 draining_since=min(draining) if draining else None,
                 created_at=min((m.created for m in members if m.created is not None), default=None),
+                start_path=ann.get(c.ANN_START_PATH, ""),
             )
         )
     return out

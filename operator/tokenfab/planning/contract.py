@@ -26,6 +26,7 @@ LABEL_PEERS = (
 ANN_ENGINE_HASH = f"{DOMAIN}/engine-config-hash"
 ANN_GROUP_SIZE = f"{DOMAIN}/group-pods"
 ANN_GROUP_GPUS = f"{DOMAIN}/group-gpus"
+ANN_START_PATH = f"{DOMAIN}/start-path"  # a worker pod: warm | fetching | cold (its node's model cache)
 ANN_WEIGHTS = f"{DOMAIN}/weights"  # a model cache claim: the weights (source@revision) served from it
 ANN_NODE = f"{DOMAIN}/node"  # the node placement assigned this pod (it is pinned there)
 ANN_GROUP_NODES = f"{DOMAIN}/group-nodes"  # every rank's node, comma-separated in rank order

@@ -40,6 +40,8 @@ from tokenfab.planning.lifecycle import (
 )
 from tokenfab.planning.role_plan import Create, Delete, Drain, DrainPolicy, FaultReaction, RolePlan
 from tokenfab.planning.topology import (
+    COLD,
+    PATHS,
     Domain,
     GroupShape,
     PlacementPolicy,
@@ -154,8 +156,9 @@ class _Placer:
         self.used_slots.add(slot)
         self.domains = {**self.domains, chosen: take(self.domains[chosen], targets, shape.pod_gpus)}
         self.per_domain[chosen] = self.per_domain.get(chosen, 0) + 1
+        path = PATHS[max(self.warmth.get(n, COLD) for n in targets)] if self.warmth else ""
         plan.create.append(
-            Create(plan.role, slot, chosen, plan.revision, reason, tuple(targets), (), replaces)
+            Create(plan.role, slot, chosen, plan.revision, reason, tuple(targets), (), replaces, path)
         )
         return True
 

@@ -122,6 +122,7 @@ class GroupView:
     released_at: float | None = None  # when the scheduler was allowed to bind it (None: not yet)
     draining_since: float | None = None  # when its drain started (None: not draining)
     created_at: float | None = None  # when its first pod was created (None: unknown)
+    start_path: str = ""  # warm | fetching | cold: how its nodes' model caches stood when it was placed
 
 
 def missing_ranks(group: GroupView) -> list[int]:

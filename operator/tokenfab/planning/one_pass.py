@@ -297,7 +297,8 @@ def _scale(
     def reader(_url: str, query: str) -> Reading:
         return s.readings.get(query) or Reading(None, "not read by this pass", query)
 
-    outcome = autoscale(md, s.groups, s.health, capacity, s.now, reader, s.urgent)
+    warmth = weights_cache.node_warmth(spec, s.claims)
+    outcome = autoscale(md, s.groups, s.health, capacity, s.now, reader, s.urgent, warmth)
     desired.update(outcome.desired)
     if "prefill" in desired and "decode" in desired and spec.serving.ratio_policy == "fixed":
         desired["prefill"] = b.follow_ratio(spec, desired["decode"], desired["prefill"])

@@ -22,6 +22,7 @@ class Create:
     nodes: tuple[str, ...] = ()  # the node of each created rank, in rank order
     ranks: tuple[int, ...] = ()  # the ranks to create (empty: all of them)
     replaces: str = ""  # the group lost to, or moving off, a fault that this one replaces
+    path: str = ""  # how it starts: warm | fetching | cold (its nodes' model caches; "" none kept)
 
 
 @dataclass(frozen=True)

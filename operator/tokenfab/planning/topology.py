@@ -88,6 +88,7 @@ Chooser = Callable[[Mapping[str, Domain], GroupShape], str | None]
 # 0 warm (they served from it), 1 fetching (a cache is there, partly filled or of another revision), 2 cold.
 Warmth = Mapping[str, int]
 COLD = 2
+PATHS = ("warm", "fetching", "cold")  # a new group's start path, by its coldest node's warmth
 
 
 def best_fit_nodes(
@@ -179,6 +180,12 @@ def take(domain: Domain, nodes: Sequence[str], pod_gpus: int) -> Domain:
             raise ValueError(f"node {name} of NVLink domain {domain.name} has no room for {pod_gpus} GPUs")
         free[name] -= pod_gpus
     return Domain(domain.name, domain.total_gpus, free, domain.nodes, domain.ready_nodes, domain.degraded)
+
+
+def next_path(domains: Mapping[str, Domain], shape: GroupShape, warmth: Warmth) -> str:
+    """The start path of the next group placed (the warmest it can have where it fits whole)."""
+    ranks = [group_warmth(d, shape, warmth) for d in domains.values() if fits(d, shape)]
+    return PATHS[min(ranks, default=COLD)]
 
 
 def choose_domain(

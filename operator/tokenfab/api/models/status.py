@@ -95,6 +95,11 @@ class AutoscalingStatus(StatusModel):
     startup_seconds: float | None = Field(
         default=None, description="Learned seconds from a group's creation to Ready (the forecast horizon)."
     )
+    startup_by_path: dict[str, float] = Field(
+        default_factory=dict,
+        description="The same, per start path: warm (its nodes' model caches held the weights), fetching "
+        "(a cache begun), cold (none). The horizon is that of the path the next group would take.",
+    )
     frontend_replicas: int | None = Field(default=None, description="Desired frontend replicas.")
     frontend_recommendations: list[list[float]] = Field(
         default_factory=list, description="Recent frontend recommendations as [unix time, replicas] pairs."

@@ -78,6 +78,7 @@ def group_pods(
     nodes: Sequence[str] = (),
     ranks: Sequence[int] = (),
     gang: GangMode = "gates",
+    start_path: str = "",
 ) -> list[Manifest]:
     """Pods of one group (all ranks, or `ranks`), pinned to `domain` and, when `nodes` are given (one per
     rank of `ranks`, or per rank of the group), each to its node.
@@ -86,7 +87,8 @@ def group_pods(
     lifted for the whole group once every pod exists; with "podgroup" they name the group's PodGroup
     (scheduling.k8s.io gang policy, minCount = all ranks), and the scheduler binds none before all fit.
     (With an IMEX channel claim the executor writes the PodGroup last, once every pod's claim exists:
-    `admits_late`.)"""
+    `admits_late`.) `start_path` (warm, fetching, cold: how its nodes' model caches stand) is noted on
+    each pod, so the autoscaler learns each path's start time."""
     r = spec.role(role)
     assert r is not None
     shape = group_shape(spec, role)
@@ -97,7 +99,10 @@ def group_pods(
         )
     assigned = dict(zip(wanted, nodes, strict=True)) if nodes else {}
     group = _group(owner, spec, role, slot, domain, revision, shape, assigned, gang_of(spec, role, gang))
-    return [_pod(group, rank) for rank in wanted]
+    pods = [_pod(group, rank) for rank in wanted]
+    for p in pods if start_path else []:
+        p["metadata"]["annotations"][c.ANN_START_PATH] = start_path
+    return pods
 
 
 def _group(

@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from tokenfab.api.models import AutoscalingStatus, Condition, ModelDeployment, RoleBounds, RoleName
+from tokenfab.planning import builders as b
 from tokenfab.planning.autoscaling import Decision, config_for, decide, initial_groups
 from tokenfab.planning.lifecycle import GroupView, NodeHealth
 from tokenfab.planning.scaler import role as r
@@ -39,6 +40,7 @@ from tokenfab.planning.scaler.memory import (
     WARMING_BOUND_SECONDS,
     due,
     learned_startup,
+    learned_startup_by_path,
     remembered,
 )
 from tokenfab.planning.scaler.memory import burst_watch as burst_watch
@@ -46,6 +48,7 @@ from tokenfab.planning.scaler.memory import sane as sane
 from tokenfab.planning.scaler.queries import Reader, Shared, read_shared, scaled_roles, signal_query
 from tokenfab.planning.scaler.queries import due_queries as due_queries
 from tokenfab.planning.scaler.queries import next_due as next_due
+from tokenfab.planning.topology import next_path
 
 __all__ = [
     "URGENT_GAP_SECONDS",
@@ -81,6 +84,8 @@ class _Step:
     urgent: bool
     bound: float  # how long a group not serving yet is waited for
     startup: float | None
+    by_path: Mapping[str, float] = field(default_factory=dict)  # learned startup per start path
+    warmth: Mapping[str, int] = field(default_factory=dict)  # node -> its model cache's warmth
     desired: dict[RoleName, int] = field(default_factory=dict)
     decisions: list[tuple[RoleName, str, Decision]] = field(default_factory=list)
     unavailable: list[str] = field(default_factory=list)
@@ -93,16 +98,26 @@ def _start(
 ) -> _Step:
     a = md.spec.autoscaling
     old = remembered(md, now)
-    startup = old.startup_seconds
+    startup, by_path = old.startup_seconds, dict(old.startup_by_path)
     if any(due(old, role, now, a.interval_seconds, urgent) for role, _, _ in scaled_roles(md)):
         # Learned at evaluations only: `since` moves on with them, so each group is one sample.
-        startup = learned_startup(
-            groups, old.startup_seconds, max(old.last_evaluation.values(), default=None)
-        )
+        since = max(old.last_evaluation.values(), default=None)
+        startup = learned_startup(groups, old.startup_seconds, since)
+        by_path = learned_startup_by_path(groups, old.startup_by_path, since)
     status = old.model_copy(deep=True)
     status.startup_seconds = None if startup is None else round(startup, 1)
-    bound = max(WARMING_BOUND_SECONDS, 2.0 * (startup or 0.0))
-    return _Step(md, old, status, now, urgent, bound, startup)
+    status.startup_by_path = {p: round(v, 1) for p, v in by_path.items()}
+    bound = max(WARMING_BOUND_SECONDS, 2.0 * max([startup or 0.0, *by_path.values()]))
+    return _Step(md, old, status, now, urgent, bound, startup, by_path)
+
+
+def _lead_time(step: _Step, role: RoleName, domains_for: r.DomainsFor) -> float | None:
+    """The forecast horizon's start time: what the path the role's next group would take (the warmest
+    where it fits whole) has taken, when learned; else the startup time learned over every path."""
+    if not step.by_path or not step.warmth:
+        return step.startup
+    path = next_path(domains_for(role), b.group_shape(step.md.spec, role), step.warmth)
+    return step.by_path.get(path, step.startup)
 
 
 def _evaluate(
@@ -121,7 +136,8 @@ def _evaluate(
     assert spec_role is not None
     kv = metric == "kv_cache_utilization"
     target = a.target_kv_cache_utilization if kv else a.target_queue_depth
-    cfg = config_for(a, bounds.min_replicas, bounds.max_replicas, target, step.startup, utilization=kv)
+    lead = _lead_time(step, role, domains_for)
+    cfg = config_for(a, bounds.min_replicas, bounds.max_replicas, target, lead, utilization=kv)
     current = old.desired.get(role)
     if current is None:
         current = initial_groups(spec_role.replicas, cfg)
@@ -202,12 +218,15 @@ def autoscale(
     now: float,
     reader: Reader,
     urgent: bool = False,
+    warmth: Mapping[str, int] | None = None,
 ) -> Outcome:
     """One autoscaling step. `domains_for(role)` is the free capacity for that role's groups (as the
     placement ledger saw it when the plan began); `reader` answers a Prometheus query from the readings the
     pass took before it planned. `urgent`: the burst watch saw a burst begin, and every role is due once
-    URGENT_GAP_SECONDS have passed since its last evaluation."""
+    URGENT_GAP_SECONDS have passed since its last evaluation. `warmth`: the nodes' model caches (the
+    forecast looks as far ahead as the next group's start path takes)."""
     step = _start(md, groups, now, urgent)
+    step.warmth = warmth or {}
     for role, bounds, metric in scaled_roles(md):
         _evaluate(step, role, bounds, metric, groups, health, domains_for, reader)
     return _outcome(step)

@@ -17,6 +17,7 @@ from tokenfab.api.models import AutoscalingStatus, ModelDeployment, RoleName
 from tokenfab.planning import forecast
 from tokenfab.planning.autoscaling import CLOCK_SKEW_SECONDS, DEFAULT_HORIZON
 from tokenfab.planning.lifecycle import GroupView
+from tokenfab.planning.topology import PATHS
 
 # A group that has not served this long after its creation (no room to bind, an engine that never loads)
 # stops holding back scale-down: it may never serve, and the autoscaler must not wait on it for ever.
@@ -58,6 +59,9 @@ def sane(old: AutoscalingStatus, now: float) -> AutoscalingStatus:
             "last_scale_time": {r: t for r, t in old.last_scale_time.items() if parse(t) is not None},
             "capacity": {r: v for r, v in old.capacity.items() if _finite(v) and v > 0},
             "concurrency": {r: v for r, v in old.concurrency.items() if _finite(v) and v > 0},
+            "startup_by_path": {
+                p: v for p, v in old.startup_by_path.items() if p in PATHS and _finite(v) and v >= 0
+            },
             "startup_seconds": old.startup_seconds
             if _finite(old.startup_seconds) and (old.startup_seconds or 0) >= 0
             else None,
@@ -116,11 +120,9 @@ def burst_watch(body: Mapping[str, Any], inflight: float, now: float) -> bool:
     return forecast.stepped(seen, inflight, streams)
 
 
-def learned_startup(
-    groups: Mapping[RoleName, list[GroupView]], before: float | None, since: float | None
-) -> float | None:
-    """The startup time (creation to Ready) updated with the groups that became Ready after `since`."""
-    out = before
+def _startups(groups: Mapping[RoleName, list[GroupView]], since: float | None) -> list[tuple[str, float]]:
+    """(start path, seconds from creation to Ready) of the groups that became Ready after `since`."""
+    out = []
     for gs in groups.values():
         for g in gs:
             readies = [p.ready_since for p in g.pods]
@@ -131,7 +133,30 @@ def learned_startup(
                 continue
             if ready - g.created_at > WARMING_BOUND_SECONDS:
                 continue  # it waited for room (or a retry), not for its engine: no startup sample
-            out = forecast.learn_startup(out, ready - g.created_at)
+            out.append((g.start_path, ready - g.created_at))
+    return out
+
+
+def learned_startup(
+    groups: Mapping[RoleName, list[GroupView]], before: float | None, since: float | None
+) -> float | None:
+    """The startup time (creation to Ready) updated with the groups that became Ready after `since`."""
+    out = before
+    for _, seconds in _startups(groups, since):
+        out = forecast.learn_startup(out, seconds)
+    return out
+
+
+def learned_startup_by_path(
+    groups: Mapping[RoleName, list[GroupView]], before: Mapping[str, float], since: float | None
+) -> dict[str, float]:
+    """The same per start path (warm, fetching, cold), from the groups placed knowing their path."""
+    out = dict(before)
+    for path, seconds in _startups(groups, since):
+        if path in PATHS:
+            learned = forecast.learn_startup(out.get(path), seconds)
+            if learned is not None:
+                out[path] = learned
     return out
 
 
