@@ -68,6 +68,7 @@ def stop(pid: int, expect: str = "", timeout: float = 15.0) -> bool:
         return False
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGCONT)  # (a stopped process, e.g. a hung engine injected, takes it now)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not alive(pid):
