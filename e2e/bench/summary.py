@@ -101,6 +101,7 @@ REPORTS: dict[str, Callable[[dict[str, Any]], str]] = {
     "scale": _scale,
     "drain": _drain,
     "faults": _faults,
+    "faults_worker_hang": _faults,  # fault_bench --kinds worker_hang --name faults_worker_hang
     "fleet_bench": _fleet,
     "fleet_closed_loop": _closed_loop,
 }
