@@ -139,9 +139,11 @@ def test_the_start_time_is_learned_per_path_and_the_horizon_is_the_next_groups_p
         pods = tuple(replace(pod, ready_since=1000.0 + seconds) for pod in g.pods)
         return replace(g, pods=pods, created_at=1000.0, start_path=path)
 
-    groups = {"decode": [started(0, "warm", 40), started(1, "cold", 400), started(2, "", 90)]}
+    groups = {"decode": [started(0, "warm", 40), started(1, "cold", 900), started(2, "", 90)]}
     learned = learned_startup_by_path(groups, {}, None)
-    assert learned == {"warm": 40.0, "cold": 400.0}  # (a group placed knowing no path teaches none)
+    # (a group placed knowing no path teaches none; a 15-minute cold start is one, not a wait for room)
+    assert learned == {"warm": 40.0, "cold": 900.0}
+    assert learned_startup_by_path({"decode": [started(0, "cold", 9000)]}, {}, None) == {}
     assert learned_startup_by_path(groups, {"warm": 60.0}, None)["warm"] == 50.0  # (smoothed)
     # The next group's path: the warmest where it fits whole.
     shape = GroupShape(8, 4)
@@ -149,7 +151,7 @@ def test_the_start_time_is_learned_per_path_and_the_horizon_is_the_next_groups_p
     assert next_path(domains, shape, {"b-0": 0, "b-1": 0}) == "cold"  # (b is warm, but full)
     assert next_path(domains, shape, {"a-0": 0, "a-1": 1}) == "fetching"
     md = deployment()
-    step = _Step(md, None, None, 0.0, False, 0.0, 100.0, {"warm": 40.0, "cold": 400.0})  # type: ignore[arg-type]
+    step = _Step(md, None, None, 0.0, False, 0.0, 100.0, {"warm": 40.0, "cold": 900.0})  # type: ignore[arg-type]
     nodes = nodes_of({"a": 4})
     warm_a = {"a-0": 0, "a-1": 0, "a-2": 0, "a-3": 0}
     from tokenfab.planning.room import Capacity, Room
@@ -160,4 +162,4 @@ def test_the_start_time_is_learned_per_path_and_the_horizon_is_the_next_groups_p
     step.warmth = warm_a
     assert _lead_time(step, "decode", capacity) == 40.0
     step.warmth = {"a-0": 1}
-    assert _lead_time(step, "decode", capacity) == 400.0  # (one node fetching, the other cold: cold)
+    assert _lead_time(step, "decode", capacity) == 900.0  # (one node fetching, the other cold: cold)

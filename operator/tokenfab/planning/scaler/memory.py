@@ -22,6 +22,7 @@ from tokenfab.planning.topology import PATHS
 # A group that has not served this long after its creation (no room to bind, an engine that never loads)
 # stops holding back scale-down: it may never serve, and the autoscaler must not wait on it for ever.
 WARMING_BOUND_SECONDS = 600.0
+PATH_BOUND_SECONDS = 7200.0  # (the workers' startup probe gives up after 2 h)
 
 # An early evaluation (the burst watch saw the requests in flight step up between evaluations) comes no
 # sooner than this after the last one: about a Prometheus scrape, the most often the signal can change.
@@ -120,8 +121,11 @@ def burst_watch(body: Mapping[str, Any], inflight: float, now: float) -> bool:
     return forecast.stepped(seen, inflight, streams)
 
 
-def _startups(groups: Mapping[RoleName, list[GroupView]], since: float | None) -> list[tuple[str, float]]:
-    """(start path, seconds from creation to Ready) of the groups that became Ready after `since`."""
+def _startups(
+    groups: Mapping[RoleName, list[GroupView]], since: float | None, bound: float = WARMING_BOUND_SECONDS
+) -> list[tuple[str, float]]:
+    """(start path, seconds from creation to Ready) of the groups that became Ready after `since`, within
+    `bound` seconds of their creation (longer: it waited for room or a retry, not for its engine)."""
     out = []
     for gs in groups.values():
         for g in gs:
@@ -131,7 +135,7 @@ def _startups(groups: Mapping[RoleName, list[GroupView]], since: float | None) -
             ready = max(r for r in readies if r is not None)
             if since is not None and ready <= since:
                 continue
-            if ready - g.created_at > WARMING_BOUND_SECONDS:
+            if ready - g.created_at > bound:
                 continue  # it waited for room (or a retry), not for its engine: no startup sample
             out.append((g.start_path, ready - g.created_at))
     return out
@@ -150,9 +154,10 @@ def learned_startup(
 def learned_startup_by_path(
     groups: Mapping[RoleName, list[GroupView]], before: Mapping[str, float], since: float | None
 ) -> dict[str, float]:
-    """The same per start path (warm, fetching, cold), from the groups placed knowing their path."""
+    """The same per start path (warm, fetching, cold), from the groups placed knowing their path (a cold
+    start may take up to PATH_BOUND_SECONDS: a download of hundreds of GB)."""
     out = dict(before)
-    for path, seconds in _startups(groups, since):
+    for path, seconds in _startups(groups, since, PATH_BOUND_SECONDS):
         if path in PATHS:
             learned = forecast.learn_startup(out.get(path), seconds)
             if learned is not None:
