@@ -163,3 +163,34 @@ def test_the_start_time_is_learned_per_path_and_the_horizon_is_the_next_groups_p
     assert _lead_time(step, "decode", capacity) == 40.0
     step.warmth = {"a-0": 1}
     assert _lead_time(step, "decode", capacity) == 900.0  # (one node fetching, the other cold: cold)
+
+
+def test_kubectl_get_nvlinkdomains_shows_which_weights_each_domains_caches_hold():
+    from tokenfab.api.crd import nvlink_domain_crd
+    from tokenfab.fleet.view import ClusterView
+    from tokenfab.inventory import cached_models, domain_status
+
+    view = ClusterView()
+    for name, clique in (("a-0", "a"), ("a-1", "a"), ("b-0", "b")):
+        view.on_node("ADDED", {"metadata": {"name": name, "labels": {"nvidia.com/gpu.clique": clique}},
+                               "status": {"conditions": [{"type": "Ready", "status": "True"}]}})  # fmt: skip
+
+    def claim(ns: str, dep: str, node: str, weights: str) -> dict:
+        ann = {c.ANN_NODE: node, **({c.ANN_WEIGHTS: weights} if weights else {})}
+        meta = {"name": f"{dep}-model-{node}", "namespace": ns, "labels": {c.LABEL_DEPLOYMENT: dep},
+                "annotations": ann}  # fmt: skip
+        return {"metadata": meta}
+
+    r1 = "hf://deepseek-ai/DeepSeek-R1@abc"
+    for obj in (claim("x", "r1", "a-0", r1), claim("y", "r1b", "a-1", r1), claim("x", "r1", "b-0", ""),
+                claim("x", "llama", "a-1", "hf://meta/llama@def")):  # fmt: skip
+        view.on_child("PersistentVolumeClaim", "ADDED", obj)
+    got = cached_models(view, "nvidia.com/gpu.clique")
+    assert set(got) == {"a"}  # (b-0's claim holds nothing verified yet)
+    by = {m.weights: m for m in got["a"]}
+    assert (by[r1].nodes, by[r1].deployments) == (2, ["x/r1", "y/r1b"])
+    assert by["hf://meta/llama@def"].nodes == 1
+    status = domain_status(_domain("a", {"a-0": 4, "a-1": 4}), [], 0.0, "clique", {}, got["a"])
+    assert status.cached == 2
+    cols = nvlink_domain_crd()["spec"]["versions"][0]["additionalPrinterColumns"]
+    assert {"name": "Cached", "type": "integer", "jsonPath": ".status.cached"} in cols

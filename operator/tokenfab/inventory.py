@@ -10,7 +10,7 @@ from typing import Any
 
 from tokenfab.adapters import telemetry
 from tokenfab.adapters.kube import Kube
-from tokenfab.api.models import API_VERSION, DOMAIN_KIND, DomainGroup, NVLinkDomainStatus
+from tokenfab.api.models import API_VERSION, DOMAIN_KIND, CachedWeights, DomainGroup, NVLinkDomainStatus
 from tokenfab.fleet.ledger import Ledger
 from tokenfab.fleet.view import ClusterView
 from tokenfab.planning import contract as c
@@ -29,9 +29,16 @@ def object_name(domain: str) -> str:
 
 
 def domain_status(
-    d: Domain, groups: list[DomainGroup], now: float, label: str, alloc_per_node: dict[str, int]
+    d: Domain,
+    groups: list[DomainGroup],
+    now: float,
+    label: str,
+    alloc_per_node: dict[str, int],
+    models: list[CachedWeights] | None = None,
 ) -> NVLinkDomainStatus:
     return NVLinkDomainStatus(
+        cached=len(models or []),
+        models=models or [],
         domain=d.name,
         label=label,
         nodes=d.nodes,
@@ -71,10 +78,30 @@ def domains(
     return found, members, alloc
 
 
+def cached_models(view: ClusterView, label: str = DOMAIN_LABEL) -> dict[str, list[CachedWeights]]:
+    """Per domain, the weights its nodes' model cache claims are marked with (contract.ANN_WEIGHTS)."""
+    held: dict[str, dict[str, tuple[set[str], set[str]]]] = {}
+    for claim in view.all_children("PersistentVolumeClaim"):
+        node = view.node(claim.node) if claim.node and claim.weights else None
+        domain = node.labels.get(label) if node is not None else None
+        if domain:
+            nodes, deps = held.setdefault(domain, {}).setdefault(claim.weights, (set(), set()))
+            nodes.add(claim.node)
+            deps.add(f"{claim.namespace}/{claim.deployment}")
+    return {
+        d: [
+            CachedWeights(weights=w, nodes=len(n), deployments=sorted(deps))
+            for w, (n, deps) in sorted(per.items())
+        ]
+        for d, per in held.items()
+    }
+
+
 def sync_domains(kube: Kube, view: ClusterView, ledger: Ledger, written: dict[str, Any], now: float) -> int:
     """Write the NVLinkDomain status of every domain whose figures changed since the last write (`written`
     remembers them); delete the objects of domains that are gone. Returns the writes made."""
     found, members, alloc = domains(view, ledger)
+    models = cached_models(view)
     writes = 0
     if "__listed__" not in written:  # first run: what the objects already say needs no write
         managed = f"{c.MANAGED_BY}={c.MANAGED_BY_VALUE}"
@@ -83,7 +110,7 @@ def sync_domains(kube: Kube, view: ClusterView, ledger: Ledger, written: dict[st
             written[item["metadata"]["name"]] = stored
         written["__listed__"] = True
     for name, d in found.items():
-        status = domain_status(d, members.get(name, []), now, DOMAIN_LABEL, alloc)
+        status = domain_status(d, members.get(name, []), now, DOMAIN_LABEL, alloc, models.get(name))
         telemetry.DOMAIN_GPUS.labels(name).set(d.total_gpus)
         telemetry.DOMAIN_FREE_GPUS.labels(name).set(d.free_gpus)
         body = status.model_dump(by_alias=True, mode="json")

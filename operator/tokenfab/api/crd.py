@@ -292,6 +292,7 @@ def nvlink_domain_crd() -> JSON:
         {"name": "Free-Nodes", "type": "integer", "jsonPath": ".status.freeNodes"},
         {"name": "Groups", "type": "integer", "jsonPath": ".status.groupCount"},
         {"name": "Health", "type": "string", "jsonPath": ".status.health"},
+        {"name": "Cached", "type": "integer", "jsonPath": ".status.cached"},
         {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1},
         {"name": "Updated", "type": "date", "jsonPath": ".status.updated"},
     ]

@@ -309,6 +309,11 @@ class ClusterView:
         with self._lock:
             return self._children.get((kind, namespace, name))
 
+    def all_children(self, kind: str) -> list[ChildFacts]:
+        """Every deployment's children of one kind."""
+        with self._lock:
+            return [ch for (k, _, _), ch in self._children.items() if k == kind]
+
     def children(self, kind: str, key: Key) -> list[ChildFacts]:
         with self._lock:
             return [

@@ -48,6 +48,7 @@ from tokenfab.api.models.domain import (
     DOMAIN_PLURAL,
     DOMAIN_SHORT_NAMES,
     DOMAIN_SINGULAR,
+    CachedWeights,
     DomainGroup,
     NVLinkDomainStatus,
 )
@@ -142,6 +143,7 @@ __all__ = [
     "VERSION",
     "Autoscaling",
     "AutoscalingStatus",
+    "CachedWeights",
     "Capability",
     "Condition",
     "Discovery",

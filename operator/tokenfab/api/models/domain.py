@@ -23,6 +23,14 @@ class DomainGroup(StatusModel):
     gpus: int = Field(description="GPUs the group uses.")
 
 
+class CachedWeights(StatusModel):
+    """Model weights held by the per-node model caches of the domain's nodes."""
+
+    weights: str = Field(description="Source and revision (source@revision).")
+    nodes: int = Field(description="Nodes whose cache holds them (a worker of them served from it).")
+    deployments: list[str] = Field(default_factory=list, description="namespace/name of the deployments.")
+
+
 class NVLinkDomainStatus(StatusModel):
     """Capacity of one NVLink domain (one NVL72 rack), kept current by the operator."""
 
@@ -42,4 +50,12 @@ class NVLinkDomainStatus(StatusModel):
         "is faulted).",
     )
     reason: str = Field(default="", description="Why the domain is degraded: the node and the signal.")
+    cached: int = Field(
+        default=0, description="Distinct model weights held by the model caches of the domain's nodes."
+    )
+    models: list[CachedWeights] = Field(
+        default_factory=list,
+        description="Which weights the domain's node-local model caches hold (model.cache.storageClassName): "
+        "a new group of them starts warm here.",
+    )
     updated: str = Field(description="When the operator last refreshed this status (RFC 3339).")
