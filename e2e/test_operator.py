@@ -323,6 +323,7 @@ def test_kubectl_shows_domain_capacity(operator):
     f = operator
     out = kubectl(f, "get", "nvlinkdomains").stdout.splitlines()
     assert out[0].split()[:7] == ["NAME", "NODES", "READY", "GPUS", "FREE", "FREE-NODES", "GROUPS"]
+    assert out[0].split()[7:9] == ["HEALTH", "CACHED"]
     assert len(out) == 1 + 4
 
 
