@@ -382,6 +382,22 @@ def test_two_lost_groups_never_share_a_replacement_and_a_vanished_one_is_forgott
     assert by_group["m-decode-0"].recovered is not None  # (the role has all it wants, none faulted)
 
 
+def test_a_recovered_records_replacement_name_does_not_stop_a_new_group_of_that_name_replacing():
+    """Slots are reused: an old fault's replacement m-decode-1 left, and a new group named m-decode-1 is
+    made for a new fault. Only open records claim a replacement."""
+    old = FaultRecord(time="2026-11-26T10:00:00Z", group="m-decode-0", role="decode", node="a-0", kind="Lost",
+                      reaction="Replaced", replacement="m-decode-1", domain="a",
+                      recovered="2026-11-26T10:00:09Z", recovery_seconds=9.0)  # fmt: skip
+    p = _lost_plan()  # m-decode-0 lost now; its replacement written this pass
+    made = frozenset(name(cr.role, cr.slot) for cr in p.create)
+    assert made == {"m-decode-1"}
+    recs = fault_report.records([old], [p], NOW, name, made)
+    assert recs[-1].group == "m-decode-0"
+    assert recs[-1].recovered is None
+    assert recs[-1].replacement == "m-decode-1"
+    assert recs[0] == old
+
+
 # ----------------------------------------------------------------------------------------- the baselines
 
 

@@ -54,7 +54,9 @@ def _match(out: list[FaultRecord], made: list[tuple[Create, str]], alive: set[st
     """Name each open record's replacement: the new group made for it, else (a lost group's replacement
     may be written a pass later, once its IMEX channel template exists) a new group of its role that no
     other record claims. A replacement that is gone again (never written, or removed) is forgotten."""
-    claimed = {r.replacement for r in out if r.replacement and r.replacement in alive}
+    # (only open records claim: a recovered one's replacement name may be a new group's again, its slot
+    # reused after that group left)
+    claimed = {r.replacement for r in out if _open(r) and r.replacement and r.replacement in alive}
     for exact in (True, False):
         for i, r in enumerate(out):
             if not _open(r) or (r.replacement and r.replacement in alive):
