@@ -118,6 +118,18 @@ def watch_until(f: Factory, what: str, done: Any, timeout: float, seen: dict[str
         time.sleep(0.5)
 
 
+def replaced(
+    f: Factory, pods: list[dict[str, Any]], what: str, timeout: float, seen: dict[str, Any]
+) -> float:
+    """Wait until none of `pods` is left and 2 decode groups serve again; returns the seconds it took."""
+    before = {p["metadata"]["uid"] for p in pods}
+    return watch_until(
+        f, what,
+        lambda gs: not any(p["metadata"]["uid"] in before for ps in gs.values() for p in ps)
+        and len(serving(gs, "decode")) == 2, timeout, seen,
+    )  # fmt: skip
+
+
 def test_a_lost_rack_is_re_placed_whole_at_once_and_named(deployed: Factory) -> None:
     f = deployed
     victim, pods = decode_group(f)
@@ -228,15 +240,9 @@ def test_a_compute_domain_gone_not_ready_loses_its_group_and_it_is_re_placed(dep
     f = deployed
     wait_for("Ready before the fault", lambda: is_ready(f), timeout=120)
     victim, pods = decode_group(f)
-    before = {p["metadata"]["uid"] for p in pods}
     faults.break_domain(f, NS, f"{victim}-imex")
-    seen: dict[str, Any] = {}
     try:
-        took = watch_until(
-            f, "the group re-placed with its IMEX domain",
-            lambda gs: not any(p["metadata"]["uid"] in before for ps in gs.values() for p in ps)
-            and len(serving(gs, "decode")) == 2, 120, seen,
-        )  # fmt: skip
+        took = replaced(f, pods, "the group re-placed with its IMEX domain", 120, {})
         print(f"\nComputeDomain NotReady: serving again in {took:.1f} s")
         records = [r for r in md(f)["status"]["faults"] if r["kind"] == "ComputeDomainNotReady"]
         assert records, md(f)["status"]["faults"]
@@ -251,18 +257,12 @@ def test_a_worker_that_stops_answering_on_a_healthy_node_loses_its_group(deploye
     f = deployed
     wait_for("Ready before the fault", lambda: is_ready(f), timeout=120)
     victim, pods = decode_group(f)
-    before = {p["metadata"]["uid"] for p in pods}
     worker = sorted(pods, key=lambda p: p["metadata"]["name"])[-1]
     node = worker["spec"]["nodeName"]
     assert worker["spec"]["containers"][0]["startupProbe"]["httpGet"]["path"] == c.HEALTH_PATH
     time.sleep(2)  # (a kubelet's readiness verdict comes after 3 failed probes 10 s apart, never within 1 s)
     print("\n" + faults.hang(f, NS, worker["metadata"]["name"]))
-    seen: dict[str, Any] = {}
-    took = watch_until(
-        f, "the hung worker's group re-placed",
-        lambda gs: not any(p["metadata"]["uid"] in before for ps in gs.values() for p in ps)
-        and len(serving(gs, "decode")) == 2, 180, seen,
-    )  # fmt: skip
+    took = replaced(f, pods, "the hung worker's group re-placed", 180, {})
     print(f"worker unhealthy: serving again in {took:.1f} s (30 s of readiness grace included)")
     records = [r for r in md(f)["status"]["faults"] if r["kind"] == "WorkerUnhealthy"]
     assert records, md(f)["status"]["faults"]

@@ -209,6 +209,14 @@ def taint_device(
     typer.echo(f"DeviceTaintRule {rule}: {driver}/{node}/{device} {effect}")
 
 
+def _namespaced(value: str, what: str) -> tuple[str, str]:
+    """NAMESPACE/NAME split, or a usage error naming what was expected."""
+    namespace, _, name = value.partition("/")
+    if not namespace or not name:
+        raise typer.BadParameter(f"give {what}")
+    return namespace, name
+
+
 @fault_app.command("break-domain")
 def break_domain(
     domain: Annotated[str, typer.Argument(help="NAMESPACE/NAME of a group's ComputeDomain.")],
@@ -217,10 +225,7 @@ def break_domain(
     """Turn a ComputeDomain NotReady (its IMEX daemons failed), as NVIDIA's DRA driver would report it."""
     from tokenfab_factory import faults
 
-    namespace, _, name = domain.partition("/")
-    if not name:
-        raise typer.BadParameter("give NAMESPACE/NAME")
-    faults.break_domain(_running(run_dir), namespace, name)
+    faults.break_domain(_running(run_dir), *_namespaced(domain, "NAMESPACE/NAME"))
     typer.echo(f"ComputeDomain {domain} NotReady")
 
 
@@ -232,10 +237,7 @@ def hang(
     """Make a worker stop answering its health endpoint while its node stays healthy (a hung engine)."""
     from tokenfab_factory import faults
 
-    namespace, _, name = pod.partition("/")
-    if not name:
-        raise typer.BadParameter("give NAMESPACE/POD")
-    typer.echo(faults.hang(_running(run_dir), namespace, name))
+    typer.echo(faults.hang(_running(run_dir), *_namespaced(pod, "NAMESPACE/POD")))
 
 
 @fault_app.command()
