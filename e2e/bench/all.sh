@@ -2,7 +2,8 @@
 # Every benchmark the README quotes, one after another on this machine (about 2.5 hours on 2 cores; run
 # nothing else meanwhile: they share the cores with what they measure). Each writes its result file and
 # its history copy under e2e/bench/results/ (e2e/bench/record.py) and starts and stops its own factory.
-# Usage: bash e2e/bench/all.sh [name ...]   (names: autoscaler operator factory scale drain faults closed_loop fleet)
+# Usage: bash e2e/bench/all.sh [name ...]   (names: autoscaler operator factory scale drain faults closed_loop fleet
+# fleet_cold)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=../lib/bootstrap.sh
@@ -18,7 +19,7 @@ run() {
 }
 
 wanted=("$@")
-[ ${#wanted[@]} -gt 0 ] || wanted=(autoscaler operator factory scale drain faults closed_loop fleet)
+[ ${#wanted[@]} -gt 0 ] || wanted=(autoscaler operator factory scale drain faults closed_loop fleet fleet_cold)
 for name in "${wanted[@]}"; do
   work="$(mktemp -d -t tokenfab-bench-XXXXXX)"
   case "$name" in
@@ -33,6 +34,7 @@ for name in "${wanted[@]}"; do
       run e2e.bench.fleet_bench --run-dir "$work/run" --port-base 31200 --batch 6 \
         --policies tokenfab,tokenfab_kv_only,static,threshold,planner_baseline,oracle
       ;;
+    fleet_cold) run e2e.bench.fleet_bench_cold --run-dir "$work/run" --port-base 31300 ;;
     *) echo "unknown benchmark: $name" >&2; exit 2 ;;
   esac
   rm -rf "$work"

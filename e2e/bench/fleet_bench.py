@@ -73,6 +73,7 @@ SUMMARY_KEYS = (
     "first_serve_s",
     "first_serve_per_rise_s",
     "aiperf_exit_code",
+    "weights_paths",
 )
 
 

@@ -71,6 +71,18 @@ def _fleet(r: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def _fleet_cold(r: dict[str, Any]) -> str:
+    from e2e.bench import fleet_bench
+
+    m = r.get("modeled") or {}
+    out = [f"weights (modeled): hub {m.get('cold_s')} s, warm model cache {m.get('warm_s')} s"]
+    for i, traces in enumerate([r.get("traces") or {}, *(r.get("repeats") or [])], 1):
+        out.append(fleet_bench.table(traces, f"run {i}, cold start with and without the model cache"))
+    for i, g in enumerate(r.get("goals") or [], 1):
+        out.append(f"run {i} goals: " + json.dumps(g))
+    return "\n".join(out)
+
+
 def _closed_loop(r: dict[str, Any]) -> str:
     q, slo = r.get("requests") or {}, r.get("slo") or {}
     gp = slo.get("goodput_fraction")
@@ -103,6 +115,7 @@ REPORTS: dict[str, Callable[[dict[str, Any]], str]] = {
     "faults": _faults,
     "faults_worker_hang": _faults,  # fault_bench --kinds worker_hang --name faults_worker_hang
     "fleet_bench": _fleet,
+    "fleet_bench_cold": _fleet_cold,
     "fleet_closed_loop": _closed_loop,
 }
 

@@ -125,10 +125,16 @@ def manifest(
     max_decode: int = 4,
     target: float = 0.6,
     scale_down_window: int = 60,
+    cache_class: str | None = None,
 ) -> dict[str, Any]:
-    """A small disaggregated deployment: decode groups of 2 GPUs, prefill groups of 1 GPU at 1:2."""
+    """A small disaggregated deployment: decode groups of 2 GPUs, prefill groups of 1 GPU at 1:2.
+    `cache_class`: keep the weights in a node-local model cache claim of that StorageClass on each node
+    (model.cache.storageClassName); none: an emptyDir per pod, downloaded again by every pod."""
+    model: dict[str, Any] = {"name": MODEL_NAME, "source": f"hf://{MODEL_NAME}"}
+    if cache_class:
+        model["cache"] = {"storageClassName": cache_class, "size": "20Gi"}
     spec: dict[str, Any] = {
-        "model": {"name": MODEL_NAME, "source": f"hf://{MODEL_NAME}"},
+        "model": model,
         "serving": {
             "mode": "disaggregated",
             "routerMode": "kv",

@@ -52,7 +52,7 @@ from typing import Any
 import psutil
 import yaml
 
-from e2e.fleet import pods
+from e2e.fleet import pods, weights_model
 from tokenfab.planning import contract as c
 from tokenfab_factory import process
 
@@ -87,7 +87,9 @@ class Options:
     namespaces: tuple[str, ...] = ()  # only pods of these Kubernetes namespaces (empty = all)
     poll_seconds: float = 1.0
     restart_backoff_seconds: float = 5.0
-    start_delay_seconds: float = 0.0  # hold a new engine back this long (cold start: weights loading)
+    # A new engine's weights from the hub take this long (a cold start); a warm model cache takes its
+    # published share of it (e2e/fleet/weights_model.py: a model of time).
+    start_delay_seconds: float = 0.0
 
 
 @dataclass
@@ -259,7 +261,9 @@ class Runner:
         self.procs: dict[str, Proc] = {}
         self.history: list[dict[str, Any]] = []  # every process ever started, with start/stop times
         self.backoff: dict[str, float] = {}
-        self.pending: dict[str, float] = {}  # engines held back for their cold start: key -> first seen
+        self.pending: dict[str, float] = {}  # engines held back while their weights load: key -> due
+        self.weights = weights_model.CacheModel(opts.start_delay_seconds)
+        self.paths: dict[str, dict[str, Any]] = {}  # key -> its modeled weights path and seconds
         self.terminating: dict[str, Proc] = {}  # pod uid -> process of a deleted pod, draining
         self.stop_event = threading.Event()
         self.errors = 0
@@ -394,6 +398,29 @@ class Runner:
         path.chmod(0o600)
         return str(path)
 
+    def model_cache(self, pod: dict[str, Any]) -> str | None:
+        """The pod's model cache, as the weights model knows it: its node-local claim's uid and the
+        weights (source@revision) the pod loads; None for a per-pod emptyDir (or no cache at all)."""
+        meta = pod["metadata"]
+        claim = next(
+            (
+                v["persistentVolumeClaim"]["claimName"]
+                for v in pod["spec"].get("volumes") or []
+                if v.get("name") == "model-cache" and "persistentVolumeClaim" in v
+            ),
+            None,
+        )
+        if claim is None:
+            return None
+        try:
+            uid = self.kubectl("get", "pvc", claim, "-n", meta["namespace"], "-o", "jsonpath={.metadata.uid}")
+        except (pods.PodError, subprocess.TimeoutExpired):
+            uid = f"{meta['namespace']}/{claim}"
+        env = {
+            e["name"]: e.get("value", "") for ctr in pod["spec"]["containers"] for e in ctr.get("env") or []
+        }
+        return f"{uid.strip()}:{env.get(c.ENV_MODEL_SOURCE, '')}@{env.get(c.ENV_MODEL_REVISION) or 'main'}"
+
     def start(self, kind: str, pod: dict[str, Any]) -> None:
         argv, env, proc = self.argv_for(kind, pod)
         proc.grace, proc.prestop = _grace(pod)
@@ -410,6 +437,8 @@ class Runner:
                 "stopped_at": None,
                 "generation": pod["metadata"].get("labels", {}).get(c.LABEL_REVISION, "")[:8],
                 "labels": proc.labels,
+                # the modeled weights path and hold (weights_model), for an engine held back
+                **({"weights": self.paths.pop(proc.key)} if proc.key in self.paths else {}),
             }
         )
         self.publish(proc)
@@ -482,9 +511,15 @@ class Runner:
         for key, (kind, pod) in sorted(desired.items()):
             if key not in self.procs and self.backoff.get(key, 0) <= now:
                 if kind == "mocker" and self.opts.start_delay_seconds > 0:
-                    # Cold start: a real engine loads its weights for minutes before it registers.
-                    first = self.pending.setdefault(key, now)
-                    if now - first < self.opts.start_delay_seconds:
+                    # A real engine loads its weights before it registers: for minutes from the hub,
+                    # for seconds from a node's warm model cache (weights_model, a model of time).
+                    if key not in self.pending:
+                        path, hold = self.weights.hold(self.model_cache(pod), now)
+                        self.pending[key], self.paths[key] = (
+                            now + hold,
+                            {"path": path, "hold_s": round(hold, 1)},
+                        )
+                    if now < self.pending[key]:
                         continue
                 try:
                     self.start(kind, pod)
@@ -492,6 +527,9 @@ class Runner:
                 except Exception as exc:
                     self.errors += 1
                     print(f"runner: could not start {kind} for {key}: {exc}", file=sys.stderr, flush=True)
+        for key in [k for k in self.pending if k not in desired]:  # deleted while its weights loaded
+            self.pending.pop(key)
+            self.paths.pop(key, None)
         for key, pod in by_key.items():
             if pod["metadata"]["namespace"].startswith(LIVE_PREFIX) and not _deleting(pod):
                 self.probe(key, pod)

@@ -30,6 +30,7 @@ from typing import Any
 from e2e.bench import record
 from e2e.fleet import fleet, load
 from e2e.helpers import apply_yaml, install_crds, kubectl, start_operator, wait_for
+from tokenfab.planning import contract as c
 from tokenfab_factory import process
 from tokenfab_factory.factory import Factory, FactoryConfig
 
@@ -66,6 +67,9 @@ class Config:
     planner_down: float = 0.6
     kv_tokens_per_gpu: int = 48 * 16  # the runner's KV blocks per GPU x block size
     oracle_lead_s: float = 0.0  # the oracle bound (OracleController): how far ahead of the trace it acts
+    # the StorageClass of a node-local model cache for the weights (none: an emptyDir per pod); the
+    # policy tokenfab_nocache never has one
+    cache_class: str | None = None
 
     @property
     def total_s(self) -> float:
@@ -267,18 +271,22 @@ CONTROLLERS: dict[str, type[Controller]] = {
 
 
 def deployment(f: Factory, cfg: Config) -> dict[str, Any]:
-    if cfg.policy in ("tokenfab", "tokenfab_kv_only"):
+    """The policy's ModelDeployment. tokenfab_nocache is tokenfab (policy leading) with no model cache."""
+    cache = None if cfg.policy == "tokenfab_nocache" else cfg.cache_class
+    if cfg.policy in ("tokenfab", "tokenfab_kv_only", "tokenfab_nocache"):
         doc = fleet.manifest(
-            f, cfg.namespace, cfg.name, True, 1, cfg.max_decode, cfg.target, cfg.scale_down_window
+            f, cfg.namespace, cfg.name, True, 1, cfg.max_decode, cfg.target, cfg.scale_down_window, cache
         )
         a = doc["spec"]["autoscaling"]
-        a["policy"] = "leading" if cfg.policy == "tokenfab" else "kv"
+        a["policy"] = "kv" if cfg.policy == "tokenfab_kv_only" else "leading"
         a["rateWindowSeconds"] = cfg.rate_window_s
         return doc
     if cfg.policy == "static":
-        return fleet.manifest(f, cfg.namespace, cfg.name, False, cfg.max_decode, cfg.max_decode)
+        return fleet.manifest(
+            f, cfg.namespace, cfg.name, False, cfg.max_decode, cfg.max_decode, cache_class=cache
+        )
     if cfg.policy in CONTROLLERS:
-        return fleet.manifest(f, cfg.namespace, cfg.name, False, 1, cfg.max_decode)
+        return fleet.manifest(f, cfg.namespace, cfg.name, False, 1, cfg.max_decode, cache_class=cache)
     raise ValueError(f"unknown policy {cfg.policy!r}")
 
 
@@ -338,6 +346,7 @@ def run_policy(f: Factory, tools: fleet.Tools, cfg: Config, out_dir: Path) -> di
     started_after = fleet.requests_started(url)
     sent = None if started_before is None or started_after is None else started_after - started_before
     result = analyse(cfg, doc, sampler.rows, records, t_start, rc, sent)
+    result["weights_paths"] = weights_paths(fleet.runner_state(f), cfg.namespace, t_start)
     if controller:
         result["controller_decisions"] = controller.decisions
     (out_dir / "result.json").write_text(json.dumps(result, indent=1))
@@ -424,6 +433,27 @@ def reversals(counts: list[int | None]) -> int:
             signs.append(1 if n > prev else -1)
         prev = n
     return sum(1 for a, b in itertools.pairwise(signs) if a != b)
+
+
+def weights_paths(state: dict[str, Any], namespace: str, t_start: float) -> dict[str, Any]:
+    """The engines of `namespace` the runner started after `t_start` (wall clock) and how their weights
+    came (e2e/fleet/weights_model: modeled): a count per path, and each with its start (seconds into
+    the trace), role, path and modeled hold."""
+    engines = [
+        {
+            "t": round(h["started_at"] - t_start, 1),
+            "role": h["labels"].get(c.PROM_LABEL_ROLE, ""),
+            "path": h["weights"]["path"],
+            "hold_s": h["weights"]["hold_s"],
+        }
+        for h in state.get("history") or []
+        if h.get("kind") == "mocker"
+        and h["key"].startswith(f"{namespace}/")
+        and h["started_at"] >= t_start
+        and "weights" in h
+    ]
+    counts = {p: sum(e["path"] == p for e in engines) for p in ("warm", "fetching", "cold")}
+    return {"counts": counts, "engines": engines}
 
 
 def first_serve(series: list[dict[str, Any]], trace: list[load.Point]) -> list[float | None]:

@@ -1,0 +1,148 @@
+"""Cold starts with and without a model cache, on a live local fleet: `python -m e2e.bench.fleet_bench_cold`.
+
+The fleet benchmark (e2e/bench/fleet_bench.py: the same three traces, the same small disaggregated
+deployment, real mocker engines and frontends, aiperf) with every new engine held back while its weights
+load. How long is a MODEL of time (e2e/fleet/weights_model.py, figures and sources in
+docs/weights-timing.md): `--cold-start` seconds (60 by default) for weights from the hub, and the
+published local-NVMe share of that (70/533, 7.9 s) for weights already in the node's model cache; an
+engine whose node's cache is still downloading waits for that download. Policies:
+
+- tokenfab:          the operator's autoscaler (policy leading) with a node-local model cache
+                     (model.cache.storageClassName: the factory's `local-nvme` class): new groups go to
+                     the warmest nodes they fit whole on, and each learned start time per path is the
+                     autoscaler's forecast horizon;
+- tokenfab_nocache:  the same with no model cache (an emptyDir per pod): every new engine is cold;
+- oracle:            a BOUND that knows the trace (scenario.OracleController), with the model cache;
+- static:            autoscaling off at the maximum (peak provisioning), with the model cache.
+
+Each policy's result carries `weights_paths`: the engines started during the trace and how their weights
+came (warm / fetching / cold), and `first_serve_per_rise_s`: per rise of the load, the seconds until a new
+decode group served. `--repeat 2` (the default) runs it all twice: the first run is `traces`, the others
+under `repeats`. Saved to e2e/bench/results/fleet_bench_cold.json with its history copy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from e2e.bench import fleet_bench, record
+from e2e.fleet import fleet, scenario, weights_model
+from tokenfab_factory.drivers import STORAGE_CLASS
+
+POLICIES = ("tokenfab", "tokenfab_nocache", "oracle", "static")
+
+
+def _gp(r: dict[str, Any] | None) -> float | None:
+    return None if not r else (r.get("slo") or {}).get("goodput_fraction")
+
+
+def _median_rise(r: dict[str, Any] | None) -> float | None:
+    rises = [v for v in (r or {}).get("first_serve_per_rise_s") or [] if v is not None]
+    return statistics.median(rises) if rises else None
+
+
+def goals(traces: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per trace, what the issue's goals compare: tokenfab's goodput against the oracle's (points), its
+    GPU-minutes against static's, and its median first serve per rise against tokenfab_nocache's."""
+    out: dict[str, dict[str, Any]] = {}
+    for trace, by in traces.items():
+        tf, oracle, nocache = by.get("tokenfab"), by.get("oracle"), by.get("tokenfab_nocache")
+        gp, og = _gp(tf), _gp(oracle)
+        warm, cold = _median_rise(tf), _median_rise(nocache)
+        out[trace] = {
+            "goodput_points_below_oracle": None if gp is None or og is None else round(100 * (og - gp), 1),
+            "gpu_minutes_vs_static": (tf or {}).get("gpu_minutes_vs_static"),
+            "first_serve_s": {"tokenfab": warm, "tokenfab_nocache": cold},
+            "first_serve_vs_nocache": None if not warm or not cold else round(warm / cold, 2),
+        }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run-dir", type=Path, default=None, help="factory run directory (default: the user's)")
+    ap.add_argument("--port-base", type=int, default=int(os.environ.get("TOKENFAB_E2E_PORT_BASE", "31000")))
+    ap.add_argument("--out", type=Path, default=record.RESULTS)
+    ap.add_argument("--traces", default=",".join(scenario.TRACES))
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--batch", type=int, default=4, help="policies of one trace run at once")
+    ap.add_argument(
+        "--cold-start", type=float, default=fleet_bench.COLD_START_S, help="the hub path, seconds"
+    )
+    ap.add_argument("--repeat", type=int, default=2, help="run everything this many times")
+    a = ap.parse_args(argv)
+    started = time.time()
+    traces = tuple(t for t in a.traces.split(",") if t)
+    policies = tuple(p for p in a.policies.split(",") if p)
+    tools = fleet.tools()
+    users = scenario.already_up(a.run_dir, a.port_base)  # a factory this run starts, it also stops
+    f = scenario.bring_up(a.run_dir, a.port_base)
+    scenario.ensure_operator(f)
+    runs: list[dict[str, Any]] = []
+    errors: dict[str, str] = {}
+    t0 = time.monotonic()
+    try:
+        for i in range(a.repeat):
+            fleet.start_runner(
+                f,
+                tools,
+                namespaces=tuple(fleet_bench.namespace(p) for p in policies),
+                start_delay=a.cold_start,
+            )
+            work = f.run / "fleet-bench-cold" / str(i)
+            bench = fleet_bench.run(f, tools, work, traces, policies, a.batch, cache_class=STORAGE_CLASS)
+            f.stop_extra(fleet.RUNNER)
+            runs.append(
+                {
+                    "traces": fleet_bench.compact(bench, keep_series=i == 0),
+                    "batches": bench["batches"],
+                    "wall_seconds": bench["wall_seconds"],
+                }
+            )
+            errors.update({f"run{i + 1}/{k}": v for k, v in bench["errors"].items()})
+            print(
+                fleet_bench.table(
+                    runs[-1]["traces"], f"run {i + 1}, cold start {a.cold_start:.0f} s (modeled)"
+                )
+            )
+            save(runs, errors, a, time.monotonic() - t0, argv, started)  # after each run: nothing lost
+    finally:
+        f.stop_extra(fleet.RUNNER)
+        if not users:
+            f.down()
+    path = save(runs, errors, a, time.monotonic() - t0, argv, started)
+    print(f"saved: {path}")
+    return 0 if not errors else 1
+
+
+def save(
+    runs: list[dict[str, Any]], errors: dict[str, str], a: argparse.Namespace, wall: float, argv: list[str],
+    started: float,
+) -> Path:  # fmt: skip
+    """fleet_bench_cold.json: the first run's traces at the top (`traces`), the others under `repeats`."""
+    doc = {
+        "traces": runs[0]["traces"] if runs else {},
+        "repeats": [r["traces"] for r in runs[1:]],
+        "goals": [goals(r["traces"]) for r in runs],
+        "modeled": {
+            "what": "weight loading times are modeled (e2e/fleet/weights_model.py, docs/weights-timing.md)",
+            "cold_s": a.cold_start,
+            "warm_s": round(weights_model.warm_seconds(a.cold_start), 1),
+            "published_s": weights_model.PUBLISHED_S,
+        },
+        "batches": [r["batches"] for r in runs],
+        "errors": errors,
+        "wall_seconds": round(wall, 1),
+    }
+    return record.save("fleet_bench_cold", doc, a.out, "e2e.bench.fleet_bench_cold", argv, started)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
