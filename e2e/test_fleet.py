@@ -22,6 +22,7 @@ import pytest
 
 from e2e.fleet import fleet, plot, scenario
 from e2e.helpers import get_json, wait_for
+from tokenfab.planning import signals
 from tokenfab_factory import process
 from tokenfab_factory.factory import Factory
 
@@ -59,6 +60,10 @@ def test_closed_loop_scales_decode_with_the_burst_and_back(live):
     # As on a real cluster: Dynamo's kubernetes discovery (each process's own DynamoWorkerMetadata, no
     # file discovery anywhere), every connection on loopback, and `tokenfab doctor` passes.
     assert_real_discovery(f, cfg.namespace)
+    # Every series the operator reads, by the name it queries, was on the live scrape of this fleet.
+    for name in (signals.KV_METRIC, signals.QUEUE_METRIC, signals.INFLIGHT_METRIC, signals.FRONTEND_REQUESTS,
+                 signals.FRONTEND_INPUT_TOKENS, signals.FRONTEND_INFLIGHT):  # fmt: skip
+        assert fleet.prom(f, f'count(last_over_time({name}{{namespace="{cfg.namespace}"}}[30m]))'), name
     dr = subprocess.run(
         [sys.executable, "-m", "tokenfab.cli", "doctor", "--kubeconfig", str(f.kubeconfig),
          "--prometheus-url", f.prometheus_url],

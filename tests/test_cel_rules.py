@@ -130,9 +130,25 @@ def resources() -> st.SearchStrategy[dict[str, Any]]:
     )
 
 
+def model() -> st.SearchStrategy[dict[str, Any]]:
+    """spec.model: hf:// or pvc:// weights, at times with a per-node cache that pre-stages some groups."""
+    return st.builds(
+        lambda source, staged: (
+            {"name": "x", "source": source}
+            | (
+                {}
+                if staged is None
+                else {"cache": {"storageClassName": "local-nvme", "prestageGroups": staged}}
+            )
+        ),
+        st.sampled_from(["hf://x/y", "pvc://weights/r1"]),
+        st.one_of(st.none(), st.integers(0, 2)),
+    )
+
+
 specs = st.builds(
-    lambda mode, policy, ratio, pre, dec, wrk, enabled, url, bp, bd, bw, gpn, gpd, prof, res, gpu, fr, bf: {
-        "model": {"name": "x", "source": "hf://x/y"},
+    lambda mode, policy, ratio, pre, dec, wrk, enabled, url, bp, bd, bw, gpn, gpd, prof, res, gpu, fr, bf, m: {  # noqa: E501
+        "model": m,
         "runtime": {"resources": res},
         "serving": {"mode": mode, "ratioPolicy": policy, "frontendReplicas": fr}
         | ({"prefillDecodeRatio": ratio} if ratio else {}),
@@ -168,6 +184,7 @@ specs = st.builds(
     st.one_of(
         st.none(), st.fixed_dictionaries({"minReplicas": st.integers(1, 3), "maxReplicas": st.integers(3, 5)})
     ),
+    model(),
 )
 
 

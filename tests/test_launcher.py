@@ -658,6 +658,40 @@ def test_hf_weights_that_cannot_be_fetched_stop_the_pod_with_the_reason(tmp_path
     assert "are not in the model cache" in offline.stderr
 
 
+def fetch_only_environ(tmp_path: Path, source: str = "hf://org/model", revision: str = "") -> dict[str, str]:
+    """What a weights-fetch pod carries (tokenfab.planning.builders.weights_fetch_pod)."""
+    return {
+        **base_environ(),
+        c.ENV_MODEL_SOURCE: source,
+        c.ENV_MODEL_REVISION: revision,
+        c.ENV_MODEL_CACHE: str(tmp_path / "model-cache"),
+    }
+
+
+def test_fetch_only_stages_verified_weights_and_exits_0(tmp_path):
+    snapshot = fake_hub_cache(tmp_path / "model-cache", "org/model")
+    manifest.write(snapshot, COMMIT)  # as a completed download leaves it
+    done = launcher(["--fetch-only"], hub_down(fetch_only_environ(tmp_path, revision=COMMIT)))
+    assert done.returncode == 0, done.stderr
+    assert f"weights hf://org/model@{COMMIT}: {snapshot} (complete in the model cache, " in done.stderr
+    assert done.stderr.rstrip().endswith("staged")
+    assert not (tmp_path / "python3.args").exists()  # (nothing else runs)
+
+
+def test_fetch_only_fails_with_the_reason_when_the_weights_cannot_be_had(tmp_path):
+    done = launcher(["--fetch-only"], hub_down(fetch_only_environ(tmp_path)))
+    assert done.returncode == 1
+    assert "weights hf://org/model@main could not be fetched" in done.stderr
+    # a snapshot with no manifest, and a hub that does not answer: not staged (it may be incomplete)
+    fake_hub_cache(tmp_path / "model-cache", "org/model")
+    unverified = launcher(["--fetch-only"], hub_down(fetch_only_environ(tmp_path)))
+    assert unverified.returncode == 1
+    assert "is not verified (no manifest of a completed download): not staged" in unverified.stderr
+    pvc = launcher(["--fetch-only"], fetch_only_environ(tmp_path, source="pvc://weights/r1"))
+    assert pvc.returncode == 78
+    assert "nothing to fetch" in pvc.stderr
+
+
 @pytest.mark.parametrize(
     ("revision", "cached", "complete", "offline", "source"),
     [

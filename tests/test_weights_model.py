@@ -39,6 +39,22 @@ def test_a_claim_is_cold_once_then_fetching_then_warm():
     assert m.hold("uid-a:hf://m@main", 1000.0) == ("warm", pytest.approx(WARM))
 
 
+def test_a_fetch_pod_downloads_once_and_an_engine_after_it_starts_warm():
+    m = weights_model.CacheModel(COLD)
+    assert m.download("uid-a:hf://m@main", 0.0) == pytest.approx(COLD - WARM)
+    assert m.download("uid-a:hf://m@main", 20.0) == pytest.approx(COLD - WARM - 20)  # (the same download)
+    assert m.hold("uid-a:hf://m@main", 10.0)[0] == "fetching"
+    assert m.hold("uid-a:hf://m@main", COLD) == ("warm", pytest.approx(WARM))
+    assert m.download("uid-a:hf://m@main", COLD) == 0.0
+    assert m.download(None, 0.0) == pytest.approx(COLD - WARM)
+    # a fetch pod deleted before its download ended leaves nothing behind; one that ended, its weights
+    m.download("uid-b:hf://m@main", 0.0)
+    m.abandon("uid-b:hf://m@main", 10.0)
+    assert m.hold("uid-b:hf://m@main", 11.0)[0] == "cold"
+    m.abandon("uid-a:hf://m@main", COLD)
+    assert m.hold("uid-a:hf://m@main", COLD)[0] == "warm"
+
+
 def test_another_claim_or_revision_is_its_own_cache():
     m = weights_model.CacheModel(COLD)
     m.hold("uid-a:hf://m@main", 0.0)
@@ -68,8 +84,10 @@ def test_weights_paths_counts_the_namespaces_engines_started_during_the_trace():
             _history("ns/fe", 140.0, None, kind="frontend"),
         ]
     }
+    state["fetches"] = [{"key": "ns/tiny-model-1-fetch"}, {"key": "other/tiny-model-2-fetch"}]
     got = scenario.weights_paths(state, "ns", 100.0)
     assert got["counts"] == {"warm": 1, "fetching": 0, "cold": 1}
+    assert got["fetch_pods_completed"] == 1
     assert [(e["t"], e["role"], e["path"]) for e in got["engines"]] == [
         (30.0, "decode", "warm"),
         (40.0, "decode", "cold"),

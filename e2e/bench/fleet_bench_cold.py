@@ -8,12 +8,14 @@ published local-NVMe share of that (70/533, 7.9 s) for weights already in the no
 engine whose node's cache is still downloading waits for that download. Policies:
 
 - tokenfab:          the operator's autoscaler (policy leading) with a node-local model cache
-                     (model.cache.storageClassName: the factory's `local-nvme` class): new groups go to
-                     the warmest nodes they fit whole on, and each learned start time per path is the
-                     autoscaler's forecast horizon;
+                     (model.cache.storageClassName: the factory's `local-nvme` class) and the headroom
+                     pre-staged (model.cache.prestageGroups, `--prestage`, 3 by default: up to the
+                     maximum of 4 decode groups): weights-fetch pods download the weights onto the nodes
+                     the next groups would take, new groups go to the warmest nodes they fit whole on,
+                     and each learned start time per path is the autoscaler's forecast horizon;
 - tokenfab_nocache:  the same with no model cache (an emptyDir per pod): every new engine is cold;
-- oracle:            a BOUND that knows the trace (scenario.OracleController), with the model cache;
-- static:            autoscaling off at the maximum (peak provisioning), with the model cache.
+- oracle:            a BOUND that knows the trace (scenario.OracleController), with the same cache;
+- static:            autoscaling off at the maximum (peak provisioning), with the same cache.
 
 Each policy's result carries `weights_paths`: the engines started during the trace and how their weights
 came (warm / fetching / cold), and `first_serve_per_rise_s`: per rise of the load, the seconds until a new
@@ -77,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         "--cold-start", type=float, default=fleet_bench.COLD_START_S, help="the hub path, seconds"
     )
     ap.add_argument("--repeat", type=int, default=2, help="run everything this many times")
+    ap.add_argument(
+        "--prestage", type=int, default=3, help="model.cache.prestageGroups of the policies with a cache"
+    )
     a = ap.parse_args(argv)
     started = time.time()
     traces = tuple(t for t in a.traces.split(",") if t)
@@ -97,7 +102,16 @@ def main(argv: list[str] | None = None) -> int:
                 start_delay=a.cold_start,
             )
             work = f.run / "fleet-bench-cold" / str(i)
-            bench = fleet_bench.run(f, tools, work, traces, policies, a.batch, cache_class=STORAGE_CLASS)
+            bench = fleet_bench.run(
+                f,
+                tools,
+                work,
+                traces,
+                policies,
+                a.batch,
+                cache_class=STORAGE_CLASS,
+                prestage_groups=a.prestage,
+            )
             f.stop_extra(fleet.RUNNER)
             runs.append(
                 {
@@ -134,6 +148,7 @@ def save(
         "modeled": {
             "what": "weight loading times are modeled (e2e/fleet/weights_model.py, docs/weights-timing.md)",
             "cold_s": a.cold_start,
+            "prestage_groups": a.prestage,
             "warm_s": round(weights_model.warm_seconds(a.cold_start), 1),
             "published_s": weights_model.PUBLISHED_S,
         },

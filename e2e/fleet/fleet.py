@@ -126,13 +126,15 @@ def manifest(
     target: float = 0.6,
     scale_down_window: int = 60,
     cache_class: str | None = None,
+    prestage: int = 0,
 ) -> dict[str, Any]:
     """A small disaggregated deployment: decode groups of 2 GPUs, prefill groups of 1 GPU at 1:2.
     `cache_class`: keep the weights in a node-local model cache claim of that StorageClass on each node
-    (model.cache.storageClassName); none: an emptyDir per pod, downloaded again by every pod."""
+    (model.cache.storageClassName), with `prestage` groups of headroom staged ahead of need; none: an
+    emptyDir per pod, downloaded again by every pod."""
     model: dict[str, Any] = {"name": MODEL_NAME, "source": f"hf://{MODEL_NAME}"}
     if cache_class:
-        model["cache"] = {"storageClassName": cache_class, "size": "20Gi"}
+        model["cache"] = {"storageClassName": cache_class, "size": "20Gi", "prestageGroups": prestage}
     spec: dict[str, Any] = {
         "model": model,
         "serving": {

@@ -235,6 +235,10 @@ def _deleting(pod: dict[str, Any] | None) -> bool:
     return bool(pod is not None and pod["metadata"].get("deletionTimestamp"))
 
 
+def _is_fetch(pod: dict[str, Any]) -> bool:
+    return pod["metadata"].get("labels", {}).get(c.COMPONENT) == c.COMPONENT_WEIGHTS_FETCH
+
+
 def wanted(pod: dict[str, Any]) -> str | None:
     """'mocker', 'frontend' or None: what this pod runs on the fleet, if it is Running and not leaving."""
     meta = pod["metadata"]
@@ -264,6 +268,9 @@ class Runner:
         self.pending: dict[str, float] = {}  # engines held back while their weights load: key -> due
         self.weights = weights_model.CacheModel(opts.start_delay_seconds)
         self.paths: dict[str, dict[str, Any]] = {}  # key -> its modeled weights path and seconds
+        # weights-fetch pods: key -> when their download completes, and their model cache
+        self.fetch_due: dict[str, tuple[float, str | None]] = {}
+        self.fetches: list[dict[str, Any]] = []  # every weights-fetch pod completed, with its modeled time
         self.terminating: dict[str, Proc] = {}  # pod uid -> process of a deleted pod, draining
         self.stop_event = threading.Event()
         self.errors = 0
@@ -531,8 +538,57 @@ class Runner:
             self.pending.pop(key)
             self.paths.pop(key, None)
         for key, pod in by_key.items():
-            if pod["metadata"]["namespace"].startswith(LIVE_PREFIX) and not _deleting(pod):
+            if not pod["metadata"]["namespace"].startswith(LIVE_PREFIX) or _deleting(pod):
+                continue
+            if _is_fetch(pod):
+                self.play_fetch(key, pod, now)
+            else:
                 self.probe(key, pod)
+        for key in [k for k in self.fetch_due if k not in by_key]:  # deleted before its download ended
+            _due, cache = self.fetch_due.pop(key)
+            self.weights.abandon(cache, now)
+
+    # --------------------------------------------------------------------------- weights-fetch pods
+    def play_fetch(self, key: str, pod: dict[str, Any], now: float) -> None:
+        """A weights-fetch pod runs no process here: its download into the node's model cache is the
+        weights model's (weights_model.CacheModel.download), and once that is done its container exits 0
+        and the pod Succeeds, as a kubelet reports it."""
+        if pod.get("status", {}).get("phase") != "Running":
+            return
+        if key not in self.fetch_due:
+            cache = self.model_cache(pod)
+            seconds = self.weights.download(cache, now) if self.opts.start_delay_seconds else 0.0
+            self.fetch_due[key] = (now + seconds, cache)
+            print(f"runner: {key} downloads its weights in {seconds:.1f} s (modeled)", flush=True)
+        if now < self.fetch_due[key][0]:
+            return
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        statuses = [
+            {
+                "name": ctr["name"],
+                "image": ctr.get("image", ""),
+                "ready": False,
+                "started": False,
+                "restartCount": 0,
+                "state": {"terminated": {"exitCode": 0, "reason": "Completed", "finishedAt": stamp}},
+            }
+            for ctr in pod["spec"]["containers"]
+        ]
+        patch = {"status": {"phase": "Succeeded", "containerStatuses": statuses}}
+        try:
+            self.kubectl(
+                "patch", "pod", pod["metadata"]["name"], "-n", pod["metadata"]["namespace"],
+                "--subresource=status", "--type=strategic", "-p", json.dumps(patch),
+            )  # fmt: skip
+        except (pods.PodError, subprocess.SubprocessError) as exc:
+            self.errors += 1
+            print(f"runner: completion of {key} not written: {exc}", file=sys.stderr, flush=True)
+            return
+        due, _cache = self.fetch_due.pop(key)
+        self.fetches.append(
+            {"key": key, "node": pod["spec"].get("nodeName", ""), "completed_at": time.time()}
+        )
+        print(f"runner: {key} Succeeded (its download was due at {due:.1f})", flush=True)
 
     # --------------------------------------------------------------------------- readiness
     def probe(self, key: str, pod: dict[str, Any]) -> None:
@@ -698,6 +754,7 @@ class Runner:
             "processes": {k: asdict(p) for k, p in sorted(self.procs.items())},
             "terminating": {uid: asdict(p) for uid, p in sorted(self.terminating.items())},
             "history": self.history,
+            "fetches": self.fetches,
         }
         path = self.opts.state_dir / "state.json"
         tmp = path.with_name(".state.json.tmp")

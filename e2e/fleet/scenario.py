@@ -70,6 +70,7 @@ class Config:
     # the StorageClass of a node-local model cache for the weights (none: an emptyDir per pod); the
     # policy tokenfab_nocache never has one
     cache_class: str | None = None
+    prestage_groups: int = 0  # with a model cache: groups of headroom whose weights are staged ahead
 
     @property
     def total_s(self) -> float:
@@ -273,9 +274,19 @@ CONTROLLERS: dict[str, type[Controller]] = {
 def deployment(f: Factory, cfg: Config) -> dict[str, Any]:
     """The policy's ModelDeployment. tokenfab_nocache is tokenfab (policy leading) with no model cache."""
     cache = None if cfg.policy == "tokenfab_nocache" else cfg.cache_class
+    staged = cfg.prestage_groups if cache else 0
     if cfg.policy in ("tokenfab", "tokenfab_kv_only", "tokenfab_nocache"):
         doc = fleet.manifest(
-            f, cfg.namespace, cfg.name, True, 1, cfg.max_decode, cfg.target, cfg.scale_down_window, cache
+            f,
+            cfg.namespace,
+            cfg.name,
+            True,
+            1,
+            cfg.max_decode,
+            cfg.target,
+            cfg.scale_down_window,
+            cache,
+            staged,
         )
         a = doc["spec"]["autoscaling"]
         a["policy"] = "kv" if cfg.policy == "tokenfab_kv_only" else "leading"
@@ -283,10 +294,19 @@ def deployment(f: Factory, cfg: Config) -> dict[str, Any]:
         return doc
     if cfg.policy == "static":
         return fleet.manifest(
-            f, cfg.namespace, cfg.name, False, cfg.max_decode, cfg.max_decode, cache_class=cache
+            f,
+            cfg.namespace,
+            cfg.name,
+            False,
+            cfg.max_decode,
+            cfg.max_decode,
+            cache_class=cache,
+            prestage=staged,
         )
     if cfg.policy in CONTROLLERS:
-        return fleet.manifest(f, cfg.namespace, cfg.name, False, 1, cfg.max_decode, cache_class=cache)
+        return fleet.manifest(
+            f, cfg.namespace, cfg.name, False, 1, cfg.max_decode, cache_class=cache, prestage=staged
+        )
     raise ValueError(f"unknown policy {cfg.policy!r}")
 
 
@@ -438,7 +458,7 @@ def reversals(counts: list[int | None]) -> int:
 def weights_paths(state: dict[str, Any], namespace: str, t_start: float) -> dict[str, Any]:
     """The engines of `namespace` the runner started after `t_start` (wall clock) and how their weights
     came (e2e/fleet/weights_model: modeled): a count per path, and each with its start (seconds into
-    the trace), role, path and modeled hold."""
+    the trace), role, path and modeled hold; and how many weights-fetch pods it completed."""
     engines = [
         {
             "t": round(h["started_at"] - t_start, 1),
@@ -453,7 +473,9 @@ def weights_paths(state: dict[str, Any], namespace: str, t_start: float) -> dict
         and "weights" in h
     ]
     counts = {p: sum(e["path"] == p for e in engines) for p in ("warm", "fetching", "cold")}
-    return {"counts": counts, "engines": engines}
+    # weights-fetch pods of the namespace the runner completed (pre-staging), before the trace or during it
+    staged = sum(1 for x in state.get("fetches") or [] if x["key"].startswith(f"{namespace}/"))
+    return {"counts": counts, "engines": engines, "fetch_pods_completed": staged}
 
 
 def first_serve(series: list[dict[str, Any]], trace: list[load.Point]) -> list[float | None]:

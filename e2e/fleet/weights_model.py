@@ -11,6 +11,8 @@ from the pod's model cache volume, as it would on a cluster:
   then loads from the local disk;
 - "warm": the claim holds the weights (a download into it completed): loaded from the local NVMe.
 
+A weights-fetch pod (pre-staging) downloads into its node's claim and completes: `download`.
+
 The published figures (docs/weights-timing.md has them with their sources) are for one reference model:
 ModelExpress' DeepSeek-V4-Pro on B200, TP8, weights alone: 533 s from Hugging Face, 196 s from S3, 70 s
 from local NVMe, 11 s from a peer GPU over RDMA. Benchmarks compress time (a trace lasts minutes), so the
@@ -56,6 +58,20 @@ class CacheModel:
         if done <= now:
             return "warm", warm
         return "fetching", done - now + warm
+
+    def abandon(self, cache: str | None, now: float) -> None:
+        """A weights-fetch pod was deleted before its download ended: the cache does not hold the weights
+        (an engine there later starts cold; pessimistic: what was downloaded is not counted)."""
+        if cache is not None and self.done_at.get(cache, now) > now:
+            del self.done_at[cache]
+
+    def download(self, cache: str | None, now: float) -> float:
+        """Seconds until `cache` holds the weights, for a weights-fetch pod that stages them there: its
+        download starts now unless one began (0 when the cache holds them)."""
+        fetch = self.cold_s - warm_seconds(self.cold_s)
+        if cache is None:
+            return fetch
+        return max(0.0, self.done_at.setdefault(cache, now + fetch) - now)
 
 
 __all__ = ["PUBLISHED_S", "CacheModel", "Path", "warm_seconds"]

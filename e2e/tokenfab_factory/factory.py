@@ -134,6 +134,59 @@ spec:
       phase: Running
       startTime: {{ $now | Quote }}
 """
+# A weights-fetch pod (tokenfab's pre-staging) outside the live namespaces completes two seconds after it
+# runs, as its download would (the live namespaces' runner times it by the weights model instead).
+FETCH_POD_COMPLETE = """\
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: tokenfab-weights-fetch-complete
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'DoesNotExist'
+    - key: '.status.phase'
+      operator: 'In'
+      values: ['Running']
+    - key: '.metadata.labels["app.kubernetes.io/component"]'
+      operator: 'In'
+      values: ['weights-fetch']
+    - key: '.metadata.namespace | startswith("live-")'
+      operator: 'NotIn'
+      values: ['true']
+  delay:
+    durationMilliseconds: 2000
+  next:
+    statusTemplate: |
+      {{ $now := Now }}
+      conditions:
+      - lastTransitionTime: {{ $now | Quote }}
+        status: "False"
+        reason: PodCompleted
+        type: ContainersReady
+      - lastTransitionTime: {{ $now | Quote }}
+        status: "False"
+        reason: PodCompleted
+        type: Ready
+      containerStatuses:
+      {{ range .spec.containers }}
+      - image: {{ .image | Quote }}
+        name: {{ .name | Quote }}
+        ready: false
+        started: false
+        restartCount: 0
+        state:
+          terminated:
+            exitCode: 0
+            reason: Completed
+            finishedAt: {{ $now | Quote }}
+      {{ end }}
+      phase: Succeeded
+"""
 # kwok renews each simulated node's Lease; on a busy 2-core machine with 1,152 nodes a renewal can lag,
 # so leases are long and the controller-manager waits several of them before calling a node NotReady.
 NODE_LEASE_SECONDS = 60
@@ -569,6 +622,7 @@ class Factory:
                     }
                 )
         docs.append(yaml.safe_load(LIVE_POD_START))
+        docs.append(yaml.safe_load(FETCH_POD_COMPLETE))
         (self.run / "kwok.yaml").write_text(yaml.safe_dump_all(docs, sort_keys=False))
 
     def _write_prometheus_config(self) -> None:

@@ -101,6 +101,9 @@ def submit(ctx: Context, key: Key, owner: b.Owner, plan: Plan, now: float) -> Su
     shared += [
         (ctx.kube.pool.submit(ctx.kube.force_delete_pod, key[0], pod), None) for pod in plan.force_delete
     ]
+    shared += [
+        (ctx.kube.pool.submit(ctx.kube.delete, "v1", "Pod", pod, key[0]), None) for pod in plan.fetch_deletes
+    ]
     return Submitted(shared, deletes, creates, pending, gang, channel_waits)
 
 

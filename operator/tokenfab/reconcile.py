@@ -40,10 +40,11 @@ from tokenfab.api.models import (
     ProfileStatus,
     RoleName,
 )
-from tokenfab.fleet.view import Key, parse_time
+from tokenfab.fleet.view import Key, PodFacts, parse_time
 from tokenfab.observe import group_views, node_health
 from tokenfab.planning import builders as b
-from tokenfab.planning import one_pass, sla
+from tokenfab.planning import contract as c
+from tokenfab.planning import one_pass, sla, weights_cache
 from tokenfab.planning.autoscaling import Decision
 from tokenfab.planning.capacity import NodeFacts
 from tokenfab.planning.groups import DrainPolicy
@@ -275,7 +276,24 @@ def observe(ctx: Context, key: Key, now: float) -> tuple[Obj, Snapshot] | Result
         planned=profile.condition,
         pod_nodes=frozenset(n for p in pods if (n := p.pinned or p.node)),
         claims={pvc.node: pvc.weights for pvc in ctx.view.children("PersistentVolumeClaim", key) if pvc.node},
+        fetch_pods=fetch_pods(pods),
         reaction=fault_reaction(ctx, md),
+    )
+
+
+def fetch_pods(pods: list[PodFacts]) -> tuple[weights_cache.FetchPod, ...]:
+    """The deployment's weights-fetch pods (pre-staging), with the node each is pinned to."""
+    return tuple(
+        weights_cache.FetchPod(
+            p.name,
+            p.pinned or p.node or "",
+            p.phase,
+            p.annotations.get(c.ANN_WEIGHTS, ""),
+            p.waiting,
+            p.deleting,
+        )
+        for p in pods
+        if p.labels.get(c.COMPONENT) == c.COMPONENT_WEIGHTS_FETCH
     )
 
 

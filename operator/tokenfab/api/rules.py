@@ -231,6 +231,13 @@ ENDPOINTS_NEED_ETCD = ObjectRule(
     "FieldValueForbidden",
 )
 
+PRESTAGE_NEEDS_CLASS = ObjectRule(
+    "!has(self.prestageGroups) || self.prestageGroups == 0 || has(self.storageClassName)",
+    "model.cache.prestageGroups stages weights in per-node model caches: set model.cache.storageClassName "
+    "(a node-local StorageClass), or set prestageGroups to 0",
+    "prestageGroups",
+    "FieldValueForbidden",
+)
 BOUNDS_RULE = ObjectRule(
     "self.minReplicas <= self.maxReplicas",
     "minReplicas must not exceed maxReplicas: raise maxReplicas or lower minReplicas",

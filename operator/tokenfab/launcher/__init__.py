@@ -28,10 +28,10 @@ Two parts:
   where hf:// weights come from, and `tokenfab.launcher.plan` turns them into commands (mpirun, sshd) and
   re-exports every public name of the other three (code outside the launcher imports them from there);
 - `tokenfab.launcher.run` (thin process part): reads the engine file, prepares the run directory, fetches
-  hf:// weights, waits for peers, starts the command in its own process group, forwards SIGTERM/SIGINT/
-  SIGHUP/SIGQUIT/SIGUSR1/SIGUSR2 to that group, reaps orphans (it is PID 1 of the container), serves
-  /health and /metrics on followers and exits with the command's exit code (128 + N when a signal N ended
-  it). `python -m tokenfab.launcher` runs its `main`.
+  hf:// weights (`tokenfab.launcher.fetch`), waits for peers, starts the command in its own process
+  group, forwards SIGTERM/SIGINT/SIGHUP/SIGQUIT/SIGUSR1/SIGUSR2 to that group, reaps orphans (it is
+  PID 1 of the container), serves /health and /metrics on followers and exits with the command's exit
+  code (128 + N when a signal N ended it). `python -m tokenfab.launcher` runs its `main`.
 
 Who may import it: nothing of the operator (the launcher is a top layer, beside tokenfab.cli); the e2e
 fleet runner and tests import the plan to run worker pods as a kubelet would. The launcher itself imports
@@ -41,4 +41,6 @@ the adapters, the reconciler or the handlers: it runs in the worker image.
 Exit codes: the command's own; 78 (EX_CONFIG) for a bad configuration, with every problem printed;
 1 when preparing or waiting for peers failed; 127 when a program is missing from the image.
 `--dry-run` validates and prints the plan as JSON without running anything.
+`--fetch-only` (alone) stages the hf:// weights in the model cache and exits: what a weights-fetch pod
+runs (tokenfab.planning.weights_cache decides where).
 """

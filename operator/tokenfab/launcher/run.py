@@ -27,10 +27,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
 
-from tokenfab.launcher import manifest
+from tokenfab.launcher.fetch import EXIT_NOT_FOUND, LaunchError, log, main_fetch_only, obtain
 from tokenfab.launcher.identity import ConfigError, read_identity
-from tokenfab.launcher.plan import EXIT_CONFIG, PROGRAM, Endpoint, LaunchPlan, plan_launch
-from tokenfab.launcher.weights import Fetch, WeightsSource, weights_source, with_model_path
+from tokenfab.launcher.plan import EXIT_CONFIG, Endpoint, LaunchPlan, plan_launch
+from tokenfab.launcher.weights import with_model_path
 from tokenfab.planning import contract as c
 
 FORWARDED_SIGNALS = (
@@ -41,8 +41,6 @@ FORWARDED_SIGNALS = (
     signal.SIGUSR1,
     signal.SIGUSR2,
 )
-EXIT_FAILED = 1
-EXIT_NOT_FOUND = 127
 
 USAGE = f"""usage: python3 -m {c.LAUNCHER_MODULE} [--dry-run] [--] DYNAMO_WORKER_ARGS...
 
@@ -51,11 +49,11 @@ on a one-pod group, the same under mpirun on rank 0 of a multi-node group, an SS
 the other ranks. The group identity comes from the TOKENFAB_* environment the operator sets.
 
   --dry-run   validate the configuration, print the launch plan as JSON and exit
+
+python3 -m {c.LAUNCHER_MODULE} --fetch-only
+  download the hf:// weights of TOKENFAB_MODEL_SOURCE at TOKENFAB_MODEL_REVISION into TOKENFAB_MODEL_CACHE
+  (verified by their manifest when already there) and exit: what a weights-fetch pod runs
 """
-
-
-def log(message: str) -> None:
-    print(f"{PROGRAM}: {message}", file=sys.stderr, flush=True)
 
 
 class FetchInterruptedError(Exception):
@@ -64,12 +62,6 @@ class FetchInterruptedError(Exception):
     def __init__(self, signum: int) -> None:
         super().__init__(f"signal {signum}")
         self.signum = signum
-
-
-class LaunchError(Exception):
-    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def parse_args(argv: Sequence[str]) -> tuple[bool, bool, list[str]]:
@@ -179,87 +171,21 @@ class Runner:
 
     def fetch_weights(self) -> None:
         """hf:// weights at model.revision into the model cache (a node-local volume keeps them across pods
-        and restarts), then the engine's --model-path points at that snapshot; the log says where they came
-        from. See tokenfab.launcher.weights.weights_source for the choice."""
+        and restarts), then the engine's --model-path points at that snapshot (not on followers: their
+        command is the SSH daemon); the log says where they came from (tokenfab.launcher.fetch.obtain)."""
         fetch = self.plan.fetch
         if fetch is None:
             return
-        try:  # both names now: a missing one is the image's fault (127), before anything is fetched
-            from huggingface_hub import HfApi, snapshot_download  # noqa: F401  (HfApi: _download's)
-        except ImportError as exc:
-            raise LaunchError(
-                f"huggingface_hub is not installed: cannot fetch hf://{fetch.repo} (run the tokenfab worker "
-                "image, runtime-images/worker)",
-                EXIT_NOT_FOUND,
-            ) from exc
-        what = f"hf://{fetch.repo}@{fetch.revision or 'main'}"
-        try:
-            local = snapshot_download(fetch.repo, revision=fetch.revision, cache_dir=fetch.cache_dir,
-                                      local_files_only=True)  # fmt: skip
-        except Exception:
-            local = None
-        full = self.env.get("TOKENFAB_VERIFY_WEIGHTS", "").lower() == "full"
-        verdict = manifest.verify(Path(local), full) if local is not None else None
-        if verdict is not None and not verdict.ok:
-            log(f"weights {what}: the cached snapshot is not verified: {verdict.words()}")
-        offline = self.env.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
-        source = weights_source(fetch.revision, local is not None, bool(verdict and verdict.ok), offline)
-        self.fetching = True
-        t0 = time.monotonic()
-        try:
-            if source == "download":
-                local = self._download(fetch, what, local)
-        finally:
-            self.fetching = False
-        if local is None:
-            raise LaunchError(
-                f"weights {what} are not in the model cache {fetch.cache_dir} and the hub is off"
-            )
-        checked = f", {verdict.words()}" + (" and SHA-256" if full else "") if verdict and verdict.ok else ""
-        self._use_snapshot(local, what, source, time.monotonic() - t0, checked)
-
-    def _download(self, fetch: Fetch, what: str, local: str | None) -> str | None:
-        """The hub names the commit (a branch or tag may have moved), then what the cache lacks of it is
-        fetched and the snapshot marked complete; a hub that does not answer leaves the cached snapshot
-        (`local`), said so. Returns the snapshot's directory (None: none)."""
-        from huggingface_hub import HfApi, snapshot_download  # imported by fetch_weights already
-
-        try:
-            commit = HfApi().model_info(fetch.repo, revision=fetch.revision, timeout=60).sha
-        except Exception as exc:
-            if local is None:
-                raise LaunchError(
-                    f"weights {what} could not be fetched: {type(exc).__name__}: {exc}"
-                ) from exc
-            log(f"weights {what}: the hub did not answer ({type(exc).__name__}); the cached snapshot "
-                "may be incomplete or behind the branch")  # fmt: skip
-            return local
-        log(f"weights {what}: commit {commit}, fetching what {fetch.cache_dir} lacks of it")
-        try:
-            fetched: str = snapshot_download(fetch.repo, revision=commit, cache_dir=fetch.cache_dir)
-        except Exception as exc:
-            raise LaunchError(f"weights {what} could not be fetched: {type(exc).__name__}: {exc}") from exc
-        t0 = time.monotonic()
-        doc = manifest.write(Path(fetched), commit)
-        log(f"weights {what}: manifest of {len(doc['files'])} files written in {time.monotonic() - t0:.0f} s")
-        return fetched
-
-    def _use_snapshot(
-        self, local: str, what: str, source: WeightsSource, seconds: float, checked: str = ""
-    ) -> None:
-        """Say where the weights came from, and point the engine's --model-path at them (not on followers:
-        their command is the SSH daemon)."""
-        origin = {
-            "cache": f"complete in the model cache{checked}",
-            "download": f"fetched into the model cache in {seconds:.0f} s",
-            "offline": "from the model cache, HF_HUB_OFFLINE (not checked against the hub)",
-        }[source]
-        log(f"weights {what}: {local} ({origin})")
+        got = obtain(fetch, self.env, self._downloading)
+        log(f"weights hf://{fetch.repo}@{fetch.revision or 'main'}: {got.path} ({got.origin()})")
         if self.plan.kind != "follower":
             try:
-                self.command = with_model_path(self.command, local)
+                self.command = with_model_path(self.command, got.path)
             except ConfigError as err:
                 raise LaunchError("; ".join(err.problems), EXIT_CONFIG) from err
+
+    def _downloading(self, on: bool) -> None:
+        self.fetching = on
 
     def wait_for_peers(self) -> None:
         """Rank 0 of a multi-node group: wait until every other rank's SSH daemon accepts connections."""
@@ -402,11 +328,14 @@ class Runner:
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
-    want_help, dry_run, dynamo_args = parse_args(sys.argv[1:] if argv is None else argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    env = dict(os.environ if environ is None else environ)
+    if args == ["--fetch-only"]:  # a weights-fetch pod: stage the weights in the node's cache and exit
+        return main_fetch_only(env)
+    want_help, dry_run, dynamo_args = parse_args(args)
     if want_help:
         print(USAGE, end="")
         return 0
-    env = dict(os.environ if environ is None else environ)
     run_dir: str | None = None
     try:
         identity = read_identity(env)

@@ -10,7 +10,8 @@ FINALIZER = f"{DOMAIN}/finalizer"
 # Labels on every child object.
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE = "tokenfab"
-COMPONENT = "app.kubernetes.io/component"  # worker | frontend
+COMPONENT = "app.kubernetes.io/component"  # worker | frontend | weights-fetch
+COMPONENT_WEIGHTS_FETCH = "weights-fetch"  # a pod that stages hf:// weights in a node's model cache
 LABEL_DEPLOYMENT = f"{DOMAIN}/deployment"
 LABEL_ROLE = f"{DOMAIN}/role"
 LABEL_GROUP = f"{DOMAIN}/group"

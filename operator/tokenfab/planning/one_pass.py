@@ -12,7 +12,7 @@ Nothing here reads or writes anything: a unit test hands `plan` a snapshot and r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from tokenfab.api.models import (
@@ -24,6 +24,7 @@ from tokenfab.api.models import (
     ProfileStatus,
     RoleFailures,
     RoleName,
+    WeightsCacheStatus,
 )
 from tokenfab.planning import builders as b
 from tokenfab.planning import fault_report, recovery, weights_cache
@@ -67,6 +68,7 @@ class Snapshot:
     # The deployment's model cache claims: node -> the weights served from it ("" none yet; see
     # tokenfab.planning.weights_cache).
     claims: Mapping[str, str] = field(default_factory=dict)
+    fetch_pods: tuple[weights_cache.FetchPod, ...] = ()  # its weights-fetch pods (pre-staging)
     # How hardware faults are answered (tokenfab's way, or a fault benchmark's baseline).
     reaction: FaultReaction = field(default_factory=FaultReaction)
 
@@ -92,6 +94,8 @@ class Plan:
     # collector. Nothing runs them any more (no kubelet), and until they go the group's name, its
     # PodGroup and its pods' IMEX channels are held.
     force_delete: tuple[str, ...] = ()
+    fetch_deletes: tuple[str, ...] = ()  # weights-fetch pods done or no longer wanted (weights_cache)
+    weights_cache: WeightsCacheStatus | None = None  # status.weightsCache
 
     @property
     def waiting_for_capacity(self) -> bool:
@@ -336,11 +340,14 @@ def children(
     roles: list[RolePlan],
     nodes: frozenset[str],
     weights: Mapping[str, str] | None = None,
+    fetch: Iterable[str] = (),
 ) -> Children:
-    """The shared children of the plan; `nodes` are those the deployment's pods are on or pinned to (the
-    new groups' nodes are added: each gets its model cache, marked with the weights served from it)."""
+    """The shared children of the plan; `nodes` are those the deployment's pods are on or pinned to, and
+    the pre-staged ones (the new groups' nodes are added: each gets its model cache, marked with the
+    weights served from it); `fetch`: the nodes whose weights-fetch pod is to be made."""
     nodes = nodes | {n for r in roles for cr in r.create for n in cr.nodes}
     rest: list[Manifest] = [*b.model_cache_claims(owner, spec, nodes, weights)]
+    rest += [b.weights_fetch_pod(owner, spec, n, weights_cache.weights_key(spec)) for n in fetch]
     rest += [b.frontend_deployment(owner, spec), b.frontend_service(owner)]
     rest += [b.engine_configmap(owner, spec, role) for role, _ in spec.roles()]
     rest += [
@@ -361,23 +368,23 @@ def plan(s: Snapshot) -> Plan:
         weights_cache.node_warmth(spec, s.claims),
     )  # fmt: skip
     roles = plan_roles(inputs, capacity, commit=capacity.reserve)
+    placed = {n for r in roles for cr in r.create for n in cr.nodes} | s.pod_nodes
+    staged = weights_cache.staging(
+        spec, s.owner, (s.claims, s.groups, s.fetch_pods), capacity, desired, placed
+    )
     return Plan(
         spec=spec,
         desired=desired,
         roles=roles,
         reservations=capacity.reservations,
-        children=children(
-            s.owner,
-            spec,
-            roles,
-            s.pod_nodes,
-            weights_cache.claim_marks(spec, s.claims, s.groups),
-        ),
+        children=children(s.owner, spec, roles, s.pod_nodes | staged.nodes, staged.marks, staged.create),
         failures=next_failures(s.md.status, roles, s.now),
         autoscaling=outcome,
         events=_scaling_events(outcome),
         requeue_after=requeue_after(s, roles),
         force_delete=orphans(s) if s.reaction.mode == "replace" else (),
+        fetch_deletes=staged.delete,
+        weights_cache=weights_cache.report(spec, staged, s.fetch_pods),
     )
 
 
@@ -484,6 +491,7 @@ def settle(s: Snapshot, p: Plan, written: Written) -> tuple[ModelDeploymentStatu
     status.profile = s.profile
     status.failures = p.failures
     status.faults = faults
+    status.weights_cache = p.weights_cache
     if s.planned is None:
         status.conditions = [cd for cd in status.conditions if cd.type != "Planned"]
     return status, changed

@@ -11,16 +11,22 @@ A node's warmth (tokenfab.planning.topology.Warmth) is then:
 - 2 cold: no claim: the weights come from their source.
 New groups go to the warmest nodes they fit whole on (topology.choose_domain / best_fit_nodes); the
 ledger and the whole-group rule come first.
+
+Pre-staging (model.cache.prestageGroups): the nodes each role's next groups would take are kept warm
+ahead of need (`prestage_nodes`); each such node whose claim does not hold the weights gets a
+weights-fetch pod (`fetches_wanted`; tokenfab.planning.builders.fetch), and once that pod completed the
+claim is marked like one a worker served from (`claim_marks`). The fetch pod then goes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 
-from tokenfab.api.models import ModelDeploymentSpec, RoleName
+from tokenfab.api.models import ModelDeploymentSpec, RoleName, WeightsCacheStatus
 from tokenfab.planning import builders as b
 from tokenfab.planning.lifecycle import GroupView
-from tokenfab.planning.topology import COLD
+from tokenfab.planning.topology import COLD, Domain, best_fit_nodes, choose_domain, take
 
 
 def weights_key(spec: ModelDeploymentSpec) -> str:
@@ -62,10 +68,161 @@ def served_nodes(spec: ModelDeploymentSpec, groups: Mapping[RoleName, list[Group
 
 
 def claim_marks(
-    spec: ModelDeploymentSpec, claims: Mapping[str, str], groups: Mapping[RoleName, list[GroupView]]
+    spec: ModelDeploymentSpec,
+    claims: Mapping[str, str],
+    groups: Mapping[RoleName, list[GroupView]],
+    fetched: Iterable[str] = (),
 ) -> dict[str, str]:
-    """What each of the deployment's model cache claims is to be marked with (see `marks`)."""
-    return marks(claims, served_nodes(spec, groups), weights_key(spec))
+    """What each of the deployment's model cache claims is to be marked with (see `marks`): the nodes
+    where a worker of the current revision served, and those where a weights-fetch pod of the spec's
+    weights completed (`fetched`), hold them."""
+    return marks(claims, served_nodes(spec, groups) | set(fetched), weights_key(spec))
 
 
-__all__ = ["COLD", "claim_marks", "marks", "node_warmth", "served_nodes", "warmth", "weights_key"]
+def headroom(spec: ModelDeploymentSpec, role: RoleName, desired: Mapping[RoleName, int]) -> int:
+    """How many of a role's next groups to stage: prestageGroups, no more than the autoscaler may still
+    add (its maxReplicas for the role, when it scales it); prefill following decode by a fixed ratio,
+    no more than decode's staged groups would bring."""
+    count, have = spec.model.cache.prestage_groups, desired.get(role, 0)
+    ratio = spec.serving.prefill_decode_ratio
+    if role == "prefill" and spec.serving.ratio_policy == "fixed" and ratio and "decode" in desired:
+        more = b.follow_ratio(spec, desired["decode"] + headroom(spec, "decode", desired), have)
+        return max(0, min(count, more - have))
+    bounds = getattr(spec.autoscaling, role, None) if spec.autoscaling.enabled else None
+    return count if bounds is None else max(0, min(count, bounds.max_replicas - have))
+
+
+def prestage_nodes(
+    spec: ModelDeploymentSpec,
+    domains_of: Callable[[RoleName], Mapping[str, Domain]],
+    warmth: Mapping[str, int],
+    desired: Mapping[RoleName, int] | None = None,
+) -> frozenset[str]:
+    """The headroom to keep warm (model.cache.prestageGroups): the nodes each role's next groups would be
+    placed on, past the groups this pass plans (`domains_of`: a role's free domains with them taken off;
+    `desired`: the groups it wants per role), chosen as placement chooses (warmest first, then the
+    policy; whole groups only), so a scale-up lands where the weights are. None without per-node caches."""
+    if not spec.model.cache.prestage_groups or not b.uses_model_cache_claims(spec):
+        return frozenset()
+    out: set[str] = set()
+    for role, _ in spec.roles():
+        shape, domains = b.group_shape(spec, role), dict(domains_of(role))
+        for _ in range(headroom(spec, role, desired or {})):
+            name = choose_domain(domains, shape, spec.topology.placement, warmth=warmth or None)
+            nodes = (
+                None
+                if name is None
+                else best_fit_nodes(domains[name].free, shape.nodes, shape.pod_gpus, warmth)
+            )
+            if name is None or nodes is None:
+                break
+            out.update(nodes)
+            domains[name] = take(domains[name], nodes, shape.pod_gpus)
+    return frozenset(out)
+
+
+@dataclass(frozen=True)
+class FetchPod:
+    """A weights-fetch pod of the deployment, as observed."""
+
+    name: str
+    node: str
+    phase: str
+    weights: str  # what it stages (source@revision)
+    waiting: str = ""  # why it is not running (a container's waiting reason, e.g. CrashLoopBackOff)
+    deleting: bool = False  # being deleted: its name is not free yet
+
+
+@dataclass(frozen=True)
+class Staging:
+    """This pass's pre-staging: the nodes to keep warm, every claim's mark, the nodes whose fetch pod is
+    to be made, and the fetch pods to delete (their weights are staged, no longer wanted, or stale)."""
+
+    nodes: frozenset[str]
+    marks: dict[str, str]
+    create: tuple[str, ...]
+    delete: tuple[str, ...]
+
+
+def staging(
+    spec: ModelDeploymentSpec,
+    owner: b.Owner,
+    observed: tuple[Mapping[str, str], Mapping[RoleName, list[GroupView]], Iterable[FetchPod]],
+    domains_of: Callable[[RoleName], Mapping[str, Domain]],
+    desired: Mapping[RoleName, int] | None = None,
+    occupied: Iterable[str] = (),
+) -> Staging:
+    """Pre-staging for one pass (see the module's docstring); `observed`: the claims' marks, the groups and
+    the fetch pods; `occupied`: the nodes the deployment's pods are on or this pass places groups on.
+
+    A fetch pod is current when it stages the spec's weights into the claim its name is made for (a new
+    storage class or size is a new claim, so a new pod). A completed current pod marks its claim, and is
+    deleted once that mark is seen (so its node is never wanted again meanwhile). A pod that failed or is
+    not current is deleted, and so is one still running on a node neither in the headroom nor occupied
+    (a group landing there keeps it: its download goes on). A node whose fetch pod is still being
+    deleted gets no new one until it is gone."""
+    claims, groups, pods = observed[0], observed[1], list(observed[2])
+    key = weights_key(spec)
+
+    def current(f: FetchPod) -> bool:
+        return f.weights == key and f.name == b.weights_fetch_pod_name(owner, spec, f.node)
+
+    live = [f for f in pods if not f.deleting]
+    fetched = [f.node for f in live if f.phase == "Succeeded" and current(f)]
+    marked = claim_marks(spec, claims, groups, fetched)
+    nodes = prestage_nodes(spec, domains_of, node_warmth(spec, claims), desired)
+    wanted = fetches_wanted(spec, nodes, marked)
+    keep = wanted | set(occupied)
+    gone = [
+        f.name
+        for f in live
+        if not current(f)
+        or f.phase == "Failed"
+        or (f.phase == "Succeeded" and claims.get(f.node) == key)
+        or (f.phase != "Succeeded" and f.node not in keep)
+    ]
+    return Staging(nodes, marked, tuple(sorted(wanted - {f.node for f in pods})), tuple(sorted(gone)))
+
+
+def report(
+    spec: ModelDeploymentSpec, staged: Staging, fetch_pods: Iterable[FetchPod]
+) -> WeightsCacheStatus | None:
+    """status.weightsCache: which nodes hold the weights, which are pre-staged, which are downloading."""
+    if not b.uses_model_cache_claims(spec):
+        return None
+    key = weights_key(spec)
+    pods = [f for f in fetch_pods if f.phase not in ("Succeeded", "Failed") and not f.deleting]
+    return WeightsCacheStatus(
+        weights=key,
+        warm_nodes=sorted(n for n, held in staged.marks.items() if held == key),
+        prestaged=sorted(staged.nodes),
+        fetching=sorted(f.node for f in pods if f.weights == key),
+        waiting="; ".join(f"{f.name}: {f.waiting}" for f in pods if f.waiting)[:1000],
+    )
+
+
+def fetches_wanted(
+    spec: ModelDeploymentSpec, prestage: Iterable[str], marked: Mapping[str, str]
+) -> frozenset[str]:
+    """The pre-staged nodes whose model cache does not hold the spec's weights yet (`marked`: node -> the
+    weights its claim is marked with, this pass's marks included): each gets a weights-fetch pod."""
+    key = weights_key(spec)
+    return frozenset(n for n in prestage if marked.get(n) != key)
+
+
+__all__ = [
+    "COLD",
+    "FetchPod",
+    "Staging",
+    "claim_marks",
+    "fetches_wanted",
+    "headroom",
+    "marks",
+    "node_warmth",
+    "prestage_nodes",
+    "report",
+    "served_nodes",
+    "staging",
+    "warmth",
+    "weights_key",
+]

@@ -107,6 +107,7 @@ from tokenfab.api.models.status import (
     RoleFailures,
     RoleStatus,
     ScalingDecision,
+    WeightsCacheStatus,
 )
 from tokenfab.api.models.topology import (
     NODE_SELECTOR_MAX_ENTRIES,
@@ -190,6 +191,7 @@ __all__ = [
     "SpeculativeDecoding",
     "Toleration",
     "Topology",
+    "WeightsCacheStatus",
     "engine_args_bytes",
     "violations",
 ]

@@ -11,6 +11,7 @@ from tokenfab.api.models.base import Quantity, SpecModel, cel_of, cel_rules, ref
 from tokenfab.api.rules import (
     ENDPOINTS_NEED_ETCD,
     ETCD_NEEDS_ENDPOINTS,
+    PRESTAGE_NEEDS_CLASS,
     S3_SOURCE_RULE,
     SOURCE_RULE,
     STORAGE_CLASS_RULE,
@@ -28,6 +29,8 @@ class ModelCache(SpecModel):
     """Where hf:// weights are kept on the GPU nodes: the worker launcher downloads model.revision into
     this volume once, and every later pod that finds it there loads it from there."""
 
+    model_config = ConfigDict(json_schema_extra=cel_rules([PRESTAGE_NEEDS_CLASS.x_kubernetes_validation()]))
+
     size: Quantity = Field(
         default="1Ti",
         description="Declared size of the cache: the PersistentVolumeClaim's request, or the emptyDir's "
@@ -44,6 +47,22 @@ class ModelCache(SpecModel):
         "emptyDir of `size` per pod, downloaded again by every new pod.",
         json_schema_extra=cel_of(STORAGE_CLASS_RULE),
     )
+    prestage_groups: int = Field(
+        default=0,
+        ge=0,
+        le=16,
+        description="Headroom to keep warm: the weights are downloaded ahead of need onto the nodes where "
+        "each role's next prestageGroups groups would be placed (a weights-fetch pod per node, into that "
+        "node's model cache claim), so a scale-up there loads them from local NVMe instead of the hub. "
+        "Needs storageClassName and hf:// weights. 0: a node's cache fills when a group first runs there.",
+    )
+
+    @model_validator(mode="after")
+    def _prestage(self) -> ModelCache:
+        refuse_broken(
+            [(PRESTAGE_NEEDS_CLASS, not self.prestage_groups or self.storage_class_name is not None)]
+        )
+        return self
 
 
 class ModelSource(SpecModel):

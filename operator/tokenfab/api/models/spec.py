@@ -345,6 +345,16 @@ SPEC_RULES: tuple[Rule[ModelDeploymentSpec], ...] = (
         ),
     ),
     Rule(
+        "prestage-needs-hf-weights",
+        "model.cache.prestageGroups",
+        "!has(self.model.cache) || !has(self.model.cache.prestageGroups) "
+        "|| self.model.cache.prestageGroups == 0 || self.model.source.startsWith('hf://')",
+        "model.cache.prestageGroups stages hf:// weights ahead of need (pvc:// weights are mounted, not "
+        "fetched): set model.cache.prestageGroups to 0, or serve hf:// weights",
+        lambda s: not s.model.cache.prestage_groups or s.model.source.startswith("hf://"),
+        "FieldValueForbidden",
+    ),
+    Rule(
         "profile-needs-budget-or-rate",
         "profile",
         "!has(self.profile) || has(self.profile.gpuBudget) != has(self.profile.requestRate)",

@@ -200,6 +200,27 @@ class FaultRecord(StatusModel):
     recovery_seconds: float | None = Field(default=None, description="From the fault seen to serving again.")
 
 
+class WeightsCacheStatus(StatusModel):
+    """The deployment's per-node model caches (model.cache.storageClassName) and what is staged in them."""
+
+    weights: str = Field(description="The weights the caches are to hold: source@revision.")
+    warm_nodes: list[str] = Field(
+        default_factory=list,
+        description="Nodes whose model cache claim holds them (a worker of the current revision served from "
+        "it, or a weights-fetch pod completed there): a group placed there loads from local NVMe.",
+    )
+    prestaged: list[str] = Field(
+        default_factory=list,
+        description="Nodes kept warm for the next groups of each role (model.cache.prestageGroups).",
+    )
+    fetching: list[str] = Field(
+        default_factory=list, description="Nodes where a weights-fetch pod is downloading the weights now."
+    )
+    waiting: str = Field(
+        default="", description="A weights-fetch pod that is not running, and why (e.g. CrashLoopBackOff)."
+    )
+
+
 class ModelDeploymentStatus(StatusModel):
     """Observed state of a ModelDeployment, written only by the operator."""
 
@@ -220,4 +241,7 @@ class ModelDeploymentStatus(StatusModel):
     faults: list[FaultRecord] = Field(
         default_factory=list,
         description="The latest hardware faults that hit the deployment's groups (at most 10), newest last.",
+    )
+    weights_cache: WeightsCacheStatus | None = Field(
+        default=None, description="The per-node model caches and pre-staging (none without them)."
     )

@@ -19,6 +19,7 @@ Every name is importable from here; the modules split the builders by concern:
   - security: security contexts, the ServiceAccount and RBAC of kubernetes discovery, discovery env;
   - probes: readiness probes and gates, the preStop pause, the termination grace period;
   - volumes: the worker's volumes, the model volume and the per-node model cache claims;
+  - fetch: the weights-fetch pod that stages hf:// weights in a node's model cache ahead of need;
   - pods: the pods of one group, composed from the above;
   - shared: the workers Service, the frontend Deployment and Service, PodDisruptionBudgets.
 """
@@ -50,6 +51,7 @@ from tokenfab.planning.builders.engine import (
     worker_args,
     worker_env,
 )
+from tokenfab.planning.builders.fetch import weights_fetch_pod, weights_fetch_pod_name
 from tokenfab.planning.builders.placement import (
     GangMode,
     admits_late,
@@ -152,6 +154,8 @@ __all__ = [
     "uses_compute_domain",
     "uses_kubernetes_discovery",
     "uses_model_cache_claims",
+    "weights_fetch_pod",
+    "weights_fetch_pod_name",
     "with_applied_hash",
     "worker_address",
     "worker_args",

@@ -136,7 +136,12 @@ def _revision_inputs(spec: ModelDeploymentSpec, role: RoleName) -> dict[str, Any
         "resources": spec.runtime.resources.model_dump(by_alias=True),
         **({"capabilities": list(spec.runtime.add_capabilities)} if spec.runtime.add_capabilities else {}),
         "model": spec.model.model_dump(by_alias=True, exclude_none=True, exclude={"cache"}),
-        **({"cache": spec.model.cache.model_dump(by_alias=True)} if fetches_weights(spec) else {}),
+        # (pre-staging changes where weights wait, not what a pod runs: no rollout)
+        **(
+            {"cache": spec.model.cache.model_dump(by_alias=True, exclude={"prestage_groups"})}
+            if fetches_weights(spec)
+            else {}
+        ),
         "discovery": [spec.serving.discovery, spec.serving.etcd_endpoints],
         "topology": [
             spec.topology.gpus_per_node,

@@ -1,0 +1,158 @@
+"""hf:// weights into a node's model cache (thin I/O): the worker launcher's fetch before its engine starts,
+and `python3 -m tokenfab.launcher --fetch-only`, which a weights-fetch pod runs to stage them ahead of need.
+
+`obtain` asks the model cache, then the hub, following tokenfab.launcher.weights.weights_source: a pinned
+commit whose snapshot a completed download left and its manifest verifies loads from the cache; otherwise
+the hub names the commit and what the cache lacks of it is fetched, then the manifest is written
+(tokenfab.launcher.manifest). `main_fetch_only` runs it alone, from the pod's environment.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenfab.launcher import manifest
+from tokenfab.launcher.plan import PROGRAM
+from tokenfab.launcher.weights import Fetch, WeightsSource, weights_source
+from tokenfab.planning import contract as c
+
+EXIT_FAILED = 1
+EXIT_NOT_FOUND = 127
+
+
+def log(message: str) -> None:
+    print(f"{PROGRAM}: {message}", file=sys.stderr, flush=True)
+
+
+class LaunchError(Exception):
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Obtained:
+    """Where the weights are now and how they came: the snapshot's directory, the source, the seconds a
+    download took, and what the manifest check said ("" when not checked)."""
+
+    path: str
+    source: WeightsSource
+    seconds: float
+    checked: str
+
+    def origin(self) -> str:
+        return {
+            "cache": f"complete in the model cache{self.checked}",
+            "download": f"fetched into the model cache in {self.seconds:.0f} s",
+            "offline": "from the model cache, HF_HUB_OFFLINE (not checked against the hub)",
+        }[self.source]
+
+
+def obtain(
+    fetch: Fetch, env: Mapping[str, str], downloading: Callable[[bool], None] = lambda _on: None
+) -> Obtained:
+    """The weights of `fetch` in its model cache, downloaded if they must be (`downloading` is told while
+    a download runs: a signal then stops it at once)."""
+    try:  # both names now: a missing one is the image's fault (127), before anything is fetched
+        from huggingface_hub import HfApi, snapshot_download  # noqa: F401  (HfApi: _download's)
+    except ImportError as exc:
+        raise LaunchError(
+            f"huggingface_hub is not installed: cannot fetch hf://{fetch.repo} (run the tokenfab worker "
+            "image, runtime-images/worker)",
+            EXIT_NOT_FOUND,
+        ) from exc
+    what = f"hf://{fetch.repo}@{fetch.revision or 'main'}"
+    try:
+        local = snapshot_download(fetch.repo, revision=fetch.revision, cache_dir=fetch.cache_dir,
+                                  local_files_only=True)  # fmt: skip
+    except Exception:
+        local = None
+    full = env.get("TOKENFAB_VERIFY_WEIGHTS", "").lower() == "full"
+    verdict = manifest.verify(Path(local), full) if local is not None else None
+    if verdict is not None and not verdict.ok:
+        log(f"weights {what}: the cached snapshot is not verified: {verdict.words()}")
+    offline = env.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    source = weights_source(fetch.revision, local is not None, bool(verdict and verdict.ok), offline)
+    t0 = time.monotonic()
+    if source == "download":
+        downloading(True)
+        try:
+            local = _download(fetch, what, local)
+        finally:
+            downloading(False)
+    if local is None:
+        raise LaunchError(f"weights {what} are not in the model cache {fetch.cache_dir} and the hub is off")
+    checked = f", {verdict.words()}" + (" and SHA-256" if full else "") if verdict and verdict.ok else ""
+    return Obtained(local, source, time.monotonic() - t0, checked)
+
+
+def _download(fetch: Fetch, what: str, local: str | None) -> str | None:
+    """The hub names the commit (a branch or tag may have moved), then what the cache lacks of it is
+    fetched and the snapshot marked complete; a hub that does not answer leaves the cached snapshot
+    (`local`), said so. Returns the snapshot's directory (None: none)."""
+    from huggingface_hub import HfApi, snapshot_download  # imported by obtain already
+
+    try:
+        commit = HfApi().model_info(fetch.repo, revision=fetch.revision, timeout=60).sha
+    except Exception as exc:
+        if local is None:
+            raise LaunchError(f"weights {what} could not be fetched: {type(exc).__name__}: {exc}") from exc
+        log(f"weights {what}: the hub did not answer ({type(exc).__name__}); the cached snapshot "
+            "may be incomplete or behind the branch")  # fmt: skip
+        return local
+    log(f"weights {what}: commit {commit}, fetching what {fetch.cache_dir} lacks of it")
+    try:
+        fetched: str = snapshot_download(fetch.repo, revision=commit, cache_dir=fetch.cache_dir)
+    except Exception as exc:
+        raise LaunchError(f"weights {what} could not be fetched: {type(exc).__name__}: {exc}") from exc
+    t0 = time.monotonic()
+    doc = manifest.write(Path(fetched), commit)
+    log(f"weights {what}: manifest of {len(doc['files'])} files written in {time.monotonic() - t0:.0f} s")
+    return fetched
+
+
+def fetch_of_env(env: Mapping[str, str]) -> Fetch | None:
+    """The hf:// weights a weights-fetch pod stages (its model source, revision and cache directory, the
+    names a worker pod carries too); None when the source is not hf:// or a variable is missing."""
+    scheme, _, repo = env.get(c.ENV_MODEL_SOURCE, "").partition("://")
+    cache = env.get(c.ENV_MODEL_CACHE, "")
+    if scheme != "hf" or not repo or not cache:
+        return None
+    return Fetch(repo, env.get(c.ENV_MODEL_REVISION) or None, cache)
+
+
+def _stop(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)  # (PID 1 ignores SIGTERM without a handler: the pod would wait its grace)
+
+
+def main_fetch_only(env: Mapping[str, str]) -> int:
+    """Stage the weights and exit: 0 once they are complete in the cache and their manifest verifies (the
+    log says where they came from), 78 for a pod without hf:// weights to fetch, 1 (or 127) when they
+    cannot be had or are not verified (a hub that did not answer leaves an unverified snapshot: it does
+    not count as staged). SIGTERM or SIGINT stops a download at once."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _stop)
+    fetch = fetch_of_env(env)
+    if fetch is None:
+        log(f"--fetch-only needs {c.ENV_MODEL_SOURCE}=hf://<org>/<repo> and {c.ENV_MODEL_CACHE} (the model "
+            "cache's directory): nothing to fetch")  # fmt: skip
+        return 78
+    what = f"hf://{fetch.repo}@{fetch.revision or 'main'}"
+    try:
+        got = obtain(fetch, env)
+    except LaunchError as err:
+        log(str(err))
+        return err.code
+    # (a cached snapshot was verified by obtain; a fresh download wrote its manifest, checked by size here;
+    # the hub's silence or HF_HUB_OFFLINE leaves a snapshot only a manifest can vouch for)
+    verdict = None if got.source == "cache" else manifest.verify(Path(got.path))
+    if verdict is not None and not verdict.ok:
+        log(f"weights {what}: {got.path} is not verified ({verdict.words()}): not staged")
+        return EXIT_FAILED
+    log(f"weights {what}: {got.path} ({got.origin()}); staged")
+    return 0

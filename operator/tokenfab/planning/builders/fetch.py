@@ -1,0 +1,75 @@
+"""A weights-fetch pod: stages a deployment's hf:// weights in one node's model cache claim ahead of need
+(model.cache.prestageGroups; tokenfab.planning.weights_cache decides the nodes). It runs the worker image's
+launcher with `--fetch-only` (tokenfab.launcher.fetch), needs no GPU and no API access, and completes once
+the weights are complete in the cache."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tokenfab.api.models import ModelDeploymentSpec
+from tokenfab.planning import contract as c
+from tokenfab.planning.builders.common import Manifest, Owner, child_meta
+from tokenfab.planning.builders.placement import worker_tolerations
+from tokenfab.planning.builders.security import POD_SECURITY, container_security
+from tokenfab.planning.builders.volumes import model_cache_claim_name
+
+# What a download and its manifest's hashing need: a core and some buffers, no GPU.
+FETCH_REQUESTS = {"cpu": "1", "memory": "1Gi"}
+FETCH_LIMITS = {"memory": "4Gi"}
+FETCH_GRACE_SECONDS = 5  # the launcher stops a download on SIGTERM at once; the hub client resumes it later
+
+
+def weights_fetch_pod_name(owner: Owner, spec: ModelDeploymentSpec, node: str) -> str:
+    """One per node and model cache claim (a new class or size is a new claim, so a new pod)."""
+    return f"{model_cache_claim_name(owner, spec, node)}-fetch"
+
+
+def weights_fetch_pod(owner: Owner, spec: ModelDeploymentSpec, node: str, weights: str) -> Manifest:
+    """The pod that downloads `weights` (source@revision) into `node`'s model cache claim and exits."""
+    meta = child_meta(owner, weights_fetch_pod_name(owner, spec, node), c.COMPONENT_WEIGHTS_FETCH)
+    meta["annotations"] = {c.ANN_NODE: node, c.ANN_WEIGHTS: weights}
+    env: list[dict[str, Any]] = [
+        {"name": c.ENV_MODEL_SOURCE, "value": spec.model.source},
+        {"name": c.ENV_MODEL_REVISION, "value": spec.model.revision or ""},
+        {"name": c.ENV_MODEL_CACHE, "value": c.MODEL_CACHE_DIR},
+        # runtime.env carries what the hub needs (HF_TOKEN from a Secret, HF_ENDPOINT for a mirror)
+        *[e.model_dump(by_alias=True, exclude_none=True) for e in spec.runtime.env],
+    ]
+    container = {
+        "name": "fetch",
+        "image": spec.runtime.image,
+        "command": [c.PYTHON, "-m", c.LAUNCHER_MODULE, "--fetch-only"],
+        "env": env,
+        "resources": {"requests": dict(FETCH_REQUESTS), "limits": dict(FETCH_LIMITS)},
+        "securityContext": container_security(),
+        "volumeMounts": [
+            {"name": "model-cache", "mountPath": c.MODEL_CACHE_DIR},
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "cache", "mountPath": c.CACHE_DIR},
+        ],
+    }
+    node_term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "securityContext": POD_SECURITY,
+        "restartPolicy": "OnFailure",
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [node_term]}
+            }
+        },
+        "tolerations": worker_tolerations(spec),
+        "containers": [container],
+        "volumes": [
+            {
+                "name": "model-cache",
+                "persistentVolumeClaim": {"claimName": model_cache_claim_name(owner, spec, node)},
+            },
+            {"name": "tmp", "emptyDir": {}},
+            {"name": "cache", "emptyDir": {}},
+        ],
+        # (no priority class or scheduler name of the workers': it needs no GPU and must not preempt)
+        "terminationGracePeriodSeconds": FETCH_GRACE_SECONDS,
+    }
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}

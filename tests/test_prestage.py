@@ -1,0 +1,190 @@
+"""Pre-staging weights (model.cache.prestageGroups; tokenfab.planning.weights_cache.staging): the nodes each
+role's next groups would take get a weights-fetch pod that downloads the weights into their model cache
+claim; a completed fetch marks the claim, and the scale-up that follows lands on those nodes, warm."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from tests.test_one_pass import deployment, materialize, nodes_of, snapshot, used_by
+from tokenfab.api.models import ModelDeployment, RoleBounds
+from tokenfab.planning import builders as b
+from tokenfab.planning import contract as c
+from tokenfab.planning import weights_cache
+from tokenfab.planning.one_pass import Plan, plan
+
+NODES = nodes_of({"a": 4, "b": 4, "c": 4})
+
+
+def staged(md: ModelDeployment, groups: int) -> ModelDeployment:
+    spec = md.spec.model_copy(deep=True)
+    spec.model.cache.prestage_groups = groups
+    return md.model_copy(update={"spec": spec})
+
+
+def fetch_pods(p: Plan) -> dict[str, dict[str, Any]]:
+    """node -> the weights-fetch pod the plan makes there."""
+    return {
+        m["metadata"]["annotations"][c.ANN_NODE]: m
+        for m in p.children.rest
+        if m["kind"] == "Pod" and m["metadata"]["labels"][c.COMPONENT] == c.COMPONENT_WEIGHTS_FETCH
+    }
+
+
+def claim_marks(p: Plan) -> dict[str, str]:
+    return {
+        m["metadata"]["annotations"][c.ANN_NODE]: m["metadata"]["annotations"].get(c.ANN_WEIGHTS, "")
+        for m in p.children.rest
+        if m["kind"] == "PersistentVolumeClaim"
+    }
+
+
+def test_the_next_groups_nodes_get_a_fetch_pod_and_a_claim_and_the_scale_up_lands_there():
+    md = staged(deployment(decode=1), 1)
+    first = plan(snapshot(md, NODES, {}, {}))
+    placed = {n for r in first.roles for cr in r.create for n in cr.nodes}
+    fetch = fetch_pods(first)
+    # the next decode group (2 nodes) and the next prefill group (1 node), none of them the first groups'
+    assert len(fetch) == 3
+    assert not set(fetch) & placed
+    claims = claim_marks(first)
+    assert set(fetch) <= set(claims)  # each fetch pod's node has its model cache claim
+    for node, pod in fetch.items():
+        volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "model-cache")
+        assert volume["persistentVolumeClaim"]["claimName"] == b.model_cache_claim_name(
+            first_owner(), md.spec, node
+        )
+        assert pod["metadata"]["annotations"][c.ANN_WEIGHTS] == weights_cache.weights_key(md.spec)
+    # The fetches complete: their claims are marked, and their pods go.
+    groups = materialize(snapshot(md, NODES, {}, {}), first)
+    after = snapshot(md, NODES, used_by(groups, md), groups)
+    key = weights_cache.weights_key(md.spec)
+    done = tuple(weights_cache.FetchPod(p["metadata"]["name"], n, "Succeeded", key) for n, p in fetch.items())
+    second = plan(replace(after, pod_nodes=frozenset(placed), fetch_pods=done))
+    assert {n: claim_marks(second)[n] for n in fetch} == dict.fromkeys(fetch, key)
+    assert not fetch_pods(second)  # (nothing to fetch where a fetch just completed)
+    assert not second.fetch_deletes  # (kept until the claims' marks are seen: no node is wanted again)
+    seen = {**dict.fromkeys(placed, key), **dict.fromkeys(fetch, key)}
+    third = plan(replace(after, pod_nodes=frozenset(placed), fetch_pods=done, claims=seen))
+    assert sorted(third.fetch_deletes) == sorted(p.name for p in done)
+    assert not fetch_pods(third)
+    # status.weightsCache says where the weights are and what is staged
+    assert first.weights_cache is not None
+    assert first.weights_cache.prestaged == sorted(fetch)
+    assert first.weights_cache.warm_nodes == []
+    assert second.weights_cache is not None
+    assert set(second.weights_cache.warm_nodes) == set(fetch) | placed  # (the first groups served too)
+    # With the claims marked, a scale-up of decode takes the staged nodes: it starts warm.
+    marked = {**dict.fromkeys(placed, key), **dict.fromkeys(fetch, key)}
+    warm = plan(
+        replace(after, md=staged(deployment(decode=2), 1), pod_nodes=frozenset(placed), claims=marked)
+    )
+    new = next(r for r in warm.roles if r.role == "decode").create
+    assert len(new) == 1
+    assert set(new[0].nodes) <= set(fetch)
+    assert new[0].path == "warm"
+
+
+def first_owner() -> b.Owner:
+    return b.Owner(name="deepseek-r1", namespace="ns", uid="uid-1")
+
+
+def test_stale_failed_or_unwanted_fetch_pods_go_and_running_ones_stay():
+    md = staged(deployment(decode=1), 1)
+    first = plan(snapshot(md, NODES, {}, {}))
+    wanted = sorted(fetch_pods(first))
+    key = weights_cache.weights_key(md.spec)
+
+    def pod(
+        node: str, phase: str = "Running", weights: str = key, name: str = "", **kw: Any
+    ) -> weights_cache.FetchPod:
+        return weights_cache.FetchPod(
+            name or b.weights_fetch_pod_name(first_owner(), md.spec, node), node, phase, weights, **kw
+        )
+
+    other_class = md.spec.model_copy(deep=True)
+    other_class.model.cache.size = "2Ti"  # (a new size is a new claim: its pod has another name)
+    pods = (
+        pod(wanted[0]),
+        pod(wanted[1], weights="hf://deepseek-ai/DeepSeek-R1@old"),
+        pod(wanted[2], "Failed"),
+        pod("c-3"),  # running where nothing is wanted any more
+        pod("c-2", "Pending", waiting="CrashLoopBackOff: hub unreachable"),
+        pod("c-1", "Succeeded", name=b.weights_fetch_pod_name(first_owner(), other_class, "c-1")),
+    )
+    again = plan(replace(snapshot(md, NODES, {}, {}), fetch_pods=pods))
+    names = {f.node: f.name for f in pods}
+    assert sorted(again.fetch_deletes) == sorted(
+        names[n] for n in (wanted[1], wanted[2], "c-3", "c-2", "c-1")
+    )
+    assert again.weights_cache is not None
+    assert again.weights_cache.fetching == sorted(["c-2", "c-3", wanted[0]])  # (of the spec's weights)
+    assert "CrashLoopBackOff: hub unreachable" in again.weights_cache.waiting
+    assert "c-1" not in again.weights_cache.warm_nodes  # (a completed pod of another claim marks nothing)
+    assert not fetch_pods(again)  # (each wanted node has a pod, to keep or to replace once it has gone)
+    # A pod being deleted still holds its name: no new one on its node until it is gone.
+    leaving = (pod(wanted[1], deleting=True),)
+    assert sorted(fetch_pods(plan(replace(snapshot(md, NODES, {}, {}), fetch_pods=leaving)))) == [
+        wanted[0],
+        wanted[2],
+    ]
+
+
+def test_a_running_fetch_pod_stays_where_a_group_lands():
+    md = staged(deployment(decode=1), 1)
+    first = plan(snapshot(md, NODES, {}, {}))
+    key = weights_cache.weights_key(md.spec)
+    node = sorted(fetch_pods(first))[0]
+    running = weights_cache.FetchPod(
+        b.weights_fetch_pod_name(first_owner(), md.spec, node), node, "Running", key
+    )
+    elsewhere = plan(replace(snapshot(md, NODES, {}, {}), fetch_pods=(running,), pod_nodes=frozenset({node})))
+    assert elsewhere.fetch_deletes == ()
+
+
+def test_no_prestaging_no_fetch_pods_and_no_rollout():
+    md = deployment(decode=1)
+    assert md.spec.model.cache.prestage_groups == 0
+    p = plan(snapshot(md, NODES, {}, {}))
+    assert not fetch_pods(p)
+    assert not p.fetch_deletes
+    # pre-staging changes where weights wait, not what a worker runs: the same revision
+    for role in ("prefill", "decode"):
+        assert b.role_revision(staged(md, 3).spec, role) == b.role_revision(md.spec, role)  # type: ignore[arg-type]
+
+
+def test_the_fetch_pod_needs_no_gpu_and_no_api_access():
+    md = staged(deployment(decode=1), 1)
+    pod = b.weights_fetch_pod(first_owner(), md.spec, "a-2", "hf://x/y@abc")
+    spec = pod["spec"]
+    ctr = spec["containers"][0]
+    assert ctr["command"][-1] == "--fetch-only"
+    assert not any("gpu" in k for k in ctr["resources"]["requests"])
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["restartPolicy"] == "OnFailure"
+    term = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert term == [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["a-2"]}]}]
+    env = {e["name"]: e.get("value") for e in ctr["env"]}
+    assert env[c.ENV_MODEL_SOURCE] == md.spec.model.source
+    assert env[c.ENV_MODEL_CACHE] == c.MODEL_CACHE_DIR
+    # the workers' security contexts (restricted; e2e/test_prestage.py runs it where restricted is enforced)
+    assert spec["securityContext"] == b.POD_SECURITY
+    assert ctr["securityContext"] == b.container_security()
+
+
+def test_no_more_is_staged_than_the_autoscaler_may_still_add():
+    spec = staged(deployment(decode=1), 3).spec.model_copy(deep=True)
+    spec.autoscaling.enabled = False
+    assert weights_cache.headroom(spec, "decode", {"decode": 1}) == 3  # (no autoscaler: scaled by hand)
+    spec.autoscaling = spec.autoscaling.model_copy(
+        update={"enabled": True, "decode": RoleBounds(min_replicas=1, max_replicas=2)}
+    )
+    assert weights_cache.headroom(spec, "decode", {"decode": 1}) == 1
+    assert weights_cache.headroom(spec, "decode", {"decode": 2}) == 0
+    # prefill follows decode 1:1 here: no more than decode's staged groups bring
+    assert spec.serving.prefill_decode_ratio == "1:1"
+    assert weights_cache.headroom(spec, "prefill", {"decode": 1, "prefill": 1}) == 1
+    assert weights_cache.headroom(spec, "prefill", {"decode": 2, "prefill": 2}) == 0
