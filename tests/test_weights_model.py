@@ -84,8 +84,12 @@ def test_weights_paths_counts_the_namespaces_engines_started_during_the_trace():
             _history("ns/fe", 140.0, None, kind="frontend"),
         ]
     }
-    state["fetches"] = [{"key": "ns/tiny-model-1-fetch"}, {"key": "other/tiny-model-2-fetch"}]
-    got = scenario.weights_paths(state, "ns", 100.0)
+    state["fetches"] = [
+        {"key": "ns/tiny-model-1-fetch", "completed_at": 95.0},
+        {"key": "ns/tiny-model-1-fetch", "completed_at": 40.0},  # (an earlier run in the namespace)
+        {"key": "other/tiny-model-2-fetch", "completed_at": 95.0},
+    ]
+    got = scenario.weights_paths(state, "ns", 100.0, applied=80.0)
     assert got["counts"] == {"warm": 1, "fetching": 0, "cold": 1}
     assert got["fetch_pods_completed"] == 1
     assert [(e["t"], e["role"], e["path"]) for e in got["engines"]] == [

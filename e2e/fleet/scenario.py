@@ -315,6 +315,7 @@ def run_policy(f: Factory, tools: fleet.Tools, cfg: Config, out_dir: Path) -> di
     out_dir.mkdir(parents=True, exist_ok=True)
     fleet.ensure_namespace(f, cfg.namespace)
     doc = deployment(f, cfg)
+    applied = time.time()
     apply_yaml(f, doc)
     want_decode = doc["spec"]["decode"]["replicas"]
     wait_for(
@@ -366,7 +367,7 @@ def run_policy(f: Factory, tools: fleet.Tools, cfg: Config, out_dir: Path) -> di
     started_after = fleet.requests_started(url)
     sent = None if started_before is None or started_after is None else started_after - started_before
     result = analyse(cfg, doc, sampler.rows, records, t_start, rc, sent)
-    result["weights_paths"] = weights_paths(fleet.runner_state(f), cfg.namespace, t_start)
+    result["weights_paths"] = weights_paths(fleet.runner_state(f), cfg.namespace, t_start, applied)
     if controller:
         result["controller_decisions"] = controller.decisions
     (out_dir / "result.json").write_text(json.dumps(result, indent=1))
@@ -455,10 +456,13 @@ def reversals(counts: list[int | None]) -> int:
     return sum(1 for a, b in itertools.pairwise(signs) if a != b)
 
 
-def weights_paths(state: dict[str, Any], namespace: str, t_start: float) -> dict[str, Any]:
+def weights_paths(
+    state: dict[str, Any], namespace: str, t_start: float, applied: float = 0.0
+) -> dict[str, Any]:
     """The engines of `namespace` the runner started after `t_start` (wall clock) and how their weights
     came (e2e/fleet/weights_model: modeled): a count per path, and each with its start (seconds into
-    the trace), role, path and modeled hold; and how many weights-fetch pods it completed."""
+    the trace), role, path and modeled hold; and how many weights-fetch pods it completed since the
+    deployment was applied (`applied`; a namespace's earlier runs are not counted)."""
     engines = [
         {
             "t": round(h["started_at"] - t_start, 1),
@@ -473,8 +477,13 @@ def weights_paths(state: dict[str, Any], namespace: str, t_start: float) -> dict
         and "weights" in h
     ]
     counts = {p: sum(e["path"] == p for e in engines) for p in ("warm", "fetching", "cold")}
-    # weights-fetch pods of the namespace the runner completed (pre-staging), before the trace or during it
-    staged = sum(1 for x in state.get("fetches") or [] if x["key"].startswith(f"{namespace}/"))
+    # weights-fetch pods of the namespace the runner completed (pre-staging) since the deployment was
+    # applied (`applied`, wall clock): before the trace or during it
+    staged = sum(
+        1
+        for x in state.get("fetches") or []
+        if x["key"].startswith(f"{namespace}/") and x.get("completed_at", 0.0) >= applied
+    )
     return {"counts": counts, "engines": engines, "fetch_pods_completed": staged}
 
 
