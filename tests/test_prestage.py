@@ -135,12 +135,17 @@ def test_a_running_fetch_pod_stays_where_a_group_lands():
     md = staged(deployment(decode=1), 1)
     first = plan(snapshot(md, NODES, {}, {}))
     key = weights_cache.weights_key(md.spec)
-    node = sorted(fetch_pods(first))[0]
+    node = "c-3"  # out of the headroom (the staged nodes are the first free ones in best-fit order)
+    assert node not in fetch_pods(first)
     running = weights_cache.FetchPod(
         b.weights_fetch_pod_name(first_owner(), md.spec, node), node, "Running", key
     )
-    elsewhere = plan(replace(snapshot(md, NODES, {}, {}), fetch_pods=(running,), pod_nodes=frozenset({node})))
-    assert elsewhere.fetch_deletes == ()
+    # a group of the deployment is there: its download goes on
+    kept = plan(replace(snapshot(md, NODES, {}, {}), fetch_pods=(running,), pod_nodes=frozenset({node})))
+    assert kept.fetch_deletes == ()
+    # nothing of the deployment there, and not in the headroom: it goes
+    gone = plan(replace(snapshot(md, NODES, {}, {}), fetch_pods=(running,)))
+    assert gone.fetch_deletes == (running.name,)
 
 
 def test_no_prestaging_no_fetch_pods_and_no_rollout():
