@@ -32,11 +32,13 @@ from tests.cases import example_paths, load_example
 from tests.test_builders import DOMAIN, env, owner, spec_of
 from tokenfab.api.errors import parse_model_deployment
 from tokenfab.api.models import ModelDeploymentSpec, RoleName
-from tokenfab.launcher import manifest
+from tokenfab.fleet import facts
+from tokenfab.launcher import fetch, manifest
 from tokenfab.launcher import plan as lp
 from tokenfab.launcher.run import LaunchError, Runner
 from tokenfab.planning import builders as b
 from tokenfab.planning import contract as c
+from tokenfab.planning import weights_cache
 
 RUN_DIR = "/tmp/tokenfab-mpi-test"
 
@@ -665,6 +667,7 @@ def fetch_only_environ(tmp_path: Path, source: str = "hf://org/model", revision:
         c.ENV_MODEL_SOURCE: source,
         c.ENV_MODEL_REVISION: revision,
         c.ENV_MODEL_CACHE: str(tmp_path / "model-cache"),
+        fetch.ENV_TERMINATION_LOG: str(tmp_path / "termination-log"),
     }
 
 
@@ -676,6 +679,30 @@ def test_fetch_only_stages_verified_weights_and_exits_0(tmp_path):
     assert f"weights hf://org/model@{COMMIT}: {snapshot} (complete in the model cache, " in done.stderr
     assert done.stderr.rstrip().endswith("staged")
     assert not (tmp_path / "python3.args").exists()  # (nothing else runs)
+    # its termination message: what the operator puts in status.weightsCache.staged
+    said = json.loads((tmp_path / "termination-log").read_text())
+    files = [p for p in snapshot.rglob("*") if p.is_file() and not p.name.startswith(".tokenfab")]
+    assert said == {"source": "cache", "bytes": sum(p.stat().st_size for p in files), "files": len(files),
+                    "seconds": said["seconds"]}  # fmt: skip
+    assert said["bytes"] > 0
+
+
+def test_the_fetch_pods_termination_message_reaches_status_whole(tmp_path):
+    """Launcher -> kubelet's termination message -> the operator's pod facts -> status.weightsCache."""
+    snapshot = fake_hub_cache(tmp_path / "model-cache", "org/model")
+    manifest.write(snapshot, COMMIT)
+    assert launcher(["--fetch-only"], hub_down(fetch_only_environ(tmp_path, revision=COMMIT))).returncode == 0
+    message = (tmp_path / "termination-log").read_text()
+    terminated = {"exitCode": 0, "reason": "Completed", "message": message}
+    said = facts._exit_message({"containerStatuses": [{"state": {"terminated": terminated}}]})
+    got = weights_cache.staged_result(weights_cache.FetchPod("p", "node-1", "Succeeded", "k", result=said))
+    assert got is not None
+    assert (got.node, got.source, got.bytes) == ("node-1", "cache", json.loads(message)["bytes"])
+    for broken in ("exit code 0, Completed", "exit code 0, Completed, {not json", "x, [1]", '{"bytes": -1}'):
+        assert (
+            weights_cache.staged_result(weights_cache.FetchPod("p", "n", "Succeeded", "k", result=broken))
+            is None
+        )
 
 
 def test_fetch_only_fails_with_the_reason_when_the_weights_cannot_be_had(tmp_path):

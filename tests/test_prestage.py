@@ -9,6 +9,7 @@ from typing import Any
 
 from tests.test_one_pass import deployment, materialize, nodes_of, snapshot, used_by
 from tokenfab.api.models import ModelDeployment, RoleBounds
+from tokenfab.fleet.view import ClusterView
 from tokenfab.planning import builders as b
 from tokenfab.planning import contract as c
 from tokenfab.planning import weights_cache
@@ -193,3 +194,78 @@ def test_no_more_is_staged_than_the_autoscaler_may_still_add():
     assert spec.serving.prefill_decode_ratio == "1:1"
     assert weights_cache.headroom(spec, "prefill", {"decode": 1, "prefill": 1}) == 1
     assert weights_cache.headroom(spec, "prefill", {"decode": 2, "prefill": 2}) == 0
+
+
+def test_status_keeps_what_each_fetch_pod_reported_while_its_node_holds_the_weights():
+    md = staged(deployment(decode=1), 1)
+    key = weights_cache.weights_key(md.spec)
+    said = 'exit code 0, Completed, {"source": "download", "bytes": 2500000000, "files": 3, "seconds": 41.5}'
+    done = weights_cache.FetchPod("a-fetch", "n1", "Succeeded", key, result=said)
+    running = weights_cache.FetchPod("b-fetch", "n2", "Running", key)
+    staging = weights_cache.Staging(frozenset({"n1", "n2"}), {"n1": key, "n2": ""}, (), ())
+    first = weights_cache.report(md.spec, staging, [done, running])
+    assert first is not None
+    assert [(r.node, r.source, r.bytes, r.files, r.seconds) for r in first.staged] == [
+        ("n1", "download", 2500000000, 3, 41.5)
+    ]
+    assert first.summary == "1 warm, 1 fetching, 2.5 GB staged"
+    # the completed pod is gone: what it said stays while n1 holds these weights
+    later = weights_cache.report(md.spec, staging, [], first)
+    assert later is not None
+    assert later.staged == first.staged
+    assert later.summary == "1 warm, 0 fetching, 2.5 GB staged"
+    # n1 no longer holds them (another revision was marked), or the spec asks for other weights: gone
+    moved = weights_cache.report(md.spec, replace(staging, marks={"n1": "hf://x@old"}), [], first)
+    assert moved is not None
+    assert moved.staged == []
+    assert moved.summary == "0 warm, 0 fetching"
+    spec = md.spec.model_copy(deep=True)
+    spec.model.revision = "0" * 40
+    newer = {"n1": weights_cache.weights_key(spec)}  # (n1 holds the new weights, not what was reported)
+    other = weights_cache.report(spec, replace(staging, marks=newer), [], first)
+    assert other is not None
+    assert other.warm_nodes == ["n1"]
+    assert other.staged == []
+
+
+def test_a_deployment_leaves_the_nodes_another_one_pre_stages_while_others_fit():
+    md = staged(deployment(decode=1), 1)
+    first = plan(snapshot(md, NODES, {}, {}))
+    assert first.weights_cache is not None
+    theirs = frozenset(first.weights_cache.prestaged)
+    placed = {n for r in first.roles for cr in r.create for n in cr.nodes}
+    assert theirs
+    assert not theirs & placed
+    # a second deployment with a cache, on the same free nodes, told what the first pre-stages
+    other = plan(replace(snapshot(md, NODES, {}, {}), staged_elsewhere=theirs))
+    other_placed = {n for r in other.roles for cr in r.create for n in cr.nodes}
+    assert other_placed == placed  # (the same groups fit on the same clean nodes)
+    assert other.weights_cache is not None
+    assert not set(other.weights_cache.prestaged) & theirs  # its headroom goes elsewhere in the domain
+    # without being told, it would have staged the very same nodes
+    blind = plan(snapshot(md, NODES, {}, {}))
+    assert blind.weights_cache is not None
+    assert set(blind.weights_cache.prestaged) == theirs
+    # a group lands on them when nothing else fits: its start path stays a plain cold one
+    everything = frozenset(n.name for n in NODES)
+    crowded = plan(replace(snapshot(md, NODES, {}, {}), staged_elsewhere=everything))
+    paths = {cr.path for r in crowded.roles for cr in r.create}
+    assert paths == {"cold"}
+
+
+def test_the_view_knows_what_each_deployment_pre_stages():
+    view = ClusterView()
+
+    def md(name: str, prestaged: list[str]) -> dict[str, Any]:
+        status = {"weightsCache": {"weights": "hf://a/b@main", "prestaged": prestaged}}
+        return {"metadata": {"namespace": "ns", "name": name}, "spec": {}, "status": status}
+
+    view.on_model_deployment("ADDED", md("a", ["n1", "n2"]))
+    view.on_model_deployment("ADDED", md("b", ["n3"]))
+    assert view.staged_elsewhere(("ns", "a")) == {"n3"}
+    assert view.staged_elsewhere(("ns", "b")) == {"n1", "n2"}
+    assert view.staged_elsewhere(("ns", "c")) == {"n1", "n2", "n3"}
+    view.on_model_deployment("MODIFIED", md("a", []))
+    assert view.staged_elsewhere(("ns", "b")) == frozenset()
+    view.on_model_deployment("DELETED", md("b", ["n3"]))
+    assert view.staged_elsewhere(("ns", "a")) == frozenset()

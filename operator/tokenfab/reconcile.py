@@ -277,6 +277,7 @@ def observe(ctx: Context, key: Key, now: float) -> tuple[Obj, Snapshot] | Result
         pod_nodes=frozenset(n for p in pods if (n := p.pinned or p.node)),
         claims={pvc.node: pvc.weights for pvc in ctx.view.children("PersistentVolumeClaim", key) if pvc.node},
         fetch_pods=fetch_pods(pods),
+        staged_elsewhere=ctx.view.staged_elsewhere(key),
         reaction=fault_reaction(ctx, md),
     )
 
@@ -291,6 +292,7 @@ def fetch_pods(pods: list[PodFacts]) -> tuple[weights_cache.FetchPod, ...]:
             p.annotations.get(c.ANN_WEIGHTS, ""),
             p.waiting,
             p.deleting,
+            p.exit_message,
         )
         for p in pods
         if p.labels.get(c.COMPONENT) == c.COMPONENT_WEIGHTS_FETCH

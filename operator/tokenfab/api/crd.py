@@ -153,6 +153,13 @@ def _wide_columns(ready: str) -> list[JSON]:
             "priority": 1,
             "description": "OpenAI-compatible endpoint",
         },
+        {
+            "name": "Weights",
+            "type": "string",
+            "jsonPath": ".status.weightsCache.summary",
+            "priority": 1,
+            "description": "per-node model caches: warm nodes, downloads under way, bytes staged",
+        },
     ]
 
 

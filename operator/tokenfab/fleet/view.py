@@ -86,6 +86,7 @@ class ClusterView:
         self._used: dict[str, dict[str, int]] = {}
         self._children: dict[tuple[str, str, str], ChildFacts] = {}
         self._mds: dict[Key, Obj] = {}
+        self._staged: dict[Key, frozenset[str]] = {}  # deployment -> the nodes its headroom pre-stages
         self.synced: dict[str, bool] = {}
 
     # ------------------------------------------------------------------------------------ usage
@@ -329,9 +330,15 @@ class ClusterView:
         with self._lock:
             if type_ == "DELETED":
                 self._mds.pop(key, None)
+                self._staged.pop(key, None)
                 return Change({key})
             before = self._mds.get(key)
             self._mds[key] = body
+            staged = ((body.get("status") or {}).get("weightsCache") or {}).get("prestaged") or ()
+            if staged:
+                self._staged[key] = frozenset(staged)
+            else:
+                self._staged.pop(key, None)
         if before is not None and status_only(before, body):
             return Change()  # the operator's own status write coming back (a pass decides from it anyway)
         return Change({key})
@@ -339,6 +346,11 @@ class ClusterView:
     def model_deployment(self, key: Key) -> Obj | None:
         with self._lock:
             return self._mds.get(key)
+
+    def staged_elsewhere(self, key: Key) -> frozenset[str]:
+        """The nodes the other deployments pre-stage (their status.weightsCache.prestaged)."""
+        with self._lock:
+            return frozenset().union(*(nodes for k, nodes in self._staged.items() if k != key))
 
     def deployments(self) -> set[Key]:
         with self._lock:

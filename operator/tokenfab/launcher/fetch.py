@@ -9,6 +9,7 @@ the hub names the commit and what the cache lacks of it is fetched, then the man
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 import time
@@ -21,6 +22,8 @@ from tokenfab.launcher.plan import PROGRAM
 from tokenfab.launcher.weights import Fetch, WeightsSource, weights_source
 from tokenfab.planning import contract as c
 
+TERMINATION_LOG = "/dev/termination-log"  # the container's terminationMessagePath (Kubernetes' default)
+ENV_TERMINATION_LOG = "TOKENFAB_TERMINATION_LOG"  # another path (tests)
 EXIT_FAILED = 1
 EXIT_NOT_FOUND = 127
 
@@ -155,4 +158,17 @@ def main_fetch_only(env: Mapping[str, str]) -> int:
         log(f"weights {what}: {got.path} is not verified ({verdict.words()}): not staged")
         return EXIT_FAILED
     log(f"weights {what}: {got.path} ({got.origin()}); staged")
+    report(env, got)
     return 0
+
+
+def report(env: Mapping[str, str], got: Obtained) -> None:
+    """The pod's termination message (read by the operator into status.weightsCache.staged): where the
+    weights came from, their bytes and files (the manifest's), and the download's seconds. Best effort:
+    a container without the file only loses the figures."""
+    v = manifest.verify(Path(got.path))  # (a stat per file)
+    message = {"source": got.source, "bytes": v.size, "files": v.files, "seconds": round(got.seconds, 1)}
+    try:
+        Path(env.get(ENV_TERMINATION_LOG) or TERMINATION_LOG).write_text(json.dumps(message))
+    except OSError as exc:
+        log(f"the termination message was not written ({exc}): {json.dumps(message)}")

@@ -156,7 +156,7 @@ class _Placer:
         self.used_slots.add(slot)
         self.domains = {**self.domains, chosen: take(self.domains[chosen], targets, shape.pod_gpus)}
         self.per_domain[chosen] = self.per_domain.get(chosen, 0) + 1
-        path = PATHS[max(self.warmth.get(n, COLD) for n in targets)] if self.warmth else ""
+        path = PATHS[min(COLD, max(self.warmth.get(n, COLD) for n in targets))] if self.warmth else ""
         plan.create.append(
             Create(plan.role, slot, chosen, plan.revision, reason, tuple(targets), (), replaces, path)
         )

@@ -65,9 +65,9 @@ class Snapshot:
     profile: ProfileStatus | None = None  # spec.profile's plan, as status keeps it
     planned: Condition | None = None  # the Planned condition (None: the spec leaves nothing to plan)
     pod_nodes: frozenset[str] = frozenset()  # the nodes the deployment's pods are on or pinned to
-    # The deployment's model cache claims: node -> the weights served from it ("" none yet; see
-    # tokenfab.planning.weights_cache).
+    # Its model cache claims: node -> the weights served from it ("" none yet; planning.weights_cache)
     claims: Mapping[str, str] = field(default_factory=dict)
+    staged_elsewhere: frozenset[str] = frozenset()  # the nodes other deployments pre-stage
     fetch_pods: tuple[weights_cache.FetchPod, ...] = ()  # its weights-fetch pods (pre-staging)
     # How hardware faults are answered (tokenfab's way, or a fault benchmark's baseline).
     reaction: FaultReaction = field(default_factory=FaultReaction)
@@ -301,7 +301,7 @@ def _scale(
     def reader(_url: str, query: str) -> Reading:
         return s.readings.get(query) or Reading(None, "not read by this pass", query)
 
-    warmth = weights_cache.node_warmth(spec, s.claims)
+    warmth = weights_cache.node_warmth(spec, s.claims, s.staged_elsewhere)
     outcome = autoscale(md, s.groups, s.health, capacity, s.now, reader, s.urgent, warmth)
     desired.update(outcome.desired)
     if "prefill" in desired and "decode" in desired and spec.serving.ratio_policy == "fixed":
@@ -365,13 +365,12 @@ def plan(s: Snapshot) -> Plan:
         spec, desired, s.groups, s.health, s.now, s.bind_timeout, s.blocked,
         {role: _hold(old.get(role), s.now) for role in PLAN_ORDER}, s.drain, s.reaction,
         frozenset(fault_report.avoided(s.md.status.faults if s.md.status else [], s.now)),
-        weights_cache.node_warmth(spec, s.claims),
+        weights_cache.node_warmth(spec, s.claims, s.staged_elsewhere),
     )  # fmt: skip
     roles = plan_roles(inputs, capacity, commit=capacity.reserve)
     placed = {n for r in roles for cr in r.create for n in cr.nodes} | s.pod_nodes
-    staged = weights_cache.staging(
-        spec, s.owner, (s.claims, s.groups, s.fetch_pods), capacity, desired, placed
-    )
+    observed = (s.claims, s.groups, s.fetch_pods)
+    staged = weights_cache.staging(spec, s.owner, observed, capacity, desired, placed, s.staged_elsewhere)
     return Plan(
         spec=spec,
         desired=desired,
@@ -384,7 +383,9 @@ def plan(s: Snapshot) -> Plan:
         requeue_after=requeue_after(s, roles),
         force_delete=orphans(s) if s.reaction.mode == "replace" else (),
         fetch_deletes=staged.delete,
-        weights_cache=weights_cache.report(spec, staged, s.fetch_pods),
+        weights_cache=weights_cache.report(
+            spec, staged, s.fetch_pods, s.md.status.weights_cache if s.md.status else None
+        ),
     )
 
 

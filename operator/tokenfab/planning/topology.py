@@ -85,9 +85,12 @@ Chooser = Callable[[Mapping[str, Domain], GroupShape], str | None]
 
 
 # How near a node's model cache is to serving the deployment's weights (tokenfab.planning.weights_cache):
-# 0 warm (they served from it), 1 fetching (a cache is there, partly filled or of another revision), 2 cold.
+# 0 warm (they served from it), 1 fetching (a cache is there, partly filled or of another revision), 2 cold;
+# 3 cold here and kept warm by another deployment (its pre-staged headroom): chosen last (nodes and domains),
+# so deployments do not take each other's staged nodes while others fit; its start path is a cold one.
 Warmth = Mapping[str, int]
 COLD = 2
+ELSEWHERE = 3
 PATHS = ("warm", "fetching", "cold")  # a new group's start path, by its coldest node's warmth
 
 
@@ -185,7 +188,7 @@ def take(domain: Domain, nodes: Sequence[str], pod_gpus: int) -> Domain:
 def next_path(domains: Mapping[str, Domain], shape: GroupShape, warmth: Warmth) -> str:
     """The start path of the next group placed (the warmest it can have where it fits whole)."""
     ranks = [group_warmth(d, shape, warmth) for d in domains.values() if fits(d, shape)]
-    return PATHS[min(ranks, default=COLD)]
+    return PATHS[min(COLD, min(ranks, default=COLD))]
 
 
 def choose_domain(

@@ -20,13 +20,14 @@ claim is marked like one a worker served from (`claim_marks`). The fetch pod the
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from tokenfab.api.models import ModelDeploymentSpec, RoleName, WeightsCacheStatus
+from tokenfab.api.models import ModelDeploymentSpec, RoleName, StagedWeights, WeightsCacheStatus
 from tokenfab.planning import builders as b
 from tokenfab.planning.lifecycle import GroupView
-from tokenfab.planning.topology import COLD, Domain, best_fit_nodes, choose_domain, take
+from tokenfab.planning.topology import COLD, ELSEWHERE, Domain, best_fit_nodes, choose_domain, take
 
 
 def weights_key(spec: ModelDeploymentSpec) -> str:
@@ -34,10 +35,14 @@ def weights_key(spec: ModelDeploymentSpec) -> str:
     return f"{spec.model.source}@{spec.model.revision or 'main'}"
 
 
-def warmth(claims: Mapping[str, str], key: str) -> dict[str, int]:
+def warmth(claims: Mapping[str, str], key: str, elsewhere: Iterable[str] = ()) -> dict[str, int]:
     """Node -> warmth, from the deployment's model cache claims (node -> the weights they are marked
-    with, "" when none yet)."""
-    return {node: 0 if held == key else 1 for node, held in claims.items()}
+    with, "" when none yet); `elsewhere`: nodes other deployments pre-stage (ELSEWHERE where this one has
+    no claim)."""
+    return {
+        **dict.fromkeys(elsewhere, ELSEWHERE),
+        **{n: 0 if held == key else 1 for n, held in claims.items()},
+    }
 
 
 def marks(claims: Mapping[str, str], served: Iterable[str], key: str) -> dict[str, str]:
@@ -46,11 +51,14 @@ def marks(claims: Mapping[str, str], served: Iterable[str], key: str) -> dict[st
     return {**claims, **dict.fromkeys(served, key)}
 
 
-def node_warmth(spec: ModelDeploymentSpec, claims: Mapping[str, str]) -> dict[str, int]:
-    """The nodes' model cache warmth for this spec's weights (none without per-node caches)."""
+def node_warmth(
+    spec: ModelDeploymentSpec, claims: Mapping[str, str], elsewhere: Iterable[str] = ()
+) -> dict[str, int]:
+    """The nodes' model cache warmth for this spec's weights (none without per-node caches); `elsewhere`:
+    the nodes other deployments pre-stage."""
     if not b.uses_model_cache_claims(spec):
         return {}
-    return warmth(claims, weights_key(spec))
+    return warmth(claims, weights_key(spec), elsewhere)
 
 
 def served_nodes(spec: ModelDeploymentSpec, groups: Mapping[RoleName, list[GroupView]]) -> frozenset[str]:
@@ -131,6 +139,7 @@ class FetchPod:
     weights: str  # what it stages (source@revision)
     waiting: str = ""  # why it is not running (a container's waiting reason, e.g. CrashLoopBackOff)
     deleting: bool = False  # being deleted: its name is not free yet
+    result: str = ""  # how its container ended (exit code, reason, the launcher's termination message)
 
 
 @dataclass(frozen=True)
@@ -151,9 +160,11 @@ def staging(
     domains_of: Callable[[RoleName], Mapping[str, Domain]],
     desired: Mapping[RoleName, int] | None = None,
     occupied: Iterable[str] = (),
+    elsewhere: Iterable[str] = (),
 ) -> Staging:
     """Pre-staging for one pass (see the module's docstring); `observed`: the claims' marks, the groups and
-    the fetch pods; `occupied`: the nodes the deployment's pods are on or this pass places groups on.
+    the fetch pods; `occupied`: the nodes the deployment's pods are on or this pass places groups on;
+    `elsewhere`: the nodes other deployments pre-stage (this one's headroom avoids them while it can).
 
     A fetch pod is current when it stages the spec's weights into the claim its name is made for (a new
     storage class or size is a new claim, so a new pod). A completed current pod marks its claim, and is
@@ -170,7 +181,7 @@ def staging(
     live = [f for f in pods if not f.deleting]
     fetched = [f.node for f in live if f.phase == "Succeeded" and current(f)]
     marked = claim_marks(spec, claims, groups, fetched)
-    nodes = prestage_nodes(spec, domains_of, node_warmth(spec, claims), desired)
+    nodes = prestage_nodes(spec, domains_of, node_warmth(spec, claims, elsewhere), desired)
     wanted = fetches_wanted(spec, nodes, marked)
     keep = wanted | set(occupied)
     gone = [
@@ -184,20 +195,48 @@ def staging(
     return Staging(nodes, marked, tuple(sorted(wanted - {f.node for f in pods})), tuple(sorted(gone)))
 
 
+def staged_result(f: FetchPod) -> StagedWeights | None:
+    """What a completed fetch pod reported: the launcher's termination message, a JSON object (source,
+    bytes, files, seconds) after the exit code and reason; None when it said nothing readable."""
+    _, brace, rest = f.result.partition("{")
+    try:
+        doc = json.loads(brace + rest) if brace else None
+        return None if not isinstance(doc, dict) else StagedWeights(node=f.node, **{
+            k: doc[k] for k in ("source", "bytes", "files", "seconds") if k in doc
+        })  # fmt: skip
+    except ValueError:  # (pydantic's ValidationError is one)
+        return None
+
+
 def report(
-    spec: ModelDeploymentSpec, staged: Staging, fetch_pods: Iterable[FetchPod]
+    spec: ModelDeploymentSpec,
+    staged: Staging,
+    fetch_pods: Iterable[FetchPod],
+    previous: WeightsCacheStatus | None = None,
 ) -> WeightsCacheStatus | None:
-    """status.weightsCache: which nodes hold the weights, which are pre-staged, which are downloading."""
+    """status.weightsCache: which nodes hold the weights, which are pre-staged, which are downloading, and
+    what each completed fetch pod reported (kept from `previous` while its node holds these weights)."""
     if not b.uses_model_cache_claims(spec):
         return None
     key = weights_key(spec)
-    pods = [f for f in fetch_pods if f.phase not in ("Succeeded", "Failed") and not f.deleting]
+    pods = list(fetch_pods)
+    running = [f for f in pods if f.phase not in ("Succeeded", "Failed") and not f.deleting]
+    warm = sorted(n for n, held in staged.marks.items() if held == key)
+    results = {} if previous is None or previous.weights != key else {r.node: r for r in previous.staged}
+    for f in pods:
+        if f.phase == "Succeeded" and f.weights == key and (r := staged_result(f)) is not None:
+            results[f.node] = r
+    kept = [results[n] for n in warm if n in results]
+    fetching = sorted(f.node for f in running if f.weights == key)
+    gb = sum(r.bytes for r in kept) / 1e9
     return WeightsCacheStatus(
         weights=key,
-        warm_nodes=sorted(n for n, held in staged.marks.items() if held == key),
+        warm_nodes=warm,
         prestaged=sorted(staged.nodes),
-        fetching=sorted(f.node for f in pods if f.weights == key),
-        waiting="; ".join(f"{f.name}: {f.waiting}" for f in pods if f.waiting)[:1000],
+        fetching=fetching,
+        waiting="; ".join(f"{f.name}: {f.waiting}" for f in running if f.waiting)[:1000],
+        staged=kept,
+        summary=f"{len(warm)} warm, {len(fetching)} fetching" + (f", {gb:.1f} GB staged" if kept else ""),
     )
 
 
@@ -222,6 +261,7 @@ __all__ = [
     "prestage_nodes",
     "report",
     "served_nodes",
+    "staged_result",
     "staging",
     "warmth",
     "weights_key",

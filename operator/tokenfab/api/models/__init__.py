@@ -107,6 +107,7 @@ from tokenfab.api.models.status import (
     RoleFailures,
     RoleStatus,
     ScalingDecision,
+    StagedWeights,
     WeightsCacheStatus,
 )
 from tokenfab.api.models.topology import (
@@ -189,6 +190,7 @@ __all__ = [
     "Scheduling",
     "Serving",
     "SpeculativeDecoding",
+    "StagedWeights",
     "Toleration",
     "Topology",
     "WeightsCacheStatus",

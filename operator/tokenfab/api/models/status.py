@@ -200,6 +200,20 @@ class FaultRecord(StatusModel):
     recovery_seconds: float | None = Field(default=None, description="From the fault seen to serving again.")
 
 
+class StagedWeights(StatusModel):
+    """What a weights-fetch pod reported when it completed (its container's termination message)."""
+
+    node: str = Field(description="The node whose model cache claim it staged the weights in.")
+    source: str = Field(
+        default="",
+        description="Where the weights came from: download (the source, what the cache lacked of it), "
+        "cache (already complete there) or offline (HF_HUB_OFFLINE).",
+    )
+    bytes: int = Field(default=0, ge=0, description="Bytes of the staged snapshot (its manifest's files).")
+    files: int = Field(default=0, ge=0, description="Files of the staged snapshot.")
+    seconds: float = Field(default=0, ge=0, description="Seconds the download took (0 from the cache).")
+
+
 class WeightsCacheStatus(StatusModel):
     """The deployment's per-node model caches (model.cache.storageClassName) and what is staged in them."""
 
@@ -218,6 +232,16 @@ class WeightsCacheStatus(StatusModel):
     )
     waiting: str = Field(
         default="", description="A weights-fetch pod that is not running, and why (e.g. CrashLoopBackOff)."
+    )
+    staged: list[StagedWeights] = Field(
+        default_factory=list,
+        description="Per warm node a weights-fetch pod filled: where the weights came from, their bytes and "
+        "the download's seconds (kept while the node's cache holds these weights).",
+    )
+    summary: str = Field(
+        default="",
+        description="For kubectl get -o wide: warm nodes, downloads under way and bytes staged "
+        '(e.g. "4 warm, 1 fetching, 689.4 GB staged").',
     )
 
 

@@ -43,6 +43,8 @@ def weights_fetch_pod(owner: Owner, spec: ModelDeploymentSpec, node: str, weight
         "env": env,
         "resources": {"requests": dict(FETCH_REQUESTS), "limits": dict(FETCH_LIMITS)},
         "securityContext": container_security(),
+        # the launcher's figures on success (status.weightsCache.staged), its log's tail on a failure
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [
             {"name": "model-cache", "mountPath": c.MODEL_CACHE_DIR},
             {"name": "tmp", "mountPath": "/tmp"},
