@@ -13,7 +13,7 @@ from tests.cases import load_example, merge_patch
 from tokenfab.api import models as m
 from tokenfab.api.crd import model_deployment_crd
 from tokenfab.api.errors import SpecError, parse_model_deployment
-from tokenfab.api.rules import NAME_RULE, NAME_SUFFIX_RULE, RESERVED_ENV, S3_SOURCE_RULE, SOURCE_RULE
+from tokenfab.api.rules import NAME_RULE, NAME_SUFFIX_RULE, RESERVED_ENV, SOURCE_RULE
 from tokenfab.planning import contract
 
 
@@ -177,14 +177,18 @@ def test_good_sources_are_accepted(source):
     assert parse_model_deployment(manifest("deepseek-r1-disaggregated.yaml", {"model": {"source": source}}))
 
 
-def test_s3_sources_are_refused_until_they_are_fetched():
-    """An s3:// source would start workers that find no weights: refused, with the way around it."""
+def test_s3_sources_are_fetched_into_the_model_cache_and_may_be_pre_staged():
+    """s3:// weights are the launcher's to download (tokenfab.launcher.s3), like hf://: accepted, with a
+    model cache, pre-staging, and a pvc:// source still refused pre-staging."""
+    patch = {
+        "model": {"source": "s3://m/q", "cache": {"storageClassName": "local-nvme", "prestageGroups": 2}}
+    }
+    md = parse_model_deployment(manifest("deepseek-r1-disaggregated.yaml", patch))
+    assert md.spec.model.source == "s3://m/q"
+    pvc = {"model": {"source": "pvc://m/q", "cache": {"storageClassName": "local-nvme", "prestageGroups": 2}}}
     with pytest.raises(SpecError) as err:
-        parse_model_deployment(manifest("deepseek-r1-disaggregated.yaml", {"model": {"source": "s3://m/q"}}))
-    text = str(err.value)
-    assert 'spec.model.source: Invalid value: "s3://m/q"' in text
-    assert "pvc://<claim>/<path>" in text
-    assert "s3://" in S3_SOURCE_RULE.message
+        parse_model_deployment(manifest("deepseek-r1-disaggregated.yaml", pvc))
+    assert "serve hf:// or s3:// weights" in str(err.value)
 
 
 def test_the_source_message_states_the_expected_forms():

@@ -131,7 +131,8 @@ def resources() -> st.SearchStrategy[dict[str, Any]]:
 
 
 def model() -> st.SearchStrategy[dict[str, Any]]:
-    """spec.model: hf:// or pvc:// weights, at times with a per-node cache that pre-stages some groups."""
+    """spec.model: hf://, s3:// or pvc:// weights, at times with a per-node cache that pre-stages some
+    groups."""
     return st.builds(
         lambda source, staged: (
             {"name": "x", "source": source}
@@ -141,7 +142,7 @@ def model() -> st.SearchStrategy[dict[str, Any]]:
                 else {"cache": {"storageClassName": "local-nvme", "prestageGroups": staged}}
             )
         ),
-        st.sampled_from(["hf://x/y", "pvc://weights/r1"]),
+        st.sampled_from(["hf://x/y", "s3://bucket/r1", "pvc://weights/r1"]),
         st.one_of(st.none(), st.integers(0, 2)),
     )
 

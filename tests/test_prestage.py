@@ -8,11 +8,12 @@ from dataclasses import replace
 from typing import Any
 
 from tests.test_one_pass import deployment, materialize, nodes_of, snapshot, used_by
-from tokenfab.api.models import ModelDeployment, RoleBounds
+from tokenfab.api.models import ModelDeployment, ModelDeploymentStatus, RoleBounds
 from tokenfab.fleet.view import ClusterView
 from tokenfab.planning import builders as b
 from tokenfab.planning import contract as c
 from tokenfab.planning import weights_cache
+from tokenfab.planning.eviction import NodeCaches
 from tokenfab.planning.one_pass import Plan, plan
 
 NODES = nodes_of({"a": 4, "b": 4, "c": 4})
@@ -210,19 +211,23 @@ def test_status_keeps_what_each_fetch_pod_reported_while_its_node_holds_the_weig
     ]
     assert first.summary == "1 warm, 1 fetching, 2.5 GB staged"
     # the completed pod is gone: what it said stays while n1 holds these weights
-    later = weights_cache.report(md.spec, staging, [], first)
+    later = weights_cache.report(md.spec, staging, [], ModelDeploymentStatus(weights_cache=first))
     assert later is not None
     assert later.staged == first.staged
     assert later.summary == "1 warm, 0 fetching, 2.5 GB staged"
     # n1 no longer holds them (another revision was marked), or the spec asks for other weights: gone
-    moved = weights_cache.report(md.spec, replace(staging, marks={"n1": "hf://x@old"}), [], first)
+    moved = weights_cache.report(
+        md.spec, replace(staging, marks={"n1": "hf://x@old"}), [], ModelDeploymentStatus(weights_cache=first)
+    )
     assert moved is not None
     assert moved.staged == []
     assert moved.summary == "0 warm, 0 fetching"
     spec = md.spec.model_copy(deep=True)
     spec.model.revision = "0" * 40
     newer = {"n1": weights_cache.weights_key(spec)}  # (n1 holds the new weights, not what was reported)
-    other = weights_cache.report(spec, replace(staging, marks=newer), [], first)
+    other = weights_cache.report(
+        spec, replace(staging, marks=newer), [], ModelDeploymentStatus(weights_cache=first)
+    )
     assert other is not None
     assert other.warm_nodes == ["n1"]
     assert other.staged == []
@@ -237,7 +242,7 @@ def test_a_deployment_leaves_the_nodes_another_one_pre_stages_while_others_fit()
     assert theirs
     assert not theirs & placed
     # a second deployment with a cache, on the same free nodes, told what the first pre-stages
-    other = plan(replace(snapshot(md, NODES, {}, {}), staged_elsewhere=theirs))
+    other = plan(replace(snapshot(md, NODES, {}, {}), caches=NodeCaches(staged_elsewhere=theirs)))
     other_placed = {n for r in other.roles for cr in r.create for n in cr.nodes}
     assert other_placed == placed  # (the same groups fit on the same clean nodes)
     assert other.weights_cache is not None
@@ -248,7 +253,7 @@ def test_a_deployment_leaves_the_nodes_another_one_pre_stages_while_others_fit()
     assert set(blind.weights_cache.prestaged) == theirs
     # a group lands on them when nothing else fits: its start path stays a plain cold one
     everything = frozenset(n.name for n in NODES)
-    crowded = plan(replace(snapshot(md, NODES, {}, {}), staged_elsewhere=everything))
+    crowded = plan(replace(snapshot(md, NODES, {}, {}), caches=NodeCaches(staged_elsewhere=everything)))
     paths = {cr.path for r in crowded.roles for cr in r.create}
     assert paths == {"cold"}
 
@@ -269,3 +274,26 @@ def test_the_view_knows_what_each_deployment_pre_stages():
     assert view.staged_elsewhere(("ns", "b")) == frozenset()
     view.on_model_deployment("DELETED", md("b", ["n3"]))
     assert view.staged_elsewhere(("ns", "a")) == frozenset()
+
+
+def test_s3_weights_are_cached_and_pre_staged_like_hf_ones():
+    md = staged(deployment(decode=1), 1)
+    spec = md.spec.model_copy(deep=True)
+    spec.model.source = "s3://weights/deepseek/r1"
+    s3md = md.model_copy(update={"spec": spec})
+    p = plan(snapshot(s3md, NODES, {}, {}))
+    fetch = fetch_pods(p)
+    assert len(fetch) == 3  # (the same headroom as for hf:// weights)
+    for pod in fetch.values():
+        envs = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        assert envs[c.ENV_MODEL_SOURCE] == "s3://weights/deepseek/r1"
+        assert pod["metadata"]["annotations"][c.ANN_WEIGHTS] == "s3://weights/deepseek/r1@" + (
+            spec.model.revision or "main"
+        )
+    # the workers mount their node's cache claim, and name the objects the launcher fetches and points at
+    owner = first_owner()
+    pod = b.group_pods(owner, spec, "decode", 0, "a", b.role_revision(spec, "decode"), ["a-0", "a-1"])[0]
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "model-cache")
+    assert volume["persistentVolumeClaim"]["claimName"] == b.model_cache_claim_name(owner, spec, "a-0")
+    args = pod["spec"]["containers"][0]["args"]
+    assert args[args.index("--model-path") + 1] == "weights/deepseek/r1"

@@ -3,6 +3,10 @@
 #   ~/.cache/tokenfab/venvs/dynamo  NVIDIA Dynamo 1.6.1 (mocker engines, frontend + KV router)
 #   ~/.cache/tokenfab/venvs/aiperf  NVIDIA aiperf 0.13.0 (load generator)
 #   ~/.cache/tokenfab/venvs/checkov checkov (the test suite checks the pods tokenfab builds and the chart)
+#   ~/.cache/tokenfab/venvs/s3      boto3 (the worker launcher's s3:// fetch, as in the worker image) and
+#                                   moto's S3 server on loopback to fetch from (tests/test_launcher_s3.py);
+#                                   apart from the operator's venv: botocore pins python-dateutil<3, the
+#                                   kubernetes client >=3
 # Idempotent: a stamp file per venv records the pinned versions; a warm run takes well under a second.
 # ai-dynamo is installed with --no-deps (its `aisimulate` dependency is a PyPI placeholder that fails and
 # it pins kubernetes<33): its other requirements are listed here by hand (../../shared/REFERENCE.md §4).
@@ -14,6 +18,8 @@ PY="${PYTHON:-python3}"
 DYNAMO_VERSION=1.6.1
 AIPERF_VERSION=0.13.0
 CHECKOV_VERSION=3.3.30
+BOTO3_VERSION=1.44.8
+MOTO_VERSION=5.2.5
 
 dynamo_reqs=(
   "ai-dynamo-runtime==$DYNAMO_VERSION" aiohttp "kubernetes<33" msgspec prometheus-client pyzmq redis
@@ -41,6 +47,10 @@ install_venv aiperf "aiperf==$AIPERF_VERSION" "$ap" -m pip install -q "aiperf==$
 
 ck="$VENVS/checkov/bin/python"
 install_venv checkov "checkov==$CHECKOV_VERSION" "$ck" -m pip install -q "checkov==$CHECKOV_VERSION"
+
+s3_reqs=("boto3==$BOTO3_VERSION" "moto[server]==$MOTO_VERSION" pydantic pyyaml)
+s3py="$VENVS/s3/bin/python"
+install_venv s3 "${s3_reqs[*]}" "$s3py" -m pip install -q "${s3_reqs[@]}"
 
 export TOKENFAB_DYNAMO_PYTHON="$dyn"
 export TOKENFAB_AIPERF="$VENVS/aiperf/bin/aiperf"

@@ -104,6 +104,10 @@ def submit(ctx: Context, key: Key, owner: b.Owner, plan: Plan, now: float) -> Su
     shared += [
         (ctx.kube.pool.submit(ctx.kube.delete, "v1", "Pod", pod, key[0]), None) for pod in plan.fetch_deletes
     ]
+    shared += [  # (model caches evicted to make room on their node: planning.eviction)
+        (ctx.kube.pool.submit(ctx.kube.delete, "v1", "PersistentVolumeClaim", claim, key[0]), None)
+        for claim in plan.claim_deletes
+    ]
     return Submitted(shared, deletes, creates, pending, gang, channel_waits)
 
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from tokenfab.api.models import RoleName
-from tokenfab.fleet.view import ClusterView, PodFacts
+from tokenfab.fleet.view import ClusterView, Key, PodFacts
 from tokenfab.planning import contract as c
-from tokenfab.planning.capacity import Constraints, untolerated
+from tokenfab.planning.capacity import Constraints, parse_quantity, untolerated
+from tokenfab.planning.eviction import CacheEntry, NodeCaches
 from tokenfab.planning.lifecycle import GroupView, NodeHealth, PodView
 
 
@@ -78,3 +81,30 @@ def node_health(view: ClusterView, pods: list[PodFacts], constraints: Constraint
         schedulable = not node.unschedulable and not untolerated(node, constraints.tolerations)
         out[name] = NodeHealth(node.ready, node.not_ready_since, schedulable, node.faults)
     return out
+
+
+def node_caches(view: ClusterView, key: Key, nodes: Iterable[str]) -> NodeCaches:
+    """What the other deployments keep on the nodes: the nodes they pre-stage and, on those of `nodes`
+    (this deployment's model cache claims) labelled with a model cache capacity, their claims there."""
+    capacity: dict[str, int] = {}
+    for name in nodes:
+        node = view.node(name)
+        raw = node.labels.get(c.LABEL_CACHE_CAPACITY) if node else None
+        try:
+            capacity.update({name: int(parse_quantity(raw))} if raw else {})
+        except ValueError:
+            continue  # (a label that is no quantity gives no capacity: nothing is evicted there)
+    staged = view.staged_elsewhere(key)
+    if not capacity:
+        return NodeCaches(staged)
+    others = tuple(
+        CacheEntry(
+            f"{p.namespace}/{p.name}",
+            p.node,
+            p.size,
+            view.idle_since((p.namespace, p.deployment)).get(p.node),
+        )
+        for p in view.all_children("PersistentVolumeClaim")
+        if p.node in capacity and p.deployment and (p.namespace, p.deployment) != key
+    )
+    return NodeCaches(staged, others, capacity)

@@ -41,7 +41,7 @@ from tokenfab.api.models import (
     RoleName,
 )
 from tokenfab.fleet.view import Key, PodFacts, parse_time
-from tokenfab.observe import group_views, node_health
+from tokenfab.observe import group_views, node_caches, node_health
 from tokenfab.planning import builders as b
 from tokenfab.planning import contract as c
 from tokenfab.planning import one_pass, sla, weights_cache
@@ -258,6 +258,7 @@ def observe(ctx: Context, key: Key, now: float) -> tuple[Obj, Snapshot] | Result
     why = ex.compute_domain_block(ctx, md.spec)
     readings, urgent, kept, drain = _read(ctx, key, md, groups, now)
     frontend = ctx.view.child("Deployment", key[0], b.frontend_name(owner))
+    claims = [pvc for pvc in ctx.view.children("PersistentVolumeClaim", key) if pvc.node]
     return body, Snapshot(
         owner=owner,
         md=md,
@@ -275,9 +276,9 @@ def observe(ctx: Context, key: Key, now: float) -> tuple[Obj, Snapshot] | Result
         profile=profile.status,
         planned=profile.condition,
         pod_nodes=frozenset(n for p in pods if (n := p.pinned or p.node)),
-        claims={pvc.node: pvc.weights for pvc in ctx.view.children("PersistentVolumeClaim", key) if pvc.node},
+        claims={pvc.node: pvc.weights for pvc in claims},
         fetch_pods=fetch_pods(pods),
-        staged_elsewhere=ctx.view.staged_elsewhere(key),
+        caches=node_caches(ctx.view, key, [p.node for p in claims]),
         reaction=fault_reaction(ctx, md),
     )
 

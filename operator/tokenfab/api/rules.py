@@ -122,13 +122,6 @@ SOURCE_RULE = regex_rule(
     "scheme and no whitespace anywhere",
 )
 
-S3_SOURCE_RULE = ValueRule(
-    "!self.startsWith('s3://')",
-    "model.source s3:// is not fetched by tokenfab yet: copy the weights into a PersistentVolumeClaim and "
-    "use pvc://<claim>/<path>, or use hf://<org>/<repo> with model.revision",
-    lambda v: not str(v).startswith("s3://"),
-)
-
 STORAGE_CLASS_RULE = regex_rule(
     DNS_SUBDOMAIN_PATTERN,
     "model.cache.storageClassName must be the name of a StorageClass (a DNS subdomain: lowercase letters, "

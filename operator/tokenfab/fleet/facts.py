@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from tokenfab.planning import contract as c
-from tokenfab.planning.capacity import NodeFacts, Taint, add, to_units
+from tokenfab.planning.capacity import NodeFacts, Taint, add, parse_quantity, to_units
 from tokenfab.planning.faults import FaultKeys, NodeFault, device_fault, node_faults
 
 Obj = dict[str, Any]
@@ -259,6 +259,7 @@ class ChildFacts:
     group: str = ""  # a ComputeDomain's group
     state: str = ""  # a ComputeDomain's status.status (Ready | NotReady)
     weights: str = ""  # a model cache claim: the weights served from it (contract.ANN_WEIGHTS)
+    size: int = 0  # a model cache claim: the bytes it asks for
 
 
 def child_facts(kind: str, obj: Obj) -> ChildFacts:
@@ -278,7 +279,16 @@ def child_facts(kind: str, obj: Obj) -> ChildFacts:
         group=labels.get(c.LABEL_GROUP, "") if kind == "ComputeDomain" else "",
         state=str(status.get("status") or "") if kind == "ComputeDomain" else "",
         weights=(meta.get("annotations") or {}).get(c.ANN_WEIGHTS, ""),
+        size=_claim_size(obj) if kind == "PersistentVolumeClaim" else 0,
     )
+
+
+def _claim_size(obj: Obj) -> int:
+    asked = (((obj.get("spec") or {}).get("resources") or {}).get("requests") or {}).get("storage", 0)
+    try:
+        return int(parse_quantity(asked))
+    except (ValueError, ArithmeticError, TypeError):
+        return 0
 
 
 def status_only(before: Obj, after: Obj) -> bool:

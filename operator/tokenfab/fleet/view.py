@@ -87,6 +87,7 @@ class ClusterView:
         self._children: dict[tuple[str, str, str], ChildFacts] = {}
         self._mds: dict[Key, Obj] = {}
         self._staged: dict[Key, frozenset[str]] = {}  # deployment -> the nodes its headroom pre-stages
+        self._idle: dict[Key, dict[str, float]] = {}  # deployment -> node -> since when its cache is idle
         self.synced: dict[str, bool] = {}
 
     # ------------------------------------------------------------------------------------ usage
@@ -331,14 +332,18 @@ class ClusterView:
             if type_ == "DELETED":
                 self._mds.pop(key, None)
                 self._staged.pop(key, None)
+                self._idle.pop(key, None)
                 return Change({key})
             before = self._mds.get(key)
             self._mds[key] = body
-            staged = ((body.get("status") or {}).get("weightsCache") or {}).get("prestaged") or ()
+            cache = (body.get("status") or {}).get("weightsCache") or {}
+            staged, idle = cache.get("prestaged") or (), _times(cache.get("idleSince"))
+            self._staged.pop(key, None)
+            self._idle.pop(key, None)
             if staged:
                 self._staged[key] = frozenset(staged)
-            else:
-                self._staged.pop(key, None)
+            if idle:
+                self._idle[key] = idle
         if before is not None and status_only(before, body):
             return Change()  # the operator's own status write coming back (a pass decides from it anyway)
         return Change({key})
@@ -351,6 +356,11 @@ class ClusterView:
         """The nodes the other deployments pre-stage (their status.weightsCache.prestaged)."""
         with self._lock:
             return frozenset().union(*(nodes for k, nodes in self._staged.items() if k != key))
+
+    def idle_since(self, key: Key) -> dict[str, float]:
+        """Since when each of a deployment's model caches is idle (its status.weightsCache.idleSince)."""
+        with self._lock:
+            return dict(self._idle.get(key) or {})
 
     def deployments(self) -> set[Key]:
         with self._lock:
@@ -437,3 +447,10 @@ def _healthy(node: NodeFacts) -> bool:
 
 def _pod_stub(p: PodFacts) -> Obj:
     return {"metadata": {"namespace": p.namespace, "name": p.name, "labels": dict(p.labels)}}
+
+
+def _times(stamps: object) -> dict[str, float]:
+    """node -> unix time, from a status map of RFC 3339 times (what cannot be read is left out)."""
+    if not isinstance(stamps, dict):
+        return {}
+    return {str(n): t for n, ts in stamps.items() if (t := parse_time(str(ts))) is not None}

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tokenfab.launcher import manifest
 from tokenfab.launcher.plan import PROGRAM
-from tokenfab.launcher.weights import Fetch, WeightsSource, weights_source
+from tokenfab.launcher.weights import FETCHED, Fetch, WeightsSource, weights_source
 from tokenfab.planning import contract as c
 
 TERMINATION_LOG = "/dev/termination-log"  # the container's terminationMessagePath (Kubernetes' default)
@@ -61,6 +61,10 @@ def obtain(
 ) -> Obtained:
     """The weights of `fetch` in its model cache, downloaded if they must be (`downloading` is told while
     a download runs: a signal then stops it at once)."""
+    if fetch.scheme == "s3":
+        from tokenfab.launcher import s3  # (the same I/O layer; boto3 is imported there, when needed)
+
+        return s3.obtain(fetch, downloading)
     try:  # both names now: a missing one is the image's fault (127), before anything is fetched
         from huggingface_hub import HfApi, snapshot_download  # noqa: F401  (HfApi: _download's)
     except ImportError as exc:
@@ -120,13 +124,13 @@ def _download(fetch: Fetch, what: str, local: str | None) -> str | None:
 
 
 def fetch_of_env(env: Mapping[str, str]) -> Fetch | None:
-    """The hf:// weights a weights-fetch pod stages (its model source, revision and cache directory, the
-    names a worker pod carries too); None when the source is not hf:// or a variable is missing."""
+    """The hf:// or s3:// weights a weights-fetch pod stages (its model source, revision and cache
+    directory, the names a worker pod carries too); None for another source or a missing variable."""
     scheme, _, repo = env.get(c.ENV_MODEL_SOURCE, "").partition("://")
     cache = env.get(c.ENV_MODEL_CACHE, "")
-    if scheme != "hf" or not repo or not cache:
+    if scheme not in FETCHED or not repo or not cache:
         return None
-    return Fetch(repo, env.get(c.ENV_MODEL_REVISION) or None, cache)
+    return Fetch(repo, env.get(c.ENV_MODEL_REVISION) or None, cache, scheme)
 
 
 def _stop(signum: int, _frame: object) -> None:
@@ -142,10 +146,10 @@ def main_fetch_only(env: Mapping[str, str]) -> int:
         signal.signal(sig, _stop)
     fetch = fetch_of_env(env)
     if fetch is None:
-        log(f"--fetch-only needs {c.ENV_MODEL_SOURCE}=hf://<org>/<repo> and {c.ENV_MODEL_CACHE} (the model "
-            "cache's directory): nothing to fetch")  # fmt: skip
+        log(f"--fetch-only needs {c.ENV_MODEL_SOURCE}=hf://<org>/<repo> or s3://<bucket>/<prefix> and "
+            f"{c.ENV_MODEL_CACHE} (the model cache's directory): nothing to fetch")  # fmt: skip
         return 78
-    what = f"hf://{fetch.repo}@{fetch.revision or 'main'}"
+    what = fetch.url()
     try:
         got = obtain(fetch, env)
     except LaunchError as err:

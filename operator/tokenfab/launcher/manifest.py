@@ -1,5 +1,5 @@
-"""What a completed download of hf:// weights left in the model cache, and the check that it is still there
-intact before an engine loads it.
+"""What a completed download of hf:// or s3:// weights left in the model cache, and the check that it is
+still there intact before an engine loads it.
 
 Once a snapshot is fully fetched, the launcher writes `MANIFEST` into it: the commit, and every file's size
 and SHA-256 (hashed in parallel: the hashing runs outside the GIL). A later pod on the node loads the
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,8 +55,11 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def write(snapshot: Path, commit: str, workers: int = 8) -> dict[str, Any]:
-    """Hash every file of a completed snapshot and write its manifest; returns it."""
+def write(
+    snapshot: Path, commit: str, workers: int = 8, extra: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Hash every file of a completed snapshot and write its manifest (with `extra` keys, e.g. the S3
+    ETags); returns it."""
     files = _files(snapshot)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         sums = list(pool.map(sha256, files))
@@ -65,6 +69,7 @@ def write(snapshot: Path, commit: str, workers: int = 8) -> dict[str, Any]:
             str(p.relative_to(snapshot)): {"size": p.stat().st_size, "sha256": s}
             for p, s in zip(files, sums, strict=True)
         },
+        **(extra or {}),
     }
     tmp = snapshot / (MANIFEST + ".tmp")
     tmp.write_text(json.dumps(doc, indent=1))

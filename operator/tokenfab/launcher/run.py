@@ -177,7 +177,7 @@ class Runner:
         if fetch is None:
             return
         got = obtain(fetch, self.env, self._downloading)
-        log(f"weights hf://{fetch.repo}@{fetch.revision or 'main'}: {got.path} ({got.origin()})")
+        log(f"weights {fetch.url()}: {got.path} ({got.origin()})")
         if self.plan.kind != "follower":
             try:
                 self.command = with_model_path(self.command, got.path)

@@ -1,7 +1,9 @@
-"""hf:// weights (pure): what to fetch, where to take it from, and pointing the engine at the snapshot.
+"""hf:// and s3:// weights (pure): what to fetch, where to take it from, and pointing the engine at the
+snapshot.
 
-tokenfab.launcher.run.Runner.fetch_weights asks the model cache and the hub, then follows these decisions;
-pvc:// weights are mounted by the pod and need none of this.
+tokenfab.launcher.run.Runner.fetch_weights asks the model cache and the source (tokenfab.launcher.fetch,
+tokenfab.launcher.s3), then follows these decisions; pvc:// weights are mounted by the pod and need none
+of this.
 """
 
 from __future__ import annotations
@@ -18,23 +20,31 @@ _COMMIT = re.compile(r"[0-9a-f]{40}")
 WeightsSource = Literal["cache", "download", "offline"]
 
 
+FETCHED = ("hf", "s3")  # the sources the launcher fetches into the model cache
+
+
 @dataclass(frozen=True)
 class Fetch:
-    """Weights from a model hub, at a revision, into the node's model cache, before anything starts: every
-    rank of a group loads its shard from the same local snapshot (the engine gets its path)."""
+    """Weights from a model hub or an S3 bucket, at a revision, into the node's model cache, before anything
+    starts: every rank of a group loads its shard from the same local snapshot (the engine gets its path)."""
 
-    repo: str
-    revision: str | None  # None: the hub's main branch
+    repo: str  # hf: <org>/<repo>; s3: <bucket>/<prefix>
+    revision: str | None  # hf: None is the hub's main branch; s3: a label (the objects are listed)
     cache_dir: str
+    scheme: str = "hf"
+
+    def url(self) -> str:
+        """The weights as the log names them: source@revision."""
+        return f"{self.scheme}://{self.repo}@{self.revision or ('main' if self.scheme == 'hf' else 'latest')}"
 
 
 def fetch_of(identity: Identity) -> Fetch | None:
-    """hf:// sources are downloaded by the launcher (at model.revision, into the model cache volume); pvc://
-    weights are mounted and need nothing."""
+    """hf:// and s3:// sources are downloaded by the launcher (into the model cache volume); pvc:// weights
+    are mounted and need nothing."""
     scheme, _, rest = identity.model_source.partition("://")
-    if scheme != "hf" or not rest:
+    if scheme not in FETCHED or not rest:
         return None
-    return Fetch(rest, identity.model_revision, identity.model_cache)
+    return Fetch(rest, identity.model_revision, identity.model_cache, scheme)
 
 
 def weights_source(revision: str | None, cached: bool, complete: bool, offline: bool) -> WeightsSource:

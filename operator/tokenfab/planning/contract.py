@@ -29,6 +29,8 @@ ANN_GROUP_SIZE = f"{DOMAIN}/group-pods"
 ANN_GROUP_GPUS = f"{DOMAIN}/group-gpus"
 ANN_START_PATH = f"{DOMAIN}/start-path"  # a worker pod: warm | fetching | cold (its node's model cache)
 ANN_WEIGHTS = f"{DOMAIN}/weights"  # a model cache claim: the weights (source@revision) served from it
+# A node: how much its local NVMe gives the model caches (a quantity, e.g. 28Ti; planning.eviction)
+LABEL_CACHE_CAPACITY = f"{DOMAIN}/model-cache-capacity"
 ANN_NODE = f"{DOMAIN}/node"  # the node placement assigned this pod (it is pinned there)
 ANN_GROUP_NODES = f"{DOMAIN}/group-nodes"  # every rank's node, comma-separated in rank order
 ANN_RELEASED = f"{DOMAIN}/released-at"  # unix time the group's scheduling gates were lifted

@@ -28,6 +28,7 @@ from tokenfab.api.models import (
 )
 from tokenfab.planning import builders as b
 from tokenfab.planning import fault_report, recovery, weights_cache
+from tokenfab.planning.eviction import NodeCaches
 from tokenfab.planning.groups import DrainPolicy, RolePlan, plan_role
 from tokenfab.planning.lifecycle import UNHEALTHY_GRACE, GroupView, NodeHealth, classify
 from tokenfab.planning.role_plan import FaultReaction
@@ -67,10 +68,9 @@ class Snapshot:
     pod_nodes: frozenset[str] = frozenset()  # the nodes the deployment's pods are on or pinned to
     # Its model cache claims: node -> the weights served from it ("" none yet; planning.weights_cache)
     claims: Mapping[str, str] = field(default_factory=dict)
-    staged_elsewhere: frozenset[str] = frozenset()  # the nodes other deployments pre-stage
+    caches: NodeCaches = field(default_factory=NodeCaches)  # what the other deployments keep on the nodes
     fetch_pods: tuple[weights_cache.FetchPod, ...] = ()  # its weights-fetch pods (pre-staging)
-    # How hardware faults are answered (tokenfab's way, or a fault benchmark's baseline).
-    reaction: FaultReaction = field(default_factory=FaultReaction)
+    reaction: FaultReaction = field(default_factory=FaultReaction)  # tokenfab's, or a fault bench's baseline
 
     @property
     def spec(self) -> ModelDeploymentSpec:
@@ -90,11 +90,11 @@ class Plan:
     autoscaling: Outcome | None = None
     events: list[Event] = field(default_factory=list)  # the autoscaler's ScaledUp / ScaledDown
     requeue_after: float | None = None  # when time alone may change this plan
-    # Pods bound to a node that no longer exists: deleted at once (grace 0), not left to the pod garbage
-    # collector. Nothing runs them any more (no kubelet), and until they go the group's name, its
-    # PodGroup and its pods' IMEX channels are held.
+    # Pods bound to a node that no longer exists: deleted at once (grace 0), not left to the pod GC. Nothing
+    # runs them (no kubelet), and until they go the group's name, PodGroup and IMEX channels are held.
     force_delete: tuple[str, ...] = ()
     fetch_deletes: tuple[str, ...] = ()  # weights-fetch pods done or no longer wanted (weights_cache)
+    claim_deletes: tuple[str, ...] = ()  # model cache claims evicted (planning.eviction)
     weights_cache: WeightsCacheStatus | None = None  # status.weightsCache
 
     @property
@@ -301,7 +301,7 @@ def _scale(
     def reader(_url: str, query: str) -> Reading:
         return s.readings.get(query) or Reading(None, "not read by this pass", query)
 
-    warmth = weights_cache.node_warmth(spec, s.claims, s.staged_elsewhere)
+    warmth = weights_cache.node_warmth(spec, s.claims, s.caches.staged_elsewhere)
     outcome = autoscale(md, s.groups, s.health, capacity, s.now, reader, s.urgent, warmth)
     desired.update(outcome.desired)
     if "prefill" in desired and "decode" in desired and spec.serving.ratio_policy == "fixed":
@@ -365,12 +365,14 @@ def plan(s: Snapshot) -> Plan:
         spec, desired, s.groups, s.health, s.now, s.bind_timeout, s.blocked,
         {role: _hold(old.get(role), s.now) for role in PLAN_ORDER}, s.drain, s.reaction,
         frozenset(fault_report.avoided(s.md.status.faults if s.md.status else [], s.now)),
-        weights_cache.node_warmth(spec, s.claims, s.staged_elsewhere),
+        weights_cache.node_warmth(spec, s.claims, s.caches.staged_elsewhere),
     )  # fmt: skip
     roles = plan_roles(inputs, capacity, commit=capacity.reserve)
     placed = {n for r in roles for cr in r.create for n in cr.nodes} | s.pod_nodes
-    observed = (s.claims, s.groups, s.fetch_pods)
-    staged = weights_cache.staging(spec, s.owner, observed, capacity, desired, placed, s.staged_elsewhere)
+    observed, idle = (s.claims, s.groups, s.fetch_pods), weights_cache.idle_before(s.md.status)
+    staged = weights_cache.staging(
+        spec, s.owner, observed, capacity, desired, placed, (s.caches, idle, s.now)
+    )
     return Plan(
         spec=spec,
         desired=desired,
@@ -379,13 +381,12 @@ def plan(s: Snapshot) -> Plan:
         children=children(s.owner, spec, roles, s.pod_nodes | staged.nodes, staged.marks, staged.create),
         failures=next_failures(s.md.status, roles, s.now),
         autoscaling=outcome,
-        events=_scaling_events(outcome),
+        events=_scaling_events(outcome) + weights_cache.events(staged),
         requeue_after=requeue_after(s, roles),
         force_delete=orphans(s) if s.reaction.mode == "replace" else (),
         fetch_deletes=staged.delete,
-        weights_cache=weights_cache.report(
-            spec, staged, s.fetch_pods, s.md.status.weights_cache if s.md.status else None
-        ),
+        claim_deletes=tuple(b.model_cache_claim_name(s.owner, spec, n) for n in staged.evict),
+        weights_cache=weights_cache.report(spec, staged, s.fetch_pods, s.md.status),
     )
 
 

@@ -22,11 +22,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 
-from tokenfab.api.models import ModelDeploymentSpec, RoleName, StagedWeights, WeightsCacheStatus
+from tokenfab.api.models import (
+    ModelDeploymentSpec,
+    ModelDeploymentStatus,
+    RoleName,
+    StagedWeights,
+    WeightsCacheStatus,
+)
 from tokenfab.planning import builders as b
+from tokenfab.planning.capacity import parse_quantity
+from tokenfab.planning.eviction import CacheEntry, NodeCaches, evictions, idle_times
 from tokenfab.planning.lifecycle import GroupView
+from tokenfab.planning.status import rfc3339
 from tokenfab.planning.topology import COLD, ELSEWHERE, Domain, best_fit_nodes, choose_domain, take
 
 
@@ -145,12 +155,16 @@ class FetchPod:
 @dataclass(frozen=True)
 class Staging:
     """This pass's pre-staging: the nodes to keep warm, every claim's mark, the nodes whose fetch pod is
-    to be made, and the fetch pods to delete (their weights are staged, no longer wanted, or stale)."""
+    to be made, and the fetch pods to delete (their weights are staged, no longer wanted, or stale); and
+    the model caches: since when each idle one is idle, and the nodes whose claim is evicted
+    (tokenfab.planning.eviction)."""
 
     nodes: frozenset[str]
     marks: dict[str, str]
     create: tuple[str, ...]
     delete: tuple[str, ...]
+    idle: dict[str, float] = field(default_factory=dict)
+    evict: tuple[str, ...] = ()
 
 
 def staging(
@@ -160,11 +174,12 @@ def staging(
     domains_of: Callable[[RoleName], Mapping[str, Domain]],
     desired: Mapping[RoleName, int] | None = None,
     occupied: Iterable[str] = (),
-    elsewhere: Iterable[str] = (),
+    caches: tuple[NodeCaches, Mapping[str, float], float] = (NodeCaches(), {}, 0.0),
 ) -> Staging:
     """Pre-staging for one pass (see the module's docstring); `observed`: the claims' marks, the groups and
     the fetch pods; `occupied`: the nodes the deployment's pods are on or this pass places groups on;
-    `elsewhere`: the nodes other deployments pre-stage (this one's headroom avoids them while it can).
+    `caches`: what other deployments keep on the nodes (the nodes they pre-stage are avoided by this
+    one's headroom while it can), since when this one's idle caches are idle, and now.
 
     A fetch pod is current when it stages the spec's weights into the claim its name is made for (a new
     storage class or size is a new claim, so a new pod). A completed current pod marks its claim, and is
@@ -181,7 +196,8 @@ def staging(
     live = [f for f in pods if not f.deleting]
     fetched = [f.node for f in live if f.phase == "Succeeded" and current(f)]
     marked = claim_marks(spec, claims, groups, fetched)
-    nodes = prestage_nodes(spec, domains_of, node_warmth(spec, claims, elsewhere), desired)
+    others, before, now = caches
+    nodes = prestage_nodes(spec, domains_of, node_warmth(spec, claims, others.staged_elsewhere), desired)
     wanted = fetches_wanted(spec, nodes, marked)
     keep = wanted | set(occupied)
     gone = [
@@ -192,7 +208,29 @@ def staging(
         or (f.phase == "Succeeded" and claims.get(f.node) == key)
         or (f.phase != "Succeeded" and f.node not in keep)
     ]
-    return Staging(nodes, marked, tuple(sorted(wanted - {f.node for f in pods})), tuple(sorted(gone)))
+    downloading = {f.node for f in live if f.phase not in ("Succeeded", "Failed") and f.name not in gone}
+    idle = idle_times(claims, keep | nodes | downloading, before, now)
+    evict = evicted(spec, owner, claims, idle, others)
+    marked = {n: held for n, held in marked.items() if n not in evict}
+    create = tuple(sorted(wanted - {f.node for f in pods}))
+    return Staging(nodes, marked, create, tuple(sorted(gone)), idle, evict)
+
+
+def evicted(
+    spec: ModelDeploymentSpec,
+    owner: b.Owner,
+    claims: Iterable[str],
+    idle: Mapping[str, float],
+    others: NodeCaches,
+) -> tuple[str, ...]:
+    """The nodes whose model cache claim of this deployment goes to make room (tokenfab.planning.eviction)."""
+    if not others.capacity or not b.uses_model_cache_claims(spec):
+        return ()
+    size = int(parse_quantity(spec.model.cache.size))
+    ident = {f"{owner.namespace}/{b.model_cache_claim_name(owner, spec, n)}": n for n in claims}
+    mine = [CacheEntry(claim, n, size, idle.get(n)) for claim, n in ident.items()]
+    gone = evictions([*mine, *others.others], others.capacity)
+    return tuple(sorted(ident[claim] for claim in gone if claim in ident))
 
 
 def staged_result(f: FetchPod) -> StagedWeights | None:
@@ -212,12 +250,14 @@ def report(
     spec: ModelDeploymentSpec,
     staged: Staging,
     fetch_pods: Iterable[FetchPod],
-    previous: WeightsCacheStatus | None = None,
+    status: ModelDeploymentStatus | None = None,
 ) -> WeightsCacheStatus | None:
-    """status.weightsCache: which nodes hold the weights, which are pre-staged, which are downloading, and
-    what each completed fetch pod reported (kept from `previous` while its node holds these weights)."""
+    """status.weightsCache: which nodes hold the weights, which are pre-staged, which are downloading, what
+    each completed fetch pod reported (kept from the last `status` while its node holds these weights),
+    and since when the idle caches are idle."""
     if not b.uses_model_cache_claims(spec):
         return None
+    previous = status.weights_cache if status else None
     key = weights_key(spec)
     pods = list(fetch_pods)
     running = [f for f in pods if f.phase not in ("Succeeded", "Failed") and not f.deleting]
@@ -237,7 +277,32 @@ def report(
         waiting="; ".join(f"{f.name}: {f.waiting}" for f in running if f.waiting)[:1000],
         staged=kept,
         summary=f"{len(warm)} warm, {len(fetching)} fetching" + (f", {gb:.1f} GB staged" if kept else ""),
+        idle_since={n: rfc3339(t) for n, t in staged.idle.items() if n not in staged.evict},
     )
+
+
+def idle_before(status: ModelDeploymentStatus | None) -> dict[str, float]:
+    """Since when each idle model cache was idle, as the last status said."""
+    cache = status.weights_cache if status else None
+    return {n: t for n, ts in (cache.idle_since if cache else {}).items() if (t := _unix(ts)) is not None}
+
+
+def _unix(ts: str) -> float | None:
+    try:
+        return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def events(staged: Staging) -> list[tuple[str, str, str]]:
+    """An Event per pass that evicts model caches (type, reason, message)."""
+    if not staged.evict:
+        return []
+    nodes = ", ".join(staged.evict[:5]) + (
+        f" and {len(staged.evict) - 5} more" if len(staged.evict) > 5 else ""
+    )
+    return [("Normal", "ModelCacheEvicted", f"model cache claim deleted on {nodes}: the least recently used "
+             "there, to keep the node's caches within its tokenfab.dev/model-cache-capacity")]  # fmt: skip
 
 
 def fetches_wanted(

@@ -12,7 +12,6 @@ from tokenfab.api.rules import (
     ENDPOINTS_NEED_ETCD,
     ETCD_NEEDS_ENDPOINTS,
     PRESTAGE_NEEDS_CLASS,
-    S3_SOURCE_RULE,
     SOURCE_RULE,
     STORAGE_CLASS_RULE,
 )
@@ -26,8 +25,8 @@ Discovery = Literal["kubernetes", "etcd"]
 
 
 class ModelCache(SpecModel):
-    """Where hf:// weights are kept on the GPU nodes: the worker launcher downloads model.revision into
-    this volume once, and every later pod that finds it there loads it from there."""
+    """Where hf:// and s3:// weights are kept on the GPU nodes: the worker launcher downloads them into this
+    volume once, and every later pod that finds them there loads them from there."""
 
     model_config = ConfigDict(json_schema_extra=cel_rules([PRESTAGE_NEEDS_CLASS.x_kubernetes_validation()]))
 
@@ -54,7 +53,8 @@ class ModelCache(SpecModel):
         description="Headroom to keep warm: the weights are downloaded ahead of need onto the nodes where "
         "each role's next prestageGroups groups would be placed (a weights-fetch pod per node, into that "
         "node's model cache claim), so a scale-up there loads them from local NVMe instead of the hub. "
-        "Needs storageClassName and hf:// weights. 0: a node's cache fills when a group first runs there.",
+        "Needs storageClassName and hf:// or s3:// weights. 0: a node's cache fills when a group first "
+        "runs there.",
     )
 
     @model_validator(mode="after")
@@ -74,27 +74,29 @@ class ModelSource(SpecModel):
         description="Served model name: the `model` field clients send to the OpenAI-compatible API "
         "(e.g. deepseek-ai/DeepSeek-R1).",
     )
-    source: Annotated[str, AfterValidator(SOURCE_RULE), AfterValidator(S3_SOURCE_RULE)] = Field(
+    source: Annotated[str, AfterValidator(SOURCE_RULE)] = Field(
         max_length=2048,
         description="Where the weights live: hf://<org>/<repo> (a model hub: the worker launcher downloads "
-        "model.revision into its model cache before the engine starts) or pvc://<claim>/<path> (a "
-        "PersistentVolumeClaim in this namespace, and the weights' directory in it). s3:// is refused "
-        "until tokenfab fetches it. No whitespace, and a non-empty path after the scheme.",
-        json_schema_extra=cel_rules(
-            [SOURCE_RULE.x_kubernetes_validation(), S3_SOURCE_RULE.x_kubernetes_validation()]
-        ),
+        "model.revision into its model cache before the engine starts), s3://<bucket>/<prefix> (the "
+        "objects under the prefix, downloaded by the launcher with boto3 into the model cache: what changed "
+        "since the last download; endpoint, region and credentials from runtime.env, e.g. "
+        "AWS_ENDPOINT_URL and AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY from a Secret) or "
+        "pvc://<claim>/<path> (a PersistentVolumeClaim in this namespace, and the weights' directory in it, "
+        "mounted). No whitespace, and a non-empty path after the scheme.",
+        json_schema_extra=cel_rules([SOURCE_RULE.x_kubernetes_validation()]),
     )
     revision: str | None = Field(
         default=None,
         max_length=256,
         description="Revision of hf:// weights: a hub commit, branch or tag, downloaded by the worker "
-        "launcher and loaded by the engine (unset: the hub's main branch). For pvc:// a label only. Pin a "
-        "commit in production so every group loads the same weights.",
+        "launcher and loaded by the engine (unset: the hub's main branch). For s3:// and pvc:// a label "
+        "only (a new one rolls the groups; s3:// weights are what the prefix holds at each download: use a "
+        "new prefix per version). Pin a commit in production so every group loads the same weights.",
     )
     cache: ModelCache = Field(
         default_factory=ModelCache,
-        description="The model cache hf:// weights are downloaded into (pvc:// weights are mounted as they "
-        "are).",
+        description="The model cache hf:// and s3:// weights are downloaded into (pvc:// weights are "
+        "mounted as they are).",
     )
 
 

@@ -345,13 +345,14 @@ SPEC_RULES: tuple[Rule[ModelDeploymentSpec], ...] = (
         ),
     ),
     Rule(
-        "prestage-needs-hf-weights",
+        "prestage-needs-fetched-weights",
         "model.cache.prestageGroups",
         "!has(self.model.cache) || !has(self.model.cache.prestageGroups) "
-        "|| self.model.cache.prestageGroups == 0 || self.model.source.startsWith('hf://')",
-        "model.cache.prestageGroups stages hf:// weights ahead of need (pvc:// weights are mounted, not "
-        "fetched): set model.cache.prestageGroups to 0, or serve hf:// weights",
-        lambda s: not s.model.cache.prestage_groups or s.model.source.startswith("hf://"),
+        "|| self.model.cache.prestageGroups == 0 || self.model.source.startsWith('hf://') "
+        "|| self.model.source.startsWith('s3://')",
+        "model.cache.prestageGroups stages hf:// or s3:// weights ahead of need (pvc:// weights are "
+        "mounted, not fetched): set model.cache.prestageGroups to 0, or serve hf:// or s3:// weights",
+        lambda s: not s.model.cache.prestage_groups or s.model.source.startswith(("hf://", "s3://")),
         "FieldValueForbidden",
     ),
     Rule(

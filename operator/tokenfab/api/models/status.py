@@ -238,6 +238,13 @@ class WeightsCacheStatus(StatusModel):
         description="Per warm node a weights-fetch pod filled: where the weights came from, their bytes and "
         "the download's seconds (kept while the node's cache holds these weights).",
     )
+    idle_since: dict[str, str] = Field(
+        default_factory=dict,
+        description="Per node whose model cache claim nothing pins (no pod of this deployment there, not "
+        "pre-staged, no download): since when (RFC 3339). On a node labelled "
+        "tokenfab.dev/model-cache-capacity, the longest idle caches are evicted first when the claims ask "
+        "for more than it.",
+    )
     summary: str = Field(
         default="",
         description="For kubectl get -o wide: warm nodes, downloads under way and bytes staged "

@@ -22,9 +22,10 @@ from tokenfab.planning.topology import GroupShape
 
 
 def model_path(spec: ModelDeploymentSpec) -> str:
-    """What the worker loads: a hub id for hf://, a mounted directory for pvc:// and s3://."""
+    """What the worker loads: a hub id for hf://, <bucket>/<prefix> for s3:// (the launcher points the engine
+    at the snapshot it fetched, for both), a mounted directory for pvc://."""
     scheme, rest = spec.model.source.split("://", 1)
-    if scheme == "hf":
+    if scheme in ("hf", "s3"):
         return rest
     if scheme == "pvc":
         _, _, sub = rest.partition("/")

@@ -27,8 +27,9 @@ def _model_volume(spec: ModelDeploymentSpec) -> tuple[Volumes, Volumes]:
 
 
 def fetches_weights(spec: ModelDeploymentSpec) -> bool:
-    """hf:// weights are downloaded by the launcher into the model cache; pvc:// weights are mounted."""
-    return spec.model.source.startswith("hf://")
+    """hf:// and s3:// weights are downloaded by the launcher into the model cache; pvc:// weights are
+    mounted."""
+    return spec.model.source.startswith(("hf://", "s3://"))
 
 
 def model_cache_claim_name(owner: Owner, spec: ModelDeploymentSpec, node: str) -> str:
