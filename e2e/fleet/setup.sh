@@ -7,6 +7,7 @@
 #                                   moto's S3 server on loopback to fetch from (tests/test_launcher_s3.py);
 #                                   apart from the operator's venv: botocore pins python-dateutil<3, the
 #                                   kubernetes client >=3
+#   ~/.cache/tokenfab/venvs/wheels  the modelexpress wheel, not installed (tests/test_launcher_modelexpress.py)
 # Idempotent: a stamp file per venv records the pinned versions; a warm run takes well under a second.
 # ai-dynamo is installed with --no-deps (its `aisimulate` dependency is a PyPI placeholder that fails and
 # it pins kubernetes<33): its other requirements are listed here by hand (../../shared/REFERENCE.md §4).
@@ -20,6 +21,7 @@ AIPERF_VERSION=0.13.0
 CHECKOV_VERSION=3.3.30
 BOTO3_VERSION=1.44.8
 MOTO_VERSION=5.2.5
+MODELEXPRESS_VERSION=0.7.0
 
 dynamo_reqs=(
   "ai-dynamo-runtime==$DYNAMO_VERSION" aiohttp "kubernetes<33" msgspec prometheus-client pyzmq redis
@@ -51,6 +53,13 @@ install_venv checkov "checkov==$CHECKOV_VERSION" "$ck" -m pip install -q "checko
 s3_reqs=("boto3==$BOTO3_VERSION" "moto[server]==$MOTO_VERSION" pydantic pyyaml)
 s3py="$VENVS/s3/bin/python"
 install_venv s3 "${s3_reqs[*]}" "$s3py" -m pip install -q "${s3_reqs[@]}"
+
+# modelexpress' wheel alone (it pulls torch): the suite checks the launcher's calls against its source.
+mx_wheels=("$VENVS"/wheels/modelexpress-"$MODELEXPRESS_VERSION"-*.whl)
+if [ ! -f "${mx_wheels[0]}" ]; then
+  say "downloading the modelexpress $MODELEXPRESS_VERSION wheel into $VENVS/wheels"
+  "$s3py" -m pip download -q --no-deps --only-binary=:all: -d "$VENVS/wheels" "modelexpress==$MODELEXPRESS_VERSION"
+fi
 
 export TOKENFAB_DYNAMO_PYTHON="$dyn"
 export TOKENFAB_AIPERF="$VENVS/aiperf/bin/aiperf"

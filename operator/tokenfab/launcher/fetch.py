@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenfab.launcher import manifest
+from tokenfab.launcher import manifest, modelexpress
 from tokenfab.launcher.plan import PROGRAM
 from tokenfab.launcher.weights import FETCHED, Fetch, WeightsSource, weights_source
 from tokenfab.planning import contract as c
@@ -53,6 +53,7 @@ class Obtained:
             "cache": f"complete in the model cache{self.checked}",
             "download": f"fetched into the model cache in {self.seconds:.0f} s",
             "offline": "from the model cache, HF_HUB_OFFLINE (not checked against the hub)",
+            "modelexpress": f"from the ModelExpress server's model cache in {self.seconds:.0f} s",
         }[self.source]
 
 
@@ -89,7 +90,8 @@ def obtain(
     if source == "download":
         downloading(True)
         try:
-            local = _download(fetch, what, local)
+            peer = modelexpress.obtain(fetch, env, what, log)
+            source, local = ("modelexpress", peer) if peer else (source, _download(fetch, what, local))
         finally:
             downloading(False)
     if local is None:

@@ -17,7 +17,7 @@ from tokenfab.launcher.identity import ConfigError, Identity
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 
-WeightsSource = Literal["cache", "download", "offline"]
+WeightsSource = Literal["cache", "download", "offline", "modelexpress"]
 
 
 FETCHED = ("hf", "s3")  # the sources the launcher fetches into the model cache
