@@ -17,14 +17,22 @@ NS = "stage"
 NAME = "llama-8b"
 
 
-def deployment(replicas: int) -> dict:
+def deployment(replicas: int, prestage: int = 2) -> dict:
     doc = yaml.safe_load((EXAMPLES / "aggregated-small.yaml").read_text())
     doc["metadata"]["namespace"] = NS
     spec = doc["spec"]
     spec["autoscaling"] = {"enabled": False}
     spec["worker"].update(replicas=replicas, parallelism={"tensor": 4})  # a group fills a 4-GPU tray
-    spec["model"]["cache"] = {"storageClassName": STORAGE_CLASS, "size": "20Gi", "prestageGroups": 2}
+    spec["model"]["cache"] = {"storageClassName": STORAGE_CLASS, "size": "20Gi", "prestageGroups": prestage}
+    spec.setdefault("serving", {})["drainSeconds"] = 0  # (a scale-down deletes at once)
     return doc
+
+
+def claim_nodes(f: Factory) -> set[str]:
+    claims = get_json(f, "pvc", "-n", NS, "-l", f"{c.LABEL_DEPLOYMENT}={NAME}")["items"]
+    return {
+        m["metadata"]["annotations"][c.ANN_NODE] for m in claims if not m["metadata"].get("deletionTimestamp")
+    }
 
 
 def marked_nodes(f: Factory, key: str) -> set[str]:
@@ -92,5 +100,29 @@ def test_prestaged_nodes_take_the_scale_up_warm(operator: Factory) -> None:
         ]
         assert len(new) == 2, "the two new groups went to the staged nodes"
         assert {p["metadata"]["annotations"][c.ANN_START_PATH] for p in new} == {"warm"}
+        evicts_the_idle_cache_of_a_full_node(f)
     finally:
         kubectl(f, "delete", "mdep", NAME, "-n", NS, "--wait=true", check=False)
+
+
+def evicts_the_idle_cache_of_a_full_node(f: Factory) -> None:
+    """Back to one group, pre-staging off: two nodes' caches are idle (kept; status.weightsCache.idleSince
+    names them); labelling one of them with less model cache capacity than its claim asks for evicts
+    that claim."""
+    apply_yaml(f, deployment(1, prestage=0))
+
+    def idle() -> dict[str, str] | None:
+        cache = (get_json(f, "mdep", NAME, "-n", NS).get("status") or {}).get("weightsCache") or {}
+        since = cache.get("idleSince") or {}
+        return since if len(since) >= 2 else None
+
+    victim, *others = sorted(wait_for("two idle model caches in status", idle, timeout=120))
+    kubectl(f, "label", "node", victim, f"{c.LABEL_CACHE_CAPACITY}=10Gi")
+    try:
+        wait_for("the labelled node's claim evicted", lambda: victim not in claim_nodes(f), timeout=90)
+        events = get_json(f, "events", "-n", NS, "--field-selector", "reason=ModelCacheEvicted")["items"]
+        assert any(victim in e["message"] for e in events), events
+        assert set(others) <= claim_nodes(f)  # (unlabelled nodes evict nothing)
+        wait_for("the evicted node out of idleSince", lambda: victim not in (idle() or {}), timeout=30)
+    finally:
+        kubectl(f, "label", "node", victim, f"{c.LABEL_CACHE_CAPACITY}-", check=False)

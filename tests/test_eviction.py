@@ -120,3 +120,23 @@ def test_the_view_gives_other_deployments_caches_and_idle_times_on_labelled_node
     assert got.others == (CacheEntry("b/two-model-n1", "n1", 4 * TI, NOW - 60),)
     # nothing labelled: no claims read at all
     assert node_caches(view, ("a", "one"), ["n2"]) == NodeCaches()
+
+
+def test_a_capacity_label_wakes_the_deployments_with_a_cache_on_the_node():
+    view = ClusterView()
+    node = {"metadata": {"name": "n1", "labels": {}}, "status": {}}
+    view.on_node("ADDED", node)
+    pvc = {
+        "metadata": {
+            "namespace": "a",
+            "name": "one-model-n1",
+            "labels": {c.LABEL_DEPLOYMENT: "one"},
+            "annotations": {c.ANN_NODE: "n1"},
+        },
+        "spec": {"resources": {"requests": {"storage": "4Ti"}}},
+    }
+    view.on_child("PersistentVolumeClaim", "ADDED", pvc)
+    labelled = {"metadata": {"name": "n1", "labels": {c.LABEL_CACHE_CAPACITY: "6Ti"}}, "status": {}}
+    assert view.on_node("MODIFIED", labelled).keys == {("a", "one")}
+    other = {"metadata": {"name": "n1", "labels": {c.LABEL_CACHE_CAPACITY: "6Ti", "x": "y"}}, "status": {}}
+    assert view.on_node("MODIFIED", other).keys == set()  # (another label: nothing to evict anew)

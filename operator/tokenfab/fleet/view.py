@@ -113,8 +113,18 @@ class ClusterView:
             if before is not None and same_node(before, facts):
                 return Change()
             wake = set(self._by_node.get(facts.name, ()))
+            if before is not None and _cache_capacity(before) != _cache_capacity(facts):
+                wake |= self._cached_on(facts.name)  # (their model caches there may be evicted now)
             grew = before is None or more_room(before, facts)
             return Change(wake, grew)
+
+    def _cached_on(self, node: str) -> set[Key]:
+        """The deployments with a model cache claim on the node (under the lock; rare: a label changed)."""
+        return {
+            (ch.namespace, ch.deployment)
+            for (kind, _, _), ch in self._children.items()
+            if kind == "PersistentVolumeClaim" and ch.node == node and ch.deployment
+        }
 
     def nodes(self) -> list[NodeFacts]:
         with self._lock:
@@ -454,3 +464,7 @@ def _times(stamps: object) -> dict[str, float]:
     if not isinstance(stamps, dict):
         return {}
     return {str(n): t for n, ts in stamps.items() if (t := parse_time(str(ts))) is not None}
+
+
+def _cache_capacity(node: NodeFacts) -> str | None:
+    return node.labels.get(c.LABEL_CACHE_CAPACITY)
