@@ -177,18 +177,19 @@ def test_good_sources_are_accepted(source):
     assert parse_model_deployment(manifest("deepseek-r1-disaggregated.yaml", {"model": {"source": source}}))
 
 
-def test_s3_sources_are_fetched_into_the_model_cache_and_may_be_pre_staged():
-    """s3:// weights are the launcher's to download (tokenfab.launcher.s3), like hf://: accepted, with a
-    model cache, pre-staging, and a pvc:// source still refused pre-staging."""
-    patch = {
-        "model": {"source": "s3://m/q", "cache": {"storageClassName": "local-nvme", "prestageGroups": 2}}
-    }
+def test_s3_and_pvc_sources_go_to_the_model_cache_and_may_be_pre_staged():
+    """s3:// weights are the launcher's to download (tokenfab.launcher.s3), like hf://, and pvc:// ones to
+    copy into the node's cache with a storage class (tokenfab.launcher.mirror): accepted, pre-staging too."""
+    cache = {"storageClassName": "local-nvme", "prestageGroups": 2}
+    patch = {"model": {"source": "s3://m/q", "cache": cache}}
     md = parse_model_deployment(manifest("deepseek-r1-disaggregated.yaml", patch))
     assert md.spec.model.source == "s3://m/q"
-    pvc = {"model": {"source": "pvc://m/q", "cache": {"storageClassName": "local-nvme", "prestageGroups": 2}}}
-    with pytest.raises(SpecError) as err:
-        parse_model_deployment(manifest("deepseek-r1-disaggregated.yaml", pvc))
-    assert "serve hf:// or s3:// weights" in str(err.value)
+    # pvc:// weights with a storage class are copied into it, so they may be pre-staged too
+    pvc = {"model": {"source": "pvc://m/q", "cache": cache}}
+    assert (
+        parse_model_deployment(manifest("deepseek-r1-disaggregated.yaml", pvc)).spec.model.source
+        == "pvc://m/q"
+    )
 
 
 def test_the_source_message_states_the_expected_forms():

@@ -54,6 +54,7 @@ class Obtained:
             "download": f"fetched into the model cache in {self.seconds:.0f} s",
             "offline": "from the model cache, HF_HUB_OFFLINE (not checked against the hub)",
             "modelexpress": f"from the ModelExpress server's model cache in {self.seconds:.0f} s",
+            "copy": f"copied into the model cache from its claim in {self.seconds:.0f} s",
         }[self.source]
 
 
@@ -66,6 +67,10 @@ def obtain(
         from tokenfab.launcher import s3  # (the same I/O layer; boto3 is imported there, when needed)
 
         return s3.obtain(fetch, downloading)
+    if fetch.scheme == "pvc":
+        from tokenfab.launcher import mirror
+
+        return mirror.copy(fetch, env, downloading)
     try:  # both names now: a missing one is the image's fault (127), before anything is fetched
         from huggingface_hub import HfApi, snapshot_download  # noqa: F401  (HfApi: _download's)
     except ImportError as exc:

@@ -52,6 +52,7 @@ class Identity:
     health_host: str
     health_port: int
     peer_wait_seconds: int
+    model_cache_set: bool = False  # TOKENFAB_MODEL_CACHE is set: the pod has a model cache volume
 
     @property
     def hosts(self) -> tuple[str, ...]:
@@ -203,4 +204,5 @@ def read_identity(environ: Mapping[str, str]) -> Identity:
         health_host=_get(environ, c.ENV_DYN_SYSTEM_HOST) or DEFAULT_HEALTH_HOST,
         health_port=port,
         peer_wait_seconds=wait,
+        model_cache_set=bool(_get(environ, c.ENV_MODEL_CACHE)),
     )

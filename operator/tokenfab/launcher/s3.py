@@ -17,18 +17,16 @@ that the manifest uses are refused.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from tokenfab.launcher import manifest
+from tokenfab.launcher import manifest, mirror
 from tokenfab.launcher.fetch import EXIT_NOT_FOUND, LaunchError, Obtained, log
 from tokenfab.launcher.weights import Fetch
 
-Listing = dict[str, tuple[int, str]]  # object name under the prefix -> (bytes, ETag)
+unsafe = mirror.unsafe
 
 
 def snapshot_dir(fetch: Fetch) -> Path:
@@ -36,49 +34,17 @@ def snapshot_dir(fetch: Fetch) -> Path:
     return Path(fetch.cache_dir, "s3", bucket, *PurePosixPath(prefix.strip("/")).parts)
 
 
-def listing(client: Any, bucket: str, prefix: str) -> Listing:
+def listing(client: Any, bucket: str, prefix: str) -> mirror.Listing:
     """Every object under `prefix` (as a directory), by its name below it; "directory" markers skipped."""
     base = prefix.strip("/")
     base = f"{base}/" if base else ""
-    out: Listing = {}
+    out: mirror.Listing = {}
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=base):
         for obj in page.get("Contents") or []:
             name = str(obj["Key"])[len(base) :]
             if name and not name.endswith("/"):
                 out[name] = (int(obj["Size"]), str(obj.get("ETag", "")).strip('"'))
     return out
-
-
-def unsafe(name: str) -> bool:
-    """An object name that would land outside the snapshot, or on the manifest's own files."""
-    parts = PurePosixPath(name).parts
-    return name.startswith("/") or ".." in parts or any(p.startswith(".tokenfab") for p in parts)
-
-
-def digest(objects: Listing) -> str:
-    """The listing's identity: the same names, sizes and ETags give the same commit."""
-    text = json.dumps(sorted((n, s, e) for n, (s, e) in objects.items()))
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def recorded(local: Path) -> Listing:
-    """What the cache's manifest says it holds (name -> bytes, ETag); empty without a readable one."""
-    try:
-        doc = json.loads((local / manifest.MANIFEST).read_text())
-        etags: Mapping[str, str] = doc.get("etags") or {}
-        return {n: (int(f["size"]), str(etags.get(n, ""))) for n, f in doc["files"].items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return {}
-
-
-def changed(local: Path, objects: Listing) -> list[str]:
-    """The objects the cache lacks: not recorded as they are now, or not on disk at their size."""
-    had = recorded(local)
-    return sorted(
-        n
-        for n, (size, etag) in objects.items()
-        if had.get(n) != (size, etag) or not (local / n).is_file() or (local / n).stat().st_size != size
-    )
 
 
 def obtain(fetch: Fetch, downloading: Callable[[bool], None] = lambda _on: None) -> Obtained:
@@ -108,43 +74,29 @@ def obtain(fetch: Fetch, downloading: Callable[[bool], None] = lambda _on: None)
     bad = sorted(n for n in objects if unsafe(n))
     if bad:
         raise LaunchError(f"weights {what}: object names that would leave the snapshot: {', '.join(bad[:3])}")
-    todo = changed(local, objects)
-    verdict = manifest.verify(local)
-    if not todo and verdict.ok and recorded(local).keys() == objects.keys():
-        return Obtained(str(local), "cache", 0.0, f", {verdict.words()}")
+    checked = mirror.current(local, objects)
+    if checked:
+        return Obtained(str(local), "cache", 0.0, checked)
+    todo = mirror.changed(local, objects)
     t0 = time.monotonic()
     downloading(True)
     try:
-        _download(client, bucket, prefix, local, objects, todo)
+        mirror.sync(local, objects, todo, lambda name, part: _get(client, bucket, prefix, name, part))
     finally:
         downloading(False)
     log(f"weights {what}: {len(todo)} of {len(objects)} objects fetched")
     return Obtained(str(local), "download", time.monotonic() - t0, "")
 
 
-def _download(client: Any, bucket: str, prefix: str, local: Path, objects: Listing, todo: list[str]) -> None:
-    """The objects `todo` into `local` (the manifest goes first: a download cut short leaves none), files
-    the listing no longer has removed, then the manifest of the whole listing."""
-    (local / manifest.MANIFEST).unlink(missing_ok=True)
+def _get(client: Any, bucket: str, prefix: str, name: str, part: Path) -> None:
     base = prefix.strip("/")
-    for name in todo:
-        path = local / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        part = path.with_name(path.name + ".tokenfab-part")
-        key = f"{base}/{name}" if base else name
-        try:
-            client.download_file(bucket, key, str(part))
-        except Exception as exc:
-            raise LaunchError(
-                f"weights s3://{bucket}/{key} could not be fetched: {type(exc).__name__}: {exc}"
-            ) from exc
-        part.replace(path)
-    for path in [p for p in local.rglob("*") if p.is_file()]:
-        name = path.relative_to(local).as_posix()
-        if name not in objects and not name.startswith(".tokenfab"):
-            path.unlink()
-    etags = {n: e for n, (_, e) in objects.items()}
-    manifest.write(local, digest(objects), extra={"etags": etags})
+    key = f"{base}/{name}" if base else name
+    try:
+        client.download_file(bucket, key, str(part))
+    except Exception as exc:
+        raise LaunchError(
+            f"weights s3://{bucket}/{key} could not be fetched: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
-__all__ = ["changed", "digest", "listing", "obtain", "recorded", "snapshot_dir", "unsafe"]
+__all__ = ["listing", "obtain", "snapshot_dir", "unsafe"]

@@ -17,10 +17,10 @@ from tokenfab.launcher.identity import ConfigError, Identity
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 
-WeightsSource = Literal["cache", "download", "offline", "modelexpress"]
+WeightsSource = Literal["cache", "download", "offline", "modelexpress", "copy"]
 
 
-FETCHED = ("hf", "s3")  # the sources the launcher fetches into the model cache
+FETCHED = ("hf", "s3", "pvc")  # the sources the launcher fetches (pvc://: copies) into a model cache
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class Fetch:
     """Weights from a model hub or an S3 bucket, at a revision, into the node's model cache, before anything
     starts: every rank of a group loads its shard from the same local snapshot (the engine gets its path)."""
 
-    repo: str  # hf: <org>/<repo>; s3: <bucket>/<prefix>
+    repo: str  # hf: <org>/<repo>; s3: <bucket>/<prefix>; pvc: <claim>/<path>
     revision: str | None  # hf: None is the hub's main branch; s3: a label (the objects are listed)
     cache_dir: str
     scheme: str = "hf"
@@ -40,9 +40,10 @@ class Fetch:
 
 def fetch_of(identity: Identity) -> Fetch | None:
     """hf:// and s3:// sources are downloaded by the launcher (into the model cache volume); pvc:// weights
-    are mounted and need nothing."""
+    are copied from their mounted claim into it when the pod has one (model.cache.storageClassName), and
+    are loaded where they are mounted otherwise."""
     scheme, _, rest = identity.model_source.partition("://")
-    if scheme not in FETCHED or not rest:
+    if scheme not in FETCHED or not rest or (scheme == "pvc" and not identity.model_cache_set):
         return None
     return Fetch(rest, identity.model_revision, identity.model_cache, scheme)
 

@@ -42,8 +42,9 @@ class ModelCache(SpecModel):
         "local-path-provisioner, TopoLVM, OpenEBS LocalPV...). tokenfab then makes one "
         "PersistentVolumeClaim per node the deployment's pods run on, named <name>-model-<hash of the node, "
         "class and size>, so the deployment's weights are downloaded once per node and kept across pods, "
-        "restarts and rollouts (a new class or size is a new claim; the old one goes once unused). Unset: an "
-        "emptyDir of `size` per pod, downloaded again by every new pod.",
+        "restarts and rollouts (a new class or size is a new claim; the old one goes once unused); pvc:// "
+        "weights are then copied into it from their claim. Unset: an emptyDir of `size` per pod, downloaded "
+        "again by every new pod (pvc:// weights: loaded from their claim).",
         json_schema_extra=cel_of(STORAGE_CLASS_RULE),
     )
     prestage_groups: int = Field(
@@ -53,8 +54,7 @@ class ModelCache(SpecModel):
         description="Headroom to keep warm: the weights are downloaded ahead of need onto the nodes where "
         "each role's next prestageGroups groups would be placed (a weights-fetch pod per node, into that "
         "node's model cache claim), so a scale-up there loads them from local NVMe instead of the hub. "
-        "Needs storageClassName and hf:// or s3:// weights. 0: a node's cache fills when a group first "
-        "runs there.",
+        "Needs storageClassName. 0: a node's cache fills when a group first runs there.",
     )
 
     @model_validator(mode="after")
@@ -82,7 +82,9 @@ class ModelSource(SpecModel):
         "since the last download; endpoint, region and credentials from runtime.env, e.g. "
         "AWS_ENDPOINT_URL and AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY from a Secret) or "
         "pvc://<claim>/<path> (a PersistentVolumeClaim in this namespace, and the weights' directory in it, "
-        "mounted). No whitespace, and a non-empty path after the scheme.",
+        "mounted read-only; with cache.storageClassName copied from there into the node's model cache, what "
+        "changed since the last copy, and loaded from local NVMe). No whitespace, and a non-empty path "
+        "after the scheme.",
         json_schema_extra=cel_rules([SOURCE_RULE.x_kubernetes_validation()]),
     )
     revision: str | None = Field(
@@ -95,8 +97,8 @@ class ModelSource(SpecModel):
     )
     cache: ModelCache = Field(
         default_factory=ModelCache,
-        description="The model cache hf:// and s3:// weights are downloaded into (pvc:// weights are "
-        "mounted as they are).",
+        description="The model cache hf:// and s3:// weights are downloaded into (pvc:// weights are loaded "
+        "where they are mounted, or copied into a per-node cache with storageClassName).",
     )
 
 

@@ -345,17 +345,6 @@ SPEC_RULES: tuple[Rule[ModelDeploymentSpec], ...] = (
         ),
     ),
     Rule(
-        "prestage-needs-fetched-weights",
-        "model.cache.prestageGroups",
-        "!has(self.model.cache) || !has(self.model.cache.prestageGroups) "
-        "|| self.model.cache.prestageGroups == 0 || self.model.source.startsWith('hf://') "
-        "|| self.model.source.startsWith('s3://')",
-        "model.cache.prestageGroups stages hf:// or s3:// weights ahead of need (pvc:// weights are "
-        "mounted, not fetched): set model.cache.prestageGroups to 0, or serve hf:// or s3:// weights",
-        lambda s: not s.model.cache.prestage_groups or s.model.source.startswith(("hf://", "s3://")),
-        "FieldValueForbidden",
-    ),
-    Rule(
         "profile-needs-budget-or-rate",
         "profile",
         "!has(self.profile) || has(self.profile.gpuBudget) != has(self.profile.requestRate)",

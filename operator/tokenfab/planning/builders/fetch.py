@@ -12,7 +12,7 @@ from tokenfab.planning import contract as c
 from tokenfab.planning.builders.common import Manifest, Owner, child_meta
 from tokenfab.planning.builders.placement import worker_tolerations
 from tokenfab.planning.builders.security import POD_SECURITY, container_security
-from tokenfab.planning.builders.volumes import model_cache_claim_name
+from tokenfab.planning.builders.volumes import model_cache_claim_name, model_volume
 
 # What a download and its manifest's hashing need: a core and some buffers, no GPU.
 FETCH_REQUESTS = {"cpu": "1", "memory": "1Gi"}
@@ -36,6 +36,7 @@ def weights_fetch_pod(owner: Owner, spec: ModelDeploymentSpec, node: str, weight
         # runtime.env carries what the hub needs (HF_TOKEN from a Secret, HF_ENDPOINT for a mirror)
         *[e.model_dump(by_alias=True, exclude_none=True) for e in spec.runtime.env],
     ]
+    source_volumes, source_mounts = model_volume(spec)
     container = {
         "name": "fetch",
         "image": spec.runtime.image,
@@ -46,6 +47,7 @@ def weights_fetch_pod(owner: Owner, spec: ModelDeploymentSpec, node: str, weight
         # the launcher's figures on success (status.weightsCache.staged), its log's tail on a failure
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [
+            *source_mounts,  # (pvc:// weights: their claim, copied from)
             {"name": "model-cache", "mountPath": c.MODEL_CACHE_DIR},
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": "cache", "mountPath": c.CACHE_DIR},
@@ -64,6 +66,7 @@ def weights_fetch_pod(owner: Owner, spec: ModelDeploymentSpec, node: str, weight
         "tolerations": worker_tolerations(spec),
         "containers": [container],
         "volumes": [
+            *source_volumes,
             {
                 "name": "model-cache",
                 "persistentVolumeClaim": {"claimName": model_cache_claim_name(owner, spec, node)},

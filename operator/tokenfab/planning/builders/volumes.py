@@ -15,7 +15,7 @@ from tokenfab.planning.engine import content_hash
 Volumes = list[dict[str, Any]]
 
 
-def _model_volume(spec: ModelDeploymentSpec) -> tuple[Volumes, Volumes]:
+def model_volume(spec: ModelDeploymentSpec) -> tuple[Volumes, Volumes]:
     scheme, rest = spec.model.source.split("://", 1)
     if scheme == "pvc":
         claim = rest.split("/", 1)[0]
@@ -28,7 +28,9 @@ def _model_volume(spec: ModelDeploymentSpec) -> tuple[Volumes, Volumes]:
 
 def fetches_weights(spec: ModelDeploymentSpec) -> bool:
     """hf:// and s3:// weights are downloaded by the launcher into the model cache; pvc:// weights are
-    mounted."""
+    mounted, and copied from there into a per-node model cache when the spec names a storage class."""
+    if spec.model.source.startswith("pvc://"):
+        return spec.model.cache.storage_class_name is not None
     return spec.model.source.startswith(("hf://", "s3://"))
 
 
@@ -95,7 +97,7 @@ def group_volumes(
 ) -> tuple[Volumes, Volumes]:
     """The volumes and the worker container's mounts every pod of a group shares: the engine ConfigMap of
     its revision, shared memory, a pvc:// model, scratch space, and the SSH keys of a multi-node group."""
-    model_volumes, model_mounts = _model_volume(spec)
+    model_volumes, model_mounts = model_volume(spec)
     volumes: Volumes = [
         {"name": "engine", "configMap": {"name": engine_configmap_name(owner, role, revision)}},
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
