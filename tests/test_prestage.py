@@ -297,3 +297,17 @@ def test_s3_weights_are_cached_and_pre_staged_like_hf_ones():
     assert volume["persistentVolumeClaim"]["claimName"] == b.model_cache_claim_name(owner, spec, "a-0")
     args = pod["spec"]["containers"][0]["args"]
     assert args[args.index("--model-path") + 1] == "weights/deepseek/r1"
+
+
+def test_a_deployment_without_a_cache_leaves_the_nodes_others_pre_stage_too():
+    md = deployment(decode=1)
+    spec = md.spec.model_copy(deep=True)
+    spec.model.cache.storage_class_name = None
+    plain = md.model_copy(update={"spec": spec})
+    blind = plan(snapshot(plain, NODES, {}, {}))
+    placed = {n for r in blind.roles for cr in r.create for n in cr.nodes}
+    told = plan(
+        replace(snapshot(plain, NODES, {}, {}), caches=NodeCaches(staged_elsewhere=frozenset(placed)))
+    )
+    assert not {n for r in told.roles for cr in r.create for n in cr.nodes} & placed
+    assert told.weights_cache is None  # (it has no caches to report)

@@ -64,10 +64,10 @@ def marks(claims: Mapping[str, str], served: Iterable[str], key: str) -> dict[st
 def node_warmth(
     spec: ModelDeploymentSpec, claims: Mapping[str, str], elsewhere: Iterable[str] = ()
 ) -> dict[str, int]:
-    """The nodes' model cache warmth for this spec's weights (none without per-node caches); `elsewhere`:
-    the nodes other deployments pre-stage."""
+    """The nodes' model cache warmth for this spec's weights; `elsewhere`: the nodes other deployments
+    pre-stage, left last by this one too when it has no per-node caches of its own."""
     if not b.uses_model_cache_claims(spec):
-        return {}
+        return dict.fromkeys(elsewhere, ELSEWHERE)
     return warmth(claims, weights_key(spec), elsewhere)
 
 
