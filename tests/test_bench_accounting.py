@@ -131,3 +131,28 @@ def test_every_drain_bench_namespace_is_a_dns_label() -> None:
     assert len(names) == len(drain_bench.SCENARIOS) * len(drain_bench.POLICIES)
     for name in names:
         assert re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", name), name
+
+
+def test_the_cold_start_tables_show_every_run_side_by_side() -> None:
+    from e2e.bench import summary
+
+    def result(goodput: float, counts: dict[str, int]) -> dict[str, object]:
+        return {
+            "gpu_minutes": 30.0,
+            "gpu_minutes_vs_static": 0.7,
+            "slo": {"goodput_fraction": goodput},
+            "requests": {"intended": 10, "completed": 9, "failed": 0, "never_sent": 1},
+            "first_serve_per_rise_s": [31.0],
+            "reversals": 1,
+            "weights_paths": {"counts": counts},
+        }
+
+    doc = {
+        "traces": {"ramp": {"tokenfab": result(0.9, {"warm": 3, "fetching": 1, "cold": 0})}},
+        "repeats": [{"ramp": {"tokenfab": result(0.8, {"warm": 2, "fetching": 0, "cold": 2})}}],
+    }
+    text = summary.markdown_cold(doc)
+    assert "**ramp** (modeled cold start; run 1 / run 2)" in text
+    line = next(x for x in text.splitlines() if x.startswith("| tokenfab |"))
+    assert "90.0% / 80.0%" in line
+    assert line.endswith("| 3-1-0 / 2-0-2 |")

@@ -203,6 +203,37 @@ def markdown_fleet(doc: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def markdown_cold(doc: dict[str, Any]) -> str:
+    """fleet_bench_cold.json's tables as the README shows them: per trace, each policy's figures of every
+    run side by side (run 1 / run 2 / ...)."""
+    from e2e.bench.fleet_bench import row
+
+    runs = [doc.get("traces") or {}, *(doc.get("repeats") or [])]
+    out = []
+    label = " / ".join(f"run {i}" for i in range(1, len(runs) + 1))
+    for trace in runs[0]:
+        out += [
+            f"**{trace}** (modeled cold start; {label})",
+            "",
+            "| policy | GPU-min (vs static) | SLO goodput | intended = completed + failed + never sent | "
+            "first serve per rise | engines started warm-fetching-cold |",
+            "|---|---:|---:|---|---|---|",
+        ]
+        for name in runs[0][trace]:
+            rs = [r for run in runs if (r := (run.get(trace) or {}).get(name))]
+            xs = [row(name, r) for r in rs]
+            paths = [(r.get("weights_paths") or {}).get("counts") or {} for r in rs]
+            out.append(
+                f"| {name} | {' / '.join(f'{x.gpu_minutes} ({x.vs_static})' for x in xs)} | "
+                f"{' / '.join(x.goodput for x in xs)} | {' / '.join(x.requests for x in xs)} | "
+                f"{' / '.join(x.first_serve_per_rise for x in xs)} | "
+                + " / ".join(f"{p.get('warm', 0)}-{p.get('fetching', 0)}-{p.get('cold', 0)}" for p in paths)
+                + " |"
+            )
+        out.append("")
+    return "\n".join(out)
+
+
 def markdown_drain(doc: dict[str, Any]) -> str:
     """drain.json's table as the README shows it."""
     out = [
@@ -222,10 +253,11 @@ def markdown_drain(doc: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "--markdown":  # --markdown fleet_bench|drain [DIR]: the README's tables
+    if argv and argv[0] == "--markdown":  # --markdown fleet_bench|fleet_bench_cold|drain [DIR]: README tables
         results = Path(argv[2]) if len(argv) > 2 else record.RESULTS
         doc = json.loads((results / f"{argv[1]}.json").read_text())
-        print(markdown_fleet(doc) if argv[1] == "fleet_bench" else markdown_drain(doc))
+        tables = {"fleet_bench": markdown_fleet, "fleet_bench_cold": markdown_cold, "drain": markdown_drain}
+        print(tables[argv[1]](doc))
         return 0
     results = Path(argv[0]) if argv else record.RESULTS
     print(summary(results))
