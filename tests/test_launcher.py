@@ -530,7 +530,10 @@ def fake_hub_cache(cache: Path, repo: str, commit: str = COMMIT, branch: str = "
 
 
 def offline_cache(tmp_path: Path, pod: dict[str, Any]) -> dict[str, str]:
-    """The pod's hf:// weights already in its model cache; no hub reachable (HF_HUB_OFFLINE)."""
+    """The pod's hf:// weights already in its model cache; no hub reachable (HF_HUB_OFFLINE). A pod
+    without a model cache (pvc:// weights, mounted) gets none."""
+    if c.ENV_MODEL_CACHE not in env(pod):
+        return {"HF_HUB_OFFLINE": "1"}
     cache = tmp_path / "model-cache"
     fake_hub_cache(cache, env(pod)[c.ENV_MODEL_PATH])
     return {c.ENV_MODEL_CACHE: str(cache), "HF_HUB_OFFLINE": "1"}
@@ -714,9 +717,11 @@ def test_fetch_only_fails_with_the_reason_when_the_weights_cannot_be_had(tmp_pat
     unverified = launcher(["--fetch-only"], hub_down(fetch_only_environ(tmp_path)))
     assert unverified.returncode == 1
     assert "is not verified (no manifest of a completed download): not staged" in unverified.stderr
-    pvc = launcher(["--fetch-only"], fetch_only_environ(tmp_path, source="pvc://weights/r1"))
-    assert pvc.returncode == 78
-    assert "nothing to fetch" in pvc.stderr
+    # a pod without a model cache has nothing to stage into
+    bare = {k: v for k, v in fetch_only_environ(tmp_path).items() if k != c.ENV_MODEL_CACHE}
+    nothing = launcher(["--fetch-only"], bare)
+    assert nothing.returncode == 78
+    assert "nothing to fetch" in nothing.stderr
 
 
 @pytest.mark.parametrize(
