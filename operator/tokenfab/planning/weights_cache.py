@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 
 from tokenfab.api.models import (
     ModelDeploymentSpec,
@@ -36,6 +35,7 @@ from tokenfab.planning import builders as b
 from tokenfab.planning.capacity import parse_quantity
 from tokenfab.planning.eviction import CacheEntry, NodeCaches, evictions, idle_times
 from tokenfab.planning.lifecycle import GroupView
+from tokenfab.planning.scaler.memory import parse
 from tokenfab.planning.status import rfc3339
 from tokenfab.planning.topology import COLD, ELSEWHERE, Domain, best_fit_nodes, choose_domain, take
 
@@ -284,14 +284,7 @@ def report(
 def idle_before(status: ModelDeploymentStatus | None) -> dict[str, float]:
     """Since when each idle model cache was idle, as the last status said."""
     cache = status.weights_cache if status else None
-    return {n: t for n, ts in (cache.idle_since if cache else {}).items() if (t := _unix(ts)) is not None}
-
-
-def _unix(ts: str) -> float | None:
-    try:
-        return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
+    return {n: t for n, ts in (cache.idle_since if cache else {}).items() if (t := parse(ts)) is not None}
 
 
 def events(staged: Staging) -> list[tuple[str, str, str]]:
