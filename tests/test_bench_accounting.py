@@ -144,7 +144,7 @@ def test_the_cold_start_tables_show_every_run_side_by_side() -> None:
             "requests": {"intended": 10, "completed": 9, "failed": 0, "never_sent": 1},
             "first_serve_per_rise_s": [31.0],
             "reversals": 1,
-            "weights_paths": {"counts": counts},
+            "weights_paths": {"counts": counts, "engines": [{"path": "warm", "start_s": 12.5}]},
         }
 
     doc = {
@@ -155,4 +155,4 @@ def test_the_cold_start_tables_show_every_run_side_by_side() -> None:
     assert "**ramp** (modeled cold start; run 1 / run 2)" in text
     line = next(x for x in text.splitlines() if x.startswith("| tokenfab |"))
     assert "90.0% / 80.0%" in line
-    assert line.endswith("| 3-1-0 / 2-0-2 |")
+    assert line.endswith("| 3-1-0 / 2-0-2 | warm 12.5 s / warm 12.5 s |")

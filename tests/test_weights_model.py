@@ -70,7 +70,10 @@ def _history(key: str, started_at: float, path: str | None, kind: str = "mocker"
         "labels": {"tokenfab_dev_role": "decode"},
     }
     if path:
-        h["weights"] = {"path": path, "hold_s": 7.9 if path == "warm" else 60.0}
+        hold = 7.9 if path == "warm" else 60.0
+        h["weights"] = {"path": path, "hold_s": hold}
+        # created 2 s before its hold began; healthy 1 s after its process started
+        h["created_at"], h["healthy_at"] = started_at - hold - 2.0, started_at + 1.0
     return h
 
 
@@ -92,25 +95,42 @@ def test_weights_paths_counts_the_namespaces_engines_started_during_the_trace():
     got = scenario.weights_paths(state, "ns", 100.0, applied=80.0)
     assert got["counts"] == {"warm": 1, "fetching": 0, "cold": 1}
     assert got["fetch_pods_completed"] == 1
-    assert [(e["t"], e["role"], e["path"]) for e in got["engines"]] == [
-        (30.0, "decode", "warm"),
-        (40.0, "decode", "cold"),
+    assert [(e["t"], e["role"], e["path"], e["start_s"]) for e in got["engines"]] == [
+        (30.0, "decode", "warm", 10.9),
+        (40.0, "decode", "cold", 63.0),
     ]
 
 
-def _policy(goodput: float, rises: list[float | None], vs_static: float = 0.7) -> dict[str, Any]:
+def test_an_engine_that_never_served_has_no_start_time():
+    h = _history("ns/b-0", 130.0, "warm")
+    h["healthy_at"] = None
+    (engine,) = scenario.weights_paths({"history": [h]}, "ns", 100.0)["engines"]
+    assert engine["start_s"] is None
+    assert fleet_bench_cold.group_starts({"weights_paths": {"engines": [engine]}}) == {}
+
+
+def _policy(
+    goodput: float,
+    rises: list[float | None],
+    vs_static: float = 0.7,
+    starts: dict[str, list[float]] | None = None,
+) -> dict[str, Any]:
+    engines = [{"path": path, "start_s": s} for path, v in (starts or {}).items() for s in v]
     return {
         "slo": {"goodput_fraction": goodput},
         "first_serve_per_rise_s": rises,
         "gpu_minutes_vs_static": vs_static,
+        "weights_paths": {"engines": engines},
     }
 
 
 def test_goals_compare_tokenfab_with_the_oracle_and_with_no_cache():
     traces = {
         "repeated_burst": {
-            "tokenfab": _policy(0.93, [60.0, 12.0, 10.0]),
-            "tokenfab_nocache": _policy(0.70, [62.0, 61.0, 63.0]),
+            "tokenfab": _policy(
+                0.93, [60.0, 12.0, 10.0], starts={"warm": [11.0, 12.0, 30.0], "fetching": [40.0]}
+            ),
+            "tokenfab_nocache": _policy(0.70, [62.0, 61.0, 63.0], starts={"cold": [64.0, 66.0]}),
             "oracle": _policy(0.96, [61.0, 9.0, 9.0], 0.8),
             "static": _policy(0.99, [], 1.0),
         }
@@ -120,9 +140,16 @@ def test_goals_compare_tokenfab_with_the_oracle_and_with_no_cache():
     assert g["gpu_minutes_vs_static"] == 0.7
     assert g["first_serve_s"] == {"tokenfab": 12.0, "tokenfab_nocache": 62.0}
     assert g["first_serve_vs_nocache"] == pytest.approx(0.19)
+    # a new group's own start: medians per path, warm with the cache against cold without
+    assert g["group_start_s"] == {
+        "tokenfab": {"fetching": 40.0, "warm": 12.0},
+        "tokenfab_nocache": {"cold": 65.0},
+    }
+    assert g["warm_group_start_vs_cold"] == pytest.approx(0.18)
 
 
 def test_goals_say_none_where_a_policy_is_missing():
     g = fleet_bench_cold.goals({"ramp": {"tokenfab": _policy(0.9, [None])}})["ramp"]
     assert g["goodput_points_below_oracle"] is None
     assert g["first_serve_vs_nocache"] is None
+    assert g["warm_group_start_vs_cold"] is None

@@ -19,8 +19,10 @@ engine whose node's cache is still downloading waits for that download. Policies
 
 Each policy's result carries `weights_paths`: the engines started during the trace and how their weights
 came (warm / fetching / cold), and `first_serve_per_rise_s`: per rise of the load, the seconds until a new
-decode group served. `--repeat 2` (the default) runs it all twice: the first run is `traces`, the others
-under `repeats`. Saved to e2e/bench/results/fleet_bench_cold.json with its history copy.
+decode group served; and `start_s` per engine: from its pod's creation (the scale-up) to its first healthy
+readiness probe, which `goals` compares per path (warm with the cache against cold without). `--repeat 2`
+(the default) runs it all twice: the first run is `traces`, the others under `repeats`. Saved to
+e2e/bench/results/fleet_bench_cold.json with its history copy.
 """
 
 from __future__ import annotations
@@ -49,19 +51,36 @@ def _median_rise(r: dict[str, Any] | None) -> float | None:
     return statistics.median(rises) if rises else None
 
 
+def group_starts(r: dict[str, Any] | None) -> dict[str, float]:
+    """Per weights path, the median seconds from a new engine's pod creation (the scale-up) to its first
+    healthy readiness probe (serving), over the engines started during the trace that served."""
+    engines = ((r or {}).get("weights_paths") or {}).get("engines") or []
+    by: dict[str, list[float]] = {}
+    for e in engines:
+        if e.get("start_s") is not None:
+            by.setdefault(e["path"], []).append(e["start_s"])
+    return {path: round(statistics.median(v), 1) for path, v in sorted(by.items())}
+
+
 def goals(traces: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per trace, what the issue's goals compare: tokenfab's goodput against the oracle's (points), its
-    GPU-minutes against static's, and its median first serve per rise against tokenfab_nocache's."""
+    GPU-minutes against static's, its median first serve per rise against tokenfab_nocache's, and a new
+    group's own start (pod created to serving, median per path) warm against cold: tokenfab's warm
+    engines against tokenfab_nocache's cold ones."""
     out: dict[str, dict[str, Any]] = {}
     for trace, by in traces.items():
         tf, oracle, nocache = by.get("tokenfab"), by.get("oracle"), by.get("tokenfab_nocache")
         gp, og = _gp(tf), _gp(oracle)
         warm, cold = _median_rise(tf), _median_rise(nocache)
+        starts, cold_starts = group_starts(tf), group_starts(nocache)
+        w, k = starts.get("warm"), cold_starts.get("cold")
         out[trace] = {
             "goodput_points_below_oracle": None if gp is None or og is None else round(100 * (og - gp), 1),
             "gpu_minutes_vs_static": (tf or {}).get("gpu_minutes_vs_static"),
             "first_serve_s": {"tokenfab": warm, "tokenfab_nocache": cold},
             "first_serve_vs_nocache": None if not warm or not cold else round(warm / cold, 2),
+            "group_start_s": {"tokenfab": starts, "tokenfab_nocache": cold_starts},
+            "warm_group_start_vs_cold": None if not w or not k else round(w / k, 2),
         }
     return out
 

@@ -216,8 +216,8 @@ def markdown_cold(doc: dict[str, Any]) -> str:
             f"**{trace}** (modeled cold start; {label})",
             "",
             "| policy | GPU-min (vs static) | SLO goodput | intended = completed + failed + never sent | "
-            "first serve per rise | engines started warm-fetching-cold |",
-            "|---|---:|---:|---|---|---|",
+            "first serve per rise | engines started warm-fetching-cold | group start, median per path |",
+            "|---|---:|---:|---|---|---|---|",
         ]
         for name in runs[0][trace]:
             rs = [r for run in runs if (r := (run.get(trace) or {}).get(name))]
@@ -228,10 +228,19 @@ def markdown_cold(doc: dict[str, Any]) -> str:
                 f"{' / '.join(x.goodput for x in xs)} | {' / '.join(x.requests for x in xs)} | "
                 f"{' / '.join(x.first_serve_per_rise for x in xs)} | "
                 + " / ".join(f"{p.get('warm', 0)}-{p.get('fetching', 0)}-{p.get('cold', 0)}" for p in paths)
+                + " | "
+                + " / ".join(_starts(r) for r in rs)
                 + " |"
             )
         out.append("")
     return "\n".join(out)
+
+
+def _starts(r: dict[str, Any]) -> str:
+    """A policy's median group start per weights path (fleet_bench_cold.group_starts), or -."""
+    from e2e.bench.fleet_bench_cold import group_starts
+
+    return ", ".join(f"{path} {s} s" for path, s in group_starts(r).items()) or "-"
 
 
 def markdown_drain(doc: dict[str, Any]) -> str:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import ipaddress
 import json
 import os
@@ -229,6 +230,13 @@ def http_ok(url: str) -> bool:
             return 200 <= int(r.status) < 300
     except (OSError, urllib.error.URLError, ValueError):
         return False
+
+
+def _epoch(stamp: str | None) -> float | None:
+    """A Kubernetes timestamp (RFC 3339, whole seconds) as seconds since the epoch."""
+    if not stamp:
+        return None
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
 def _deleting(pod: dict[str, Any] | None) -> bool:
@@ -442,6 +450,9 @@ class Runner:
                 "pid": proc.pid,
                 "started_at": proc.started_at,
                 "stopped_at": None,
+                # the pod's creation (the scale-up) and its first healthy probe (serving), wall clock
+                "created_at": _epoch(pod["metadata"].get("creationTimestamp")),
+                "healthy_at": None,
                 "generation": pod["metadata"].get("labels", {}).get(c.LABEL_REVISION, "")[:8],
                 "labels": proc.labels,
                 # the modeled weights path and hold (weights_model), for an engine held back
@@ -605,6 +616,8 @@ class Runner:
             healthy = False  # not started yet (a cold start) or restarting
         else:
             healthy = self.readiness(proc, pod, conds.get("ContainersReady") is True)
+            if healthy:
+                self.mark_healthy(proc)
         gates = [g.get("conditionType") for g in (pod.get("spec") or {}).get("readinessGates") or []]
         ready = healthy and all(conds.get(g) is True for g in gates)
         # A container with a startup probe is `started` from its first healthy answer until it ends.
@@ -661,6 +674,14 @@ class Runner:
             print(f"runner: readiness of {key} not written: {exc}", file=sys.stderr, flush=True)
             return
         print(f"runner: {key} ContainersReady={healthy} Ready={ready}", flush=True)
+
+    def mark_healthy(self, proc: Proc) -> None:
+        """Note in the process's history entry when its pod first answered its readiness probe."""
+        for h in reversed(self.history):
+            if h["key"] == proc.key and h["pid"] == proc.pid:
+                if h.get("healthy_at") is None:
+                    h["healthy_at"] = time.time()
+                return
 
     @staticmethod
     def readiness(proc: Proc, pod: dict[str, Any], was_ready: bool) -> bool:

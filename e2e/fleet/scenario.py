@@ -461,14 +461,16 @@ def weights_paths(
 ) -> dict[str, Any]:
     """The engines of `namespace` the runner started after `t_start` (wall clock) and how their weights
     came (e2e/fleet/weights_model: modeled): a count per path, and each with its start (seconds into
-    the trace), role, path and modeled hold; and how many weights-fetch pods it completed since the
-    deployment was applied (`applied`; a namespace's earlier runs are not counted)."""
+    the trace), role, path, modeled hold and `start_s`: from its pod's creation (the scale-up) to its
+    first healthy readiness probe (serving; None if it never served); and how many weights-fetch pods it
+    completed since the deployment was applied (`applied`; a namespace's earlier runs are not counted)."""
     engines = [
         {
             "t": round(h["started_at"] - t_start, 1),
             "role": h["labels"].get(c.PROM_LABEL_ROLE, ""),
             "path": h["weights"]["path"],
             "hold_s": h["weights"]["hold_s"],
+            "start_s": _span(h.get("created_at"), h.get("healthy_at")),
         }
         for h in state.get("history") or []
         if h.get("kind") == "mocker"
@@ -485,6 +487,10 @@ def weights_paths(
         if x["key"].startswith(f"{namespace}/") and x.get("completed_at", 0.0) >= applied
     )
     return {"counts": counts, "engines": engines, "fetch_pods_completed": staged}
+
+
+def _span(start: float | None, end: float | None) -> float | None:
+    return None if start is None or end is None else round(end - start, 1)
 
 
 def first_serve(series: list[dict[str, Any]], trace: list[load.Point]) -> list[float | None]:
