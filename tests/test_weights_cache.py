@@ -9,11 +9,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tests.test_one_pass import deployment, materialize, nodes_of, snapshot, used_by
+from tokenfab.api.models import ModelDeploymentSpec
 from tokenfab.fleet.facts import child_facts
 from tokenfab.planning import builders as b
 from tokenfab.planning import contract as c
 from tokenfab.planning import weights_cache
 from tokenfab.planning.one_pass import plan
+from tokenfab.planning.role_plan import Create
 from tokenfab.planning.topology import Domain, GroupShape, best_fit_nodes, choose_domain
 
 
@@ -120,12 +122,23 @@ def test_each_new_group_carries_its_start_path_onto_its_pods_and_back():
         pod["metadata"].update(namespace="ns", creationTimestamp="2026-11-26T10:00:00Z")
     (view,) = group_views([pod_facts(pod) for pod in pods], set())["decode"]
     assert view.start_path == "warm"
-    # Without per-node caches nothing is noted.
+    # Without per-node caches placement knows no warmth, and each pod's download is a cold start: its
+    # pods say so, as they do when other deployments' staged nodes gave placement a warmth map.
     cold = md.model_copy(deep=True)
     cold.spec.model.cache.storage_class_name = None
-    assert {cr.path for r in plan(snapshot(cold, nodes_of({"a": 4}), {}, {})).roles for cr in r.create} == {
-        ""
-    }
+    creates = [cr for r in plan(snapshot(cold, nodes_of({"a": 4}), {}, {})).roles for cr in r.create]
+    assert {cr.path for cr in creates} == {""}
+    assert _paths(snap.owner, cold.spec, creates[0]) == {"cold"}
+    # Weights mounted from a claim are not fetched: no start path at all.
+    mounted = cold.model_copy(deep=True)
+    mounted.spec.model.source = "pvc://weights/llama"
+    assert _paths(snap.owner, mounted.spec, replace(creates[0], path="cold")) == set()
+
+
+def _paths(owner: b.Owner, spec: ModelDeploymentSpec, cr: Create) -> set[str]:
+    """The start paths the pods of a planned group carry."""
+    pods = b.group_pods(owner, spec, cr.role, cr.slot, cr.domain, cr.revision, cr.nodes, start_path=cr.path)
+    return {a for pod in pods if (a := pod["metadata"]["annotations"].get(c.ANN_START_PATH))}
 
 
 def test_the_start_time_is_learned_per_path_and_the_horizon_is_the_next_groups_path():

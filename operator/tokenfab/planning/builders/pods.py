@@ -41,7 +41,13 @@ from tokenfab.planning.builders.probes import (
 )
 from tokenfab.planning.builders.roles import group_shape, worker_resources
 from tokenfab.planning.builders.security import POD_SECURITY, container_security, pod_identity
-from tokenfab.planning.builders.volumes import Volumes, group_volumes, pod_mounts, pod_volumes
+from tokenfab.planning.builders.volumes import (
+    Volumes,
+    fetches_weights,
+    group_volumes,
+    pod_mounts,
+    pod_volumes,
+)
 from tokenfab.planning.engine import content_hash, engine_config
 from tokenfab.planning.topology import GroupShape
 
@@ -88,7 +94,9 @@ def group_pods(
     (scheduling.k8s.io gang policy, minCount = all ranks), and the scheduler binds none before all fit.
     (With an IMEX channel claim the executor writes the PodGroup last, once every pod's claim exists:
     `admits_late`.) `start_path` (warm, fetching, cold: how its nodes' model caches stand) is noted on
-    each pod, so the autoscaler learns each path's start time."""
+    each pod of a deployment that fetches its weights, so the autoscaler learns each path's start time:
+    none given is cold (no cache kept, or none there yet); a deployment whose weights are mounted from
+    a claim has no start path."""
     r = spec.role(role)
     assert r is not None
     shape = group_shape(spec, role)
@@ -100,8 +108,9 @@ def group_pods(
     assigned = dict(zip(wanted, nodes, strict=True)) if nodes else {}
     group = _group(owner, spec, role, slot, domain, revision, shape, assigned, gang_of(spec, role, gang))
     pods = [_pod(group, rank) for rank in wanted]
-    for p in pods if start_path else []:
-        p["metadata"]["annotations"][c.ANN_START_PATH] = start_path
+    path = (start_path or "cold") if fetches_weights(spec) else ""
+    for p in pods if path else []:
+        p["metadata"]["annotations"][c.ANN_START_PATH] = path
     return pods
 
 
