@@ -81,6 +81,7 @@ NAMESPACED_RULES: dict[tuple[str, str], set[str]] = {
     ("apps", "deployments"): {"list", "watch", "create", "patch"},
     ("", "events"): {"create"},
     ("", "pods/status"): {"patch"},
+    ("", "pods/log"): {"get"},
     ("policy", "poddisruptionbudgets"): {"list", "watch", "create", "patch", "delete"},
     ("scheduling.k8s.io", "podgroups"): {"create", "patch", "delete"},
     ("resource.nvidia.com", "computedomains"): {"list", "watch", "create", "patch", "delete"},

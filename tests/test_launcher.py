@@ -680,7 +680,11 @@ def test_fetch_only_stages_verified_weights_and_exits_0(tmp_path):
     done = launcher(["--fetch-only"], hub_down(fetch_only_environ(tmp_path, revision=COMMIT)))
     assert done.returncode == 0, done.stderr
     assert f"weights hf://org/model@{COMMIT}: {snapshot} (complete in the model cache, " in done.stderr
-    assert done.stderr.rstrip().endswith("staged")
+    *_, staged, result = done.stderr.rstrip().splitlines()
+    assert staged.endswith("staged")
+    # the line the operator reads from the pod's log (tokenfab.planning.launcher_log)
+    said = '{"bytes": 3, "files": 1, "seconds": 0.0, "source": "cache"}'
+    assert result == f"tokenfab-launcher: weights-result {said}"
     assert not (tmp_path / "python3.args").exists()  # (nothing else runs)
     # its termination message: what the operator puts in status.weightsCache.staged
     said = json.loads((tmp_path / "termination-log").read_text())

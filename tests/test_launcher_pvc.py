@@ -13,6 +13,7 @@ from tests.test_prestage import first_owner
 from tokenfab.launcher import fetch, mirror
 from tokenfab.planning import builders as b
 from tokenfab.planning import contract as c
+from tokenfab.planning import launcher_log
 
 SOURCE = "pvc://models/deepseek/r1"
 
@@ -45,6 +46,11 @@ def test_fetch_only_copies_what_changed_from_the_claim(tmp_path):
     assert (local / "model.safetensors").read_bytes() == b"w" * 3000
     assert (said(tmp_path)["source"], said(tmp_path)["files"], said(tmp_path)["bytes"]) == ("copy", 3, 3012)
     assert f"weights {SOURCE}@latest: 3 of 3 files copied" in first.stderr
+    # the lines the operator reads from the pod's log: the copy's bytes, then where the weights came from
+    got = launcher_log.read(first.stderr)
+    assert got.progress is not None
+    assert got.progress.bytes >= 3012
+    assert got.result == launcher_log.Outcome("copy", 3012, 3, got.result.seconds if got.result else -1)
     again = launcher(["--fetch-only"], environ(tmp_path))
     assert again.returncode == 0, again.stderr
     assert said(tmp_path)["source"] == "cache"
@@ -93,6 +99,9 @@ def test_a_worker_with_a_storage_class_loads_its_copy_and_one_without_loads_the_
         assert done.returncode == 0, done.stderr
         argv = (tmp_path / "python3.args").read_text().split()
         assert argv[argv.index("--model-path") + 1] == str(want)
+        # a worker's launcher says where its weights came from (none fetched: mounted from the claim)
+        result = launcher_log.read(done.stderr).result
+        assert (result.source if result else None) == ("copy" if cache else None)
 
 
 def test_the_fetch_pod_of_pvc_weights_mounts_their_claim_read_only():

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from tokenfab import execute as ex
+from tokenfab import pod_logs
 from tokenfab import status_write as sw
 from tokenfab.adapters import metrics, telemetry
 from tokenfab.adapters.kube import Obj
@@ -44,7 +45,7 @@ from tokenfab.fleet.view import Key, PodFacts, parse_time
 from tokenfab.observe import group_views, node_caches, node_health
 from tokenfab.planning import builders as b
 from tokenfab.planning import contract as c
-from tokenfab.planning import one_pass, sla, weights_cache
+from tokenfab.planning import launcher_log, one_pass, sla, weights_cache
 from tokenfab.planning.autoscaling import Decision
 from tokenfab.planning.capacity import NodeFacts
 from tokenfab.planning.groups import DrainPolicy
@@ -259,6 +260,7 @@ def observe(ctx: Context, key: Key, now: float) -> tuple[Obj, Snapshot] | Result
     readings, urgent, kept, drain = _read(ctx, key, md, groups, now)
     frontend = ctx.view.child("Deployment", key[0], b.frontend_name(owner))
     claims = [pvc for pvc in ctx.view.children("PersistentVolumeClaim", key) if pvc.node]
+    logs = pod_logs.read(ctx, key, md.spec, pods, now)
     return body, Snapshot(
         owner=owner,
         md=md,
@@ -277,14 +279,18 @@ def observe(ctx: Context, key: Key, now: float) -> tuple[Obj, Snapshot] | Result
         planned=profile.condition,
         pod_nodes=frozenset(n for p in pods if (n := p.pinned or p.node)),
         claims={pvc.node: pvc.weights for pvc in claims},
-        fetch_pods=fetch_pods(pods),
+        fetch_pods=fetch_pods(pods, logs.progress),
+        weights_sources=logs.weights,
         caches=node_caches(ctx.view, key, [p.node for p in claims]),
         reaction=fault_reaction(ctx, md),
     )
 
 
-def fetch_pods(pods: list[PodFacts]) -> tuple[weights_cache.FetchPod, ...]:
-    """The deployment's weights-fetch pods (pre-staging), with the node each is pinned to."""
+def fetch_pods(
+    pods: list[PodFacts], progress: Mapping[str, launcher_log.Progress] | None = None
+) -> tuple[weights_cache.FetchPod, ...]:
+    """The deployment's weights-fetch pods (pre-staging), with the node each is pinned to and the download
+    so far its log said (`progress`: pod -> bytes)."""
     return tuple(
         weights_cache.FetchPod(
             p.name,
@@ -294,6 +300,7 @@ def fetch_pods(pods: list[PodFacts]) -> tuple[weights_cache.FetchPod, ...]:
             p.waiting,
             p.deleting,
             p.exit_message,
+            (progress or {}).get(p.name),
         )
         for p in pods
         if p.labels.get(c.COMPONENT) == c.COMPONENT_WEIGHTS_FETCH

@@ -19,6 +19,7 @@ from tokenfab.fleet.ledger import Ledger
 from tokenfab.fleet.view import ClusterView, Key
 from tokenfab.planning.faults import FaultKeys
 from tokenfab.planning.groups import RolePlan
+from tokenfab.planning.launcher_log import Outcome
 
 
 @dataclass
@@ -46,6 +47,8 @@ class Memory:
     legacy_checked: str = ""  # uid whose legacy kopf bookkeeping was already removed
     pod_writes: dict[tuple[str, str], float] = field(default_factory=dict)  # (pod, what) -> when written
     admitted: set[str] = field(default_factory=set)  # groups whose late PodGroup this process wrote
+    # per worker pod (name@created): where its launcher got the weights (its log), and when to read again
+    launcher: dict[str, tuple[Outcome | None, float]] = field(default_factory=dict)
 
 
 @dataclass

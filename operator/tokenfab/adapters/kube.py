@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 KIND_RECHECK_SECONDS = 15.0
 TIMEOUT = (5.0, 20.0)  # connect, read: every request but watches
+LOG_TIMEOUT = (2.0, 5.0)  # a pod's log: the API server asks the node's kubelet; a pass does not wait long
 WATCH_SECONDS = 240  # server-side timeout of one watch request (then it is resumed)
 
 
@@ -86,8 +87,9 @@ class Kube:
         timeout: tuple[float, float] | None = None,
         what: str = "",
         stream: bool = False,
+        raw: bool = False,
     ) -> Any:
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "*/*" if raw else "application/json"}
         if content_type:
             headers["Content-Type"] = content_type
         verb = method if not stream else "WATCH"
@@ -112,6 +114,8 @@ class Kube:
             data = resp.read()
             if not 200 <= resp.status < 300:
                 raise error_of(resp.status, data, method, what or path)
+            if raw:
+                return bytes(data or b"").decode("utf-8", "replace")
             return json.loads(data) if data else None
         except ApiException as exc:  # raised by the transport itself (e.g. SSL, or status 0)
             raise ApiError(
@@ -187,6 +191,26 @@ class Kube:
             if exc.not_found:
                 return None
             raise
+
+    def pod_log(
+        self,
+        namespace: str,
+        name: str,
+        container: str,
+        tail_lines: int | None = None,
+        limit_bytes: int | None = None,
+    ) -> str:
+        """A container's log: its last `tail_lines` lines, or its first `limit_bytes` bytes."""
+        query = [("container", container)]
+        if tail_lines is not None:
+            query.append(("tailLines", str(tail_lines)))
+        if limit_bytes is not None:
+            query.append(("limitBytes", str(limit_bytes)))
+        text: str = self.request(
+            "GET", f"/api/v1/namespaces/{namespace}/pods/{name}/log", query,
+            timeout=LOG_TIMEOUT, what=f"log of pod {name}", raw=True,
+        )  # fmt: skip
+        return text
 
     def list_page(
         self,

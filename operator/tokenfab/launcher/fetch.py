@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenfab.launcher import manifest, modelexpress
+from tokenfab.launcher import manifest, modelexpress, progress
 from tokenfab.launcher.plan import PROGRAM
 from tokenfab.launcher.weights import FETCHED, Fetch, WeightsSource, weights_source
 from tokenfab.planning import contract as c
@@ -62,7 +62,9 @@ def obtain(
     fetch: Fetch, env: Mapping[str, str], downloading: Callable[[bool], None] = lambda _on: None
 ) -> Obtained:
     """The weights of `fetch` in its model cache, downloaded if they must be (`downloading` is told while
-    a download runs: a signal then stops it at once)."""
+    a download runs: a signal then stops it at once; the log then has its bytes so far every few seconds,
+    tokenfab.launcher.progress)."""
+    downloading = progress.Progress(Path(fetch.cache_dir), progress.interval(env), log, downloading)
     if fetch.scheme == "s3":
         from tokenfab.launcher import s3  # (the same I/O layer; boto3 is imported there, when needed)
 
@@ -173,12 +175,23 @@ def main_fetch_only(env: Mapping[str, str]) -> int:
     return 0
 
 
-def report(env: Mapping[str, str], got: Obtained) -> None:
-    """The pod's termination message (read by the operator into status.weightsCache.staged): where the
-    weights came from, their bytes and files (the manifest's), and the download's seconds. Best effort:
-    a container without the file only loses the figures."""
+def result(got: Obtained) -> dict[str, object]:
+    """Where the weights came from, their bytes and files (the manifest's), and the download's seconds."""
     v = manifest.verify(Path(got.path))  # (a stat per file)
-    message = {"source": got.source, "bytes": v.size, "files": v.files, "seconds": round(got.seconds, 1)}
+    return {"source": got.source, "bytes": v.size, "files": v.files, "seconds": round(got.seconds, 1)}
+
+
+def log_result(got: Obtained) -> dict[str, object]:
+    """`result` as the log's weights-result line (the operator reads it into the group's status)."""
+    doc = result(got)
+    log(progress.line(c.LOG_WEIGHTS_RESULT, doc))
+    return doc
+
+
+def report(env: Mapping[str, str], got: Obtained) -> None:
+    """The pod's termination message (read by the operator into status.weightsCache.staged) and its log's
+    weights-result line: `result`. Best effort: a container without the file only loses the figures."""
+    message = log_result(got)
     try:
         Path(env.get(ENV_TERMINATION_LOG) or TERMINATION_LOG).write_text(json.dumps(message))
     except OSError as exc:

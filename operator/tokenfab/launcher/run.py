@@ -27,7 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
 
-from tokenfab.launcher.fetch import EXIT_NOT_FOUND, LaunchError, log, main_fetch_only, obtain
+from tokenfab.launcher.fetch import EXIT_NOT_FOUND, LaunchError, log, log_result, main_fetch_only, obtain
 from tokenfab.launcher.identity import ConfigError, read_identity
 from tokenfab.launcher.plan import EXIT_CONFIG, Endpoint, LaunchPlan, plan_launch
 from tokenfab.launcher.weights import with_model_path
@@ -178,6 +178,7 @@ class Runner:
             return
         got = obtain(fetch, self.env, self._downloading)
         log(f"weights {fetch.url()}: {got.path} ({got.origin()})")
+        log_result(got)
         if self.plan.kind != "follower":
             try:
                 self.command = with_model_path(self.command, got.path)

@@ -59,6 +59,10 @@ ENV_MODEL_SOURCE = "TOKENFAB_MODEL_SOURCE"
 ENV_MODEL_REVISION = "TOKENFAB_MODEL_REVISION"
 ENV_MODEL_PATH = "TOKENFAB_MODEL_PATH"
 ENV_MODEL_CACHE = "TOKENFAB_MODEL_CACHE"  # where hf:// weights are downloaded (a volume: see MODEL_CACHE_DIR)
+# The launcher's log lines the operator reads (tokenfab.launcher.progress, tokenfab.planning.launcher_log):
+# a download's bytes so far, and where the weights came from once they are in place.
+LOG_WEIGHTS_PROGRESS = "weights-progress"
+LOG_WEIGHTS_RESULT = "weights-result"
 ENV_DISAGGREGATION_MODE = "TOKENFAB_DISAGGREGATION_MODE"
 ENV_WORKERS_SERVICE = "TOKENFAB_WORKERS_SERVICE"  # headless Service: rank r is <group>-<r>.<service>.<ns>...
 ENV_NAMESPACE = "TOKENFAB_NAMESPACE"

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 
 from tokenfab.api.models import (
     Condition,
-    GroupPlacement,
     ModelDeployment,
     ModelDeploymentSpec,
     ModelDeploymentStatus,
@@ -36,7 +35,7 @@ from tokenfab.planning.room import Capacity, LazyDomains, Reservation, Room
 from tokenfab.planning.scaler import Outcome, autoscale, next_due
 from tokenfab.planning.scaler.memory import parse
 from tokenfab.planning.signals import Reading
-from tokenfab.planning.status import Observed, build_status, rfc3339
+from tokenfab.planning.status import Observed, build_status, placement, rfc3339
 from tokenfab.planning.topology import Domain, GroupShape
 
 Manifest = b.Manifest
@@ -44,6 +43,7 @@ Event = tuple[str, str, str]  # (type, reason, message)
 
 # Decode (or the aggregated worker) is planned first: it is the larger role and prefill follows it.
 PLAN_ORDER: tuple[RoleName, ...] = ("decode", "worker", "prefill")
+PROGRESS_SECONDS = 15.0  # a running download's bytes so far are read again this often
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,7 @@ class Snapshot:
     claims: Mapping[str, str] = field(default_factory=dict)
     caches: NodeCaches = field(default_factory=NodeCaches)  # what the other deployments keep on the nodes
     fetch_pods: tuple[weights_cache.FetchPod, ...] = ()  # its weights-fetch pods (pre-staging)
+    weights_sources: Mapping[str, str] = field(default_factory=dict)  # group -> how it got its weights
     reaction: FaultReaction = field(default_factory=FaultReaction)  # tokenfab's, or a fault bench's baseline
 
     @property
@@ -407,7 +408,7 @@ def orphans(s: Snapshot) -> tuple[str, ...]:
 def requeue_after(s: Snapshot, roles: list[RolePlan]) -> float | None:
     """When time alone (no event) may change this deployment's plan: the autoscaler's next evaluation,
     a binding deadline, a node's toleration running out, a hung worker's grace, an avoided domain's backoff
-    (looked at every 10 s while a group waits for room)."""
+    (looked at every 10 s while a group waits for room), a download's progress to show."""
     waits: list[float] = []
     due = next_due(s.md, s.now, s.urgent_kept)
     if due is not None:
@@ -428,6 +429,8 @@ def requeue_after(s: Snapshot, roles: list[RolePlan]) -> float | None:
         waits.append(10.0)
     if any(p.held for p in roles):  # (a lost group waits for its pods to go, or for its delay)
         waits.append(1.0)
+    if any(f.progress is not None and f.phase == "Running" for f in s.fetch_pods):
+        waits.append(PROGRESS_SECONDS)  # (a download's bytes so far, in status while it runs)
     backoff = [p.backoff + 0.1 for p in roles if p.backoff > 0]
     out = None if not waits else max(0.2, min(waits) + 0.1)
     return min([*([] if out is None else [out]), *backoff], default=None)
@@ -442,20 +445,6 @@ class Written:
 
     created: frozenset[str] = frozenset()  # the new groups that exist whole
     errors: tuple[str, ...] = ()  # what it refused, in its own words
-
-
-def placement(s: Snapshot, p: Plan, created: frozenset[str]) -> list[GroupPlacement]:
-    out = []
-    for role in p.roles:
-        gone = {d.name for d in role.delete}
-        for g in s.groups.get(role.role, []):
-            if g.name not in gone and role.states.get(g.name) != "deleting":
-                out.append(GroupPlacement(group=g.name, role=g.role, domain=g.domain, gpus=g.gpus))
-        for cr in role.create:
-            name = b.group_name(s.owner, cr.role, cr.slot)
-            if name in created and not any(x.group == name for x in out):
-                out.append(GroupPlacement(group=name, role=cr.role, domain=cr.domain, gpus=role.shape.gpus))
-    return out
 
 
 def settle(s: Snapshot, p: Plan, written: Written) -> tuple[ModelDeploymentStatus, list[Condition]]:
@@ -479,7 +468,7 @@ def settle(s: Snapshot, p: Plan, written: Written) -> tuple[ModelDeploymentStatu
     )
     status, changed = build_status(
         p.roles,
-        placement(s, p, written.created),
+        placement(s.owner, s.groups, p.roles, written.created, s.weights_sources),
         obs,
         s.md.status,
         s.now,

@@ -7,7 +7,7 @@ which conditions moved, so an Event is emitted on a change and not on every pass
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -16,9 +16,12 @@ from tokenfab.api.models import (
     Condition,
     GroupPlacement,
     ModelDeploymentStatus,
+    RoleName,
     RoleStatus,
 )
+from tokenfab.planning.builders.common import Owner, group_name
 from tokenfab.planning.groups import RolePlan
+from tokenfab.planning.lifecycle import GroupView
 
 CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "Placed")
 
@@ -286,6 +289,29 @@ def build_status(
 # Conditions whose change is news to a user (Events), and the type of the Event. Transient progress (a
 # new group binding, a pass scaling) is left to the conditions themselves.
 _WARN_WHEN_TRUE = frozenset({"Degraded", "MetricsUnavailable", "CapacityLimited", "HardwareFault"})
+
+
+def placement(
+    owner: Owner,
+    groups: Mapping[RoleName, list[GroupView]],
+    plans: Sequence[RolePlan],
+    created: frozenset[str],
+    weights: Mapping[str, str],
+) -> list[GroupPlacement]:
+    """status.placement: the groups kept and those created whole this pass, each with its NVLink domain,
+    and how its pods got their weights (`weights`: group -> words, from the launchers' logs)."""
+    out = []
+    for role in plans:
+        gone = {d.name for d in role.delete}
+        for g in groups.get(role.role, []):
+            if g.name not in gone and role.states.get(g.name) != "deleting":
+                w = weights.get(g.name, "")
+                out.append(GroupPlacement(group=g.name, role=g.role, domain=g.domain, gpus=g.gpus, weights=w))
+        for cr in role.create:
+            name = group_name(owner, cr.role, cr.slot)
+            if name in created and not any(x.group == name for x in out):
+                out.append(GroupPlacement(group=name, role=cr.role, domain=cr.domain, gpus=role.shape.gpus))
+    return out
 
 
 def event_for(cond: Condition, before: Condition | None) -> str | None:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from tokenfab.api.models import (
+    FetchProgress,
     ModelDeploymentSpec,
     ModelDeploymentStatus,
     RoleName,
@@ -34,6 +35,7 @@ from tokenfab.api.models import (
 from tokenfab.planning import builders as b
 from tokenfab.planning.capacity import parse_quantity
 from tokenfab.planning.eviction import CacheEntry, NodeCaches, evictions, idle_times
+from tokenfab.planning.launcher_log import Progress
 from tokenfab.planning.lifecycle import GroupView
 from tokenfab.planning.scaler.memory import parse
 from tokenfab.planning.status import rfc3339
@@ -150,6 +152,7 @@ class FetchPod:
     waiting: str = ""  # why it is not running (a container's waiting reason, e.g. CrashLoopBackOff)
     deleting: bool = False  # being deleted: its name is not free yet
     result: str = ""  # how its container ended (exit code, reason, the launcher's termination message)
+    progress: Progress | None = None  # its download so far (its log's last progress line), while it runs
 
 
 @dataclass(frozen=True)
@@ -268,15 +271,23 @@ def report(
             results[f.node] = r
     kept = [results[n] for n in warm if n in results]
     fetching = sorted(f.node for f in running if f.weights == key)
-    gb = sum(r.bytes for r in kept) / 1e9
+    downloads = sorted(
+        (FetchProgress(node=f.node, bytes=f.progress.bytes, seconds=f.progress.seconds)
+         for f in running if f.weights == key and f.progress is not None),
+        key=lambda d: d.node,
+    )  # fmt: skip
+    gb, so_far = sum(r.bytes for r in kept) / 1e9, sum(d.bytes for d in downloads) / 1e9
     return WeightsCacheStatus(
         weights=key,
         warm_nodes=warm,
         prestaged=sorted(staged.nodes),
         fetching=fetching,
+        downloads=downloads,
         waiting="; ".join(f"{f.name}: {f.waiting}" for f in running if f.waiting)[:1000],
         staged=kept,
-        summary=f"{len(warm)} warm, {len(fetching)} fetching" + (f", {gb:.1f} GB staged" if kept else ""),
+        summary=f"{len(warm)} warm, {len(fetching)} fetching"
+        + (f" ({so_far:.1f} GB so far)" if downloads else "")
+        + (f", {gb:.1f} GB staged" if kept else ""),
         idle_since={n: rfc3339(t) for n, t in staged.idle.items() if n not in staged.evict},
     )
 

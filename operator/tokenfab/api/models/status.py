@@ -46,6 +46,12 @@ class GroupPlacement(StatusModel):
     role: RoleName = Field(description="Role of the group.")
     domain: str = Field(description="NVLink domain (value of topology.domainLabel).")
     gpus: int = Field(description="GPUs of the group.")
+    weights: str = Field(
+        default="",
+        description="How its pods' launchers got the weights, from their logs: cache (complete in the "
+        "node's model cache), download, copy or modelexpress with the slowest pod's seconds, or offline; "
+        "per source with its pods when they differ. Empty until a pod's log said.",
+    )
 
 
 class ScalingDecision(StatusModel):
@@ -214,6 +220,14 @@ class StagedWeights(StatusModel):
     seconds: float = Field(default=0, ge=0, description="Seconds the download took (0 from the cache).")
 
 
+class FetchProgress(StatusModel):
+    """A weights-fetch pod's download so far, from its launcher's last progress line."""
+
+    node: str = Field(description="The node whose model cache it downloads into.")
+    bytes: int = Field(default=0, ge=0, description="Bytes the cache grew by since the download began.")
+    seconds: float = Field(default=0, ge=0, description="Seconds since the download began.")
+
+
 class WeightsCacheStatus(StatusModel):
     """The deployment's per-node model caches (model.cache.storageClassName) and what is staged in them."""
 
@@ -229,6 +243,11 @@ class WeightsCacheStatus(StatusModel):
     )
     fetching: list[str] = Field(
         default_factory=list, description="Nodes where a weights-fetch pod is downloading the weights now."
+    )
+    downloads: list[FetchProgress] = Field(
+        default_factory=list,
+        description="Per node downloading now, the bytes so far (read from its weights-fetch pod's log; "
+        "refreshed every few seconds while it runs).",
     )
     waiting: str = Field(
         default="", description="A weights-fetch pod that is not running, and why (e.g. CrashLoopBackOff)."

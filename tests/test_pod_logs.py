@@ -1,0 +1,224 @@
+"""The launcher's lines in pods' logs, to status: a weights-fetch pod's download so far
+(tokenfab.launcher.progress writes it, tokenfab.pod_logs reads it, status.weightsCache.downloads shows it)
+and where each worker's weights came from (status.placement[].weights)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from tests.test_one_pass import deployment, materialize, nodes_of, snapshot
+from tokenfab import pod_logs
+from tokenfab.adapters.kube import ApiError
+from tokenfab.fleet.facts import PodFacts, pod_facts
+from tokenfab.launcher import progress
+from tokenfab.planning import contract as c
+from tokenfab.planning import launcher_log, weights_cache
+from tokenfab.planning.launcher_log import Outcome
+from tokenfab.planning.one_pass import plan
+from tokenfab.planning.status import placement
+from tokenfab.runtime import Memory
+
+PROGRESS = 'tokenfab-launcher: weights-progress {"bytes": %d, "seconds": %s}'
+RESULT = 'tokenfab-launcher: weights-result {"bytes": 2500, "files": 3, "seconds": %s, "source": "%s"}'
+
+
+def test_the_last_progress_and_result_lines_are_read_and_nothing_else():
+    text = "\n".join([
+        "engine: starting",
+        PROGRESS % (100, 10.0),
+        "other-program: weights-progress {\"bytes\": 7}",  # (another program's words, same marker: read)
+        PROGRESS % (900, 20.0),
+        RESULT % (41.5, "download"),
+        "[TensorRT-LLM] loading",
+    ])  # fmt: skip
+    got = launcher_log.read(text)
+    assert got.progress == launcher_log.Progress(900, 20.0)
+    assert got.result == Outcome("download", 2500, 3, 41.5)
+    assert launcher_log.read("no such lines") == launcher_log.LauncherLog()
+    # broken or hostile lines give nothing, or zeros, never an exception
+    assert launcher_log.read("x: weights-progress {not json").progress is None
+    assert launcher_log.read('x: weights-result {"bytes": -5, "source": "cache"}').result == Outcome(
+        "cache", 0, 0, 0.0
+    )
+    assert launcher_log.read('x: weights-result {"bytes": 1}').result is None  # (no source)
+
+
+def test_a_groups_words_name_its_source_or_each_source_with_its_pods():
+    cache, slow, fast = (
+        Outcome("cache", 1, 1, 0.0),
+        Outcome("download", 1, 1, 312.0),
+        Outcome("download", 1, 1, 9.0),
+    )
+    assert launcher_log.group_words([cache, cache]) == "cache"
+    assert launcher_log.group_words([fast, slow, None]) == "download 312 s"  # (the slowest pod's)
+    assert launcher_log.group_words([cache, slow, cache, fast]) == "download 312 s on 2, cache on 2"
+    assert launcher_log.group_words([None, None]) == ""
+
+
+def test_a_download_writes_its_bytes_so_far_and_a_last_line_when_it_ends(tmp_path):
+    lines: list[str] = []
+    (tmp_path / "old").write_bytes(b"o" * 50)  # (there before: not counted)
+    seen = threading.Event()
+
+    def emit(line: str) -> None:
+        lines.append(line)
+        seen.set()
+
+    told: list[bool] = []
+    p = progress.Progress(tmp_path, 0.05, emit, told.append)
+    p(True)
+    (tmp_path / "blobs").mkdir()
+    (tmp_path / "blobs" / "a.incomplete").write_bytes(b"w" * 1000)
+    os.symlink(tmp_path / "blobs" / "a.incomplete", tmp_path / "link")  # (a snapshot's link: once)
+    assert seen.wait(5)
+    p(False)
+    assert told == [True, False]  # (the caller's own callback still runs)
+    last = launcher_log.read("\n".join(f"tokenfab-launcher: {x}" for x in lines)).progress
+    assert last is not None
+    assert last.bytes == 1000
+    assert progress.interval({progress.ENV_PROGRESS_SECONDS: "nonsense"}) == progress.DEFAULT_SECONDS
+    assert progress.interval({progress.ENV_PROGRESS_SECONDS: "2.5"}) == 2.5
+
+
+CREATED = "2026-11-27T00:00:00Z"
+
+
+class FakeKube:
+    def __init__(self, logs: dict[str, str | Exception]) -> None:
+        self.logs = logs
+        self.reads: list[tuple[str, str, int | None, int | None]] = []
+        self.pool = ThreadPoolExecutor(max_workers=4)
+
+    def pod_log(self, namespace: str, name: str, container: str, tail_lines: int | None = None,
+                limit_bytes: int | None = None) -> str:  # fmt: skip
+        self.reads.append((name, container, tail_lines, limit_bytes))
+        said = self.logs[name]
+        if isinstance(said, Exception):
+            raise said
+        return said
+
+
+class FakeCtx:
+    def __init__(self, kube: FakeKube) -> None:
+        self.kube, self.memory = kube, Memory()
+
+    def mem(self, _key: Any) -> Memory:
+        return self.memory
+
+
+def _pod(name: str, component: str, ready: bool = True, phase: str = "Running", group: str = "") -> PodFacts:
+    labels = {c.COMPONENT: component, **({c.LABEL_GROUP: group} if group else {})}
+    conditions = [{"type": "Ready", "status": "True" if ready else "False"}]
+    return pod_facts({
+        "metadata": {"name": name, "namespace": "ns", "labels": labels, "creationTimestamp": CREATED},
+        "spec": {"containers": [{"name": "worker"}]},
+        "status": {"phase": phase, "conditions": conditions},
+    })  # fmt: skip
+
+
+def test_a_pass_reads_running_downloads_each_time_and_each_workers_log_once():
+    kube = FakeKube({
+        "m-fetch": PROGRESS % (2_000_000_000, 30.0),
+        "m-decode-0-0": RESULT % (0.0, "cache"),
+        "m-decode-0-1": RESULT % (88.0, "download"),
+        "m-prefill-0-0": "engine output only",
+    })  # fmt: skip
+    ctx = FakeCtx(kube)
+    pods = [
+        _pod("m-fetch", c.COMPONENT_WEIGHTS_FETCH),
+        _pod("m-decode-0-0", "worker", group="m-decode-0"),
+        _pod("m-decode-0-1", "worker", group="m-decode-0"),
+        _pod("m-prefill-0-0", "worker", group="m-prefill-0"),
+        _pod("m-prefill-1-0", "worker", ready=False, group="m-prefill-1"),  # (its launcher may still fetch)
+    ]
+    spec = deployment().spec
+    got = pod_logs.read(ctx, ("ns", "m"), spec, pods, 1000.0)  # type: ignore[arg-type]
+    assert got.progress == {"m-fetch": launcher_log.Progress(2_000_000_000, 30.0)}
+    assert got.weights == {"m-decode-0": "download 88 s on 1, cache on 1"}
+    assert sorted(kube.reads) == [
+        ("m-decode-0-0", "worker", None, pod_logs.HEAD_BYTES),
+        ("m-decode-0-1", "worker", None, pod_logs.HEAD_BYTES),
+        ("m-fetch", "fetch", pod_logs.TAIL_LINES, None),
+        ("m-prefill-0-0", "worker", None, pod_logs.HEAD_BYTES),
+    ]
+    # the next pass: the download again, no worker again (what each said, or that it said nothing, stays)
+    kube.reads.clear()
+    again = pod_logs.read(ctx, ("ns", "m"), spec, pods, 1001.0)  # type: ignore[arg-type]
+    assert [r[0] for r in kube.reads] == ["m-fetch"]
+    assert again.weights == got.weights
+    # a deleted pod leaves the memory
+    pod_logs.read(ctx, ("ns", "m"), spec, pods[:2], 1002.0)  # type: ignore[arg-type]
+    assert set(ctx.memory.launcher) == {pod_logs._ident(pods[1])}
+
+
+def test_a_log_that_cannot_be_read_is_tried_again_later_and_mounted_weights_read_none():
+    kube = FakeKube({"m-decode-0-0": ApiError(403, "Forbidden", "pods/log is forbidden", "GET", "log")})
+    ctx = FakeCtx(kube)
+    pods = [_pod("m-decode-0-0", "worker", group="m-decode-0")]
+    spec = deployment().spec
+    assert pod_logs.read(ctx, ("ns", "m"), spec, pods, 1000.0).weights == {}  # type: ignore[arg-type]
+    pod_logs.read(ctx, ("ns", "m"), spec, pods, 1000.0 + pod_logs.RETRY_SECONDS - 1)  # type: ignore[arg-type]
+    assert len(kube.reads) == 1
+    kube.logs["m-decode-0-0"] = RESULT % (0.0, "cache")
+    later = pod_logs.read(ctx, ("ns", "m"), spec, pods, 1000.0 + pod_logs.RETRY_SECONDS)  # type: ignore[arg-type]
+    assert later.weights == {"m-decode-0": "cache"}
+    # weights mounted from a claim: nothing is fetched, no log is read
+    mounted = spec.model_copy(deep=True)
+    mounted.model.source = "pvc://weights/llama"
+    mounted.model.cache.storage_class_name = None
+    kube.reads.clear()
+    assert pod_logs.read(FakeCtx(kube), ("ns", "m"), mounted, pods, 1000.0) == pod_logs.LogFacts()  # type: ignore[arg-type]
+    assert kube.reads == []
+
+
+def test_one_pass_reads_at_most_its_budget_of_logs():
+    kube = FakeKube({f"w-{i}": RESULT % (0.0, "cache") for i in range(20)})
+    pods = [_pod(f"w-{i}", "worker", group=f"g-{i}") for i in range(20)]
+    ctx = FakeCtx(kube)
+    first = pod_logs.read(ctx, ("ns", "m"), deployment().spec, pods, 1.0)  # type: ignore[arg-type]
+    assert len(kube.reads) == pod_logs.READS_PER_PASS
+    assert len(first.weights) == pod_logs.READS_PER_PASS
+    for t in range(2, 5):
+        pod_logs.read(ctx, ("ns", "m"), deployment().spec, pods, float(t))  # type: ignore[arg-type]
+    assert len(kube.reads) == 20  # (the rest on the next passes, each once)
+
+
+def test_status_shows_the_bytes_so_far_and_each_groups_weights():
+    md = deployment(decode=1)
+    key = weights_cache.weights_key(md.spec)
+    running = weights_cache.FetchPod(
+        "b-fetch", "n2", "Running", key, progress=launcher_log.Progress(1_500_000_000, 20.0)
+    )
+    staging = weights_cache.Staging(frozenset({"n2"}), {"n2": ""}, (), ())
+    cached = md.model_copy(deep=True)
+    cached.spec.model.cache.storage_class_name = "local-nvme"
+    got = weights_cache.report(cached.spec, staging, [running])
+    assert got is not None
+    assert [(d.node, d.bytes, d.seconds) for d in got.downloads] == [("n2", 1_500_000_000, 20.0)]
+    assert got.summary == "0 warm, 1 fetching (1.5 GB so far)"
+    # each group's words go to status.placement
+    snap = snapshot(md, nodes_of({"a": 4}), {}, {})
+    groups = materialize(snap, plan(snap))
+    again = plan(replace(snap, groups=groups))
+    decode = groups["decode"][0].name
+    placed = placement(snap.owner, groups, again.roles, frozenset(), {decode: "cache"})
+    assert {p.group: p.weights for p in placed} == {g.name: ("cache" if g.name == decode else "")
+                                                   for gs in groups.values() for g in gs}  # fmt: skip
+    # and a running download asks for a look again soon, to show its bytes
+    assert plan(replace(snap, groups=groups, fetch_pods=(running,))).requeue_after == pytest.approx(
+        min(x for x in (again.requeue_after, 15.1) if x is not None)
+    )
+
+
+def test_the_launcher_and_the_operator_name_the_same_lines():
+    """The marker words the launcher writes are the ones the operator looks for."""
+    line = progress.line(c.LOG_WEIGHTS_RESULT, {"source": "cache", "bytes": 3, "files": 1, "seconds": 0.0})
+    assert launcher_log.read(f"tokenfab-launcher: {line}").result == Outcome("cache", 3, 1, 0.0)
+    line = progress.line(c.LOG_WEIGHTS_PROGRESS, {"bytes": 7, "seconds": 1.5})
+    assert launcher_log.read(f"tokenfab-launcher: {line}").progress == launcher_log.Progress(7, 1.5)
