@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
 
@@ -89,11 +89,30 @@ def test_a_download_writes_its_bytes_so_far_and_a_last_line_when_it_ends(tmp_pat
 CREATED = "2026-11-27T00:00:00Z"
 
 
+class SyncPool:
+    """Runs each read at once (or, `hold`, never: a read still in flight)."""
+
+    def __init__(self) -> None:
+        self.hold = False
+        self.held: list[tuple[Future[str], Any, tuple[Any, ...]]] = []
+
+    def submit(self, fn: Any, *args: Any) -> Future[str]:
+        fut: Future[str] = Future()
+        if self.hold:
+            self.held.append((fut, fn, args))
+            return fut
+        try:
+            fut.set_result(fn(*args))
+        except Exception as exc:
+            fut.set_exception(exc)
+        return fut
+
+
 class FakeKube:
     def __init__(self, logs: dict[str, str | Exception]) -> None:
         self.logs = logs
         self.reads: list[tuple[str, str, int | None, int | None]] = []
-        self.pool = ThreadPoolExecutor(max_workers=4)
+        self.log_pool = SyncPool()
 
     def pod_log(self, namespace: str, name: str, container: str, tail_lines: int | None = None,
                 limit_bytes: int | None = None) -> str:  # fmt: skip
@@ -177,16 +196,27 @@ def test_a_log_that_cannot_be_read_is_tried_again_later_and_mounted_weights_read
     assert kube.reads == []
 
 
-def test_one_pass_reads_at_most_its_budget_of_logs():
-    kube = FakeKube({f"w-{i}": RESULT % (0.0, "cache") for i in range(20)})
-    pods = [_pod(f"w-{i}", "worker", group=f"g-{i}") for i in range(20)]
+def test_a_pass_never_waits_for_a_log_and_reads_few_at_a_time():
+    kube = FakeKube({f"w-{i}": RESULT % (0.0, "cache") for i in range(10)})
+    pods = [_pod(f"w-{i}", "worker", group=f"g-{i}") for i in range(10)]
     ctx = FakeCtx(kube)
-    first = pod_logs.read(ctx, ("ns", "m"), deployment().spec, pods, 1.0)  # type: ignore[arg-type]
-    assert len(kube.reads) == pod_logs.READS_PER_PASS
-    assert len(first.weights) == pod_logs.READS_PER_PASS
+    spec = deployment().spec
+    first = pod_logs.read(ctx, ("ns", "m"), spec, pods, 1.0)  # type: ignore[arg-type]
+    assert len(kube.reads) == pod_logs.IN_FLIGHT
+    assert len(first.weights) == pod_logs.IN_FLIGHT
     for t in range(2, 5):
-        pod_logs.read(ctx, ("ns", "m"), deployment().spec, pods, float(t))  # type: ignore[arg-type]
-    assert len(kube.reads) == 20  # (the rest on the next passes, each once)
+        pod_logs.read(ctx, ("ns", "m"), spec, pods, float(t))  # type: ignore[arg-type]
+    assert sorted(r[0] for r in kube.reads) == sorted(p.name for p in pods)  # (each once)
+    # reads that do not come back hold the pass up in nothing, and are not asked for twice
+    slow = FakeCtx(kube)
+    kube.log_pool.hold = True
+    assert pod_logs.read(slow, ("ns", "m"), spec, pods, 1.0).weights == {}  # type: ignore[arg-type]
+    assert pod_logs.read(slow, ("ns", "m"), spec, pods, 2.0).weights == {}  # type: ignore[arg-type]
+    assert len(kube.log_pool.held) == pod_logs.IN_FLIGHT
+    for fut, fn, args in kube.log_pool.held:
+        fut.set_result(fn(*args))
+    later = pod_logs.read(slow, ("ns", "m"), spec, pods, 3.0)  # type: ignore[arg-type]
+    assert len(later.weights) == pod_logs.IN_FLIGHT  # (what came back, on the next pass)
 
 
 def test_status_shows_the_bytes_so_far_and_each_groups_weights():

@@ -1,19 +1,20 @@
-"""The launcher's lines read from pods' logs for a pass (I/O; tokenfab.planning.launcher_log parses them).
+"""The launcher's lines read from pods' logs (I/O; tokenfab.planning.launcher_log parses them).
 
-- A running weights-fetch pod: the last lines of its log, every pass, for its download's bytes so far.
+- A running weights-fetch pod: the last lines of its log, again on each pass, for its download's bytes so
+  far.
 - A Ready worker pod: the head of its log, once, for where its launcher got the weights (the line comes
-  before the engine starts). What it said is kept in the deployment's memory by pod; a pod whose log could
-  not be read (no kubelet log endpoint, no `pods/log` permission) is tried again after RETRY_SECONDS.
+  before the engine starts). What it said is kept in the deployment's memory per pod; a pod whose log could
+  not be read (a node without a log endpoint, no `pods/log` permission) is tried again after RETRY_SECONDS.
 
-At most READS_PER_PASS logs per pass, read at once on the client's pool, each with a short timeout: a
-settled deployment reads none. A deployment whose weights are mounted from a claim reads none.
+A pass never waits for a log: it hands the reads to the client's own small pool (Kube.log_pool, apart from
+the writers) and uses what the reads done so far said. At most IN_FLIGHT reads per deployment at a time;
+a settled deployment reads none; a deployment whose weights are mounted from a claim reads none.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from tokenfab.api.models import ModelDeploymentSpec
@@ -22,15 +23,14 @@ from tokenfab.fleet.view import Key
 from tokenfab.planning import builders as b
 from tokenfab.planning import contract as c
 from tokenfab.planning import launcher_log
-from tokenfab.runtime import Context
+from tokenfab.runtime import Context, Memory
 
 log = logging.getLogger(__name__)
 
-READS_PER_PASS = 8
+IN_FLIGHT = 4
 TAIL_LINES = 20
 HEAD_BYTES = 64 * 1024
 RETRY_SECONDS = 300.0
-WAIT_SECONDS = 6.0  # for all of one pass's reads
 
 
 @dataclass(frozen=True)
@@ -43,46 +43,54 @@ def _ident(p: PodFacts) -> str:
     return f"{p.name}@{p.created}"  # (a pod made again under its name is another pod)
 
 
+def _collect(mem: Memory, now: float) -> None:
+    """What the finished reads said, into the deployment's memory."""
+    for tag, fut in list(mem.log_reads.items()):
+        if not fut.done():
+            continue
+        del mem.log_reads[tag]
+        kind, ident = tag
+        try:
+            got = launcher_log.read(fut.result())
+        except Exception as exc:  # (an ApiError: no log endpoint, no permission, no answer in time)
+            log.debug("log of pod %s not read: %s", ident, exc)
+            if kind == "worker":
+                mem.launcher[ident] = (None, now + RETRY_SECONDS)
+            continue
+        if kind == "fetch" and got.progress is not None:
+            mem.progress[ident] = got.progress
+        elif kind == "worker":
+            mem.launcher[ident] = (got.result, float("inf"))  # (read: what it said, or nothing, stays)
+
+
 def read(ctx: Context, key: Key, spec: ModelDeploymentSpec, pods: list[PodFacts], now: float) -> LogFacts:
     if not b.fetches_weights(spec):
         return LogFacts()
-    memo = ctx.mem(key).launcher
-    fetching = [
-        p
+    mem = ctx.mem(key)
+    _collect(mem, now)
+    fetching = {
+        p.name: p
         for p in pods
         if p.labels.get(c.COMPONENT) == c.COMPONENT_WEIGHTS_FETCH and p.phase == "Running" and not p.deleting
-    ]
+    }
     workers = [p for p in pods if p.labels.get(c.COMPONENT) == "worker" and c.LABEL_GROUP in p.labels]
-    due = [
-        p
+    todo: list[tuple[tuple[str, str], PodFacts]] = [(("fetch", name), p) for name, p in fetching.items()]
+    todo += [
+        (("worker", _ident(p)), p)
         for p in workers
-        if p.ready and ((m := memo.get(_ident(p))) is None or (m[0] is None and m[1] <= now))
+        if p.ready and ((m := mem.launcher.get(_ident(p))) is None or (m[0] is None and m[1] <= now))
     ]
-    jobs: list[tuple[PodFacts, bool, Future[str]]] = []
-    for p in fetching[:READS_PER_PASS]:
-        jobs.append((p, True, ctx.kube.pool.submit(ctx.kube.pod_log, key[0], p.name, "fetch", TAIL_LINES)))
-    for p in due[: READS_PER_PASS - len(jobs)]:
-        read_head = ctx.kube.pod_log
-        jobs.append((p, False, ctx.kube.pool.submit(read_head, key[0], p.name, "worker", None, HEAD_BYTES)))
-    progress: dict[str, launcher_log.Progress] = {}
-    for p, is_fetch, fut in jobs:
-        try:
-            text = fut.result(timeout=WAIT_SECONDS)
-        except Exception as exc:  # (an ApiError, or no answer in time)
-            log.debug("log of pod %s/%s not read: %s", key[0], p.name, exc)
-            if not is_fetch:
-                memo[_ident(p)] = (None, now + RETRY_SECONDS)
-            continue
-        got = launcher_log.read(text)
-        if is_fetch and got.progress is not None:
-            progress[p.name] = got.progress
-        elif not is_fetch:
-            memo[_ident(p)] = (got.result, float("inf"))  # (read: what it said stays; nothing said stays too)
+    for tag, p in [x for x in todo if x[0] not in mem.log_reads][: max(0, IN_FLIGHT - len(mem.log_reads))]:
+        container, tail, head = (
+            ("fetch", TAIL_LINES, None) if tag[0] == "fetch" else ("worker", None, HEAD_BYTES)
+        )
+        mem.log_reads[tag] = ctx.kube.log_pool.submit(ctx.kube.pod_log, key[0], p.name, container, tail, head)
+    _collect(mem, now)  # (those already done)
     alive = {_ident(p) for p in workers}
-    for gone in [k for k in memo if k not in alive]:
-        del memo[gone]
+    mem.launcher = {k: v for k, v in mem.launcher.items() if k in alive}
+    mem.progress = {k: v for k, v in mem.progress.items() if k in fetching}
     groups: dict[str, list[launcher_log.Outcome | None]] = {}
     for p in workers:
-        groups.setdefault(p.labels[c.LABEL_GROUP], []).append((memo.get(_ident(p)) or (None, 0.0))[0])
+        groups.setdefault(p.labels[c.LABEL_GROUP], []).append((mem.launcher.get(_ident(p)) or (None, 0.0))[0])
     weights = {g: w for g, rs in groups.items() if (w := launcher_log.group_words(rs))}
-    return LogFacts(progress, weights)
+    return LogFacts(dict(mem.progress), weights)

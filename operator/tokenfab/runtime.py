@@ -19,7 +19,7 @@ from tokenfab.fleet.ledger import Ledger
 from tokenfab.fleet.view import ClusterView, Key
 from tokenfab.planning.faults import FaultKeys
 from tokenfab.planning.groups import RolePlan
-from tokenfab.planning.launcher_log import Outcome
+from tokenfab.planning.launcher_log import Outcome, Progress
 
 
 @dataclass
@@ -49,6 +49,8 @@ class Memory:
     admitted: set[str] = field(default_factory=set)  # groups whose late PodGroup this process wrote
     # per worker pod (name@created): where its launcher got the weights (its log), and when to read again
     launcher: dict[str, tuple[Outcome | None, float]] = field(default_factory=dict)
+    progress: dict[str, Progress] = field(default_factory=dict)  # weights-fetch pod -> its download so far
+    log_reads: dict[tuple[str, str], Future[str]] = field(default_factory=dict)  # pod logs being read
 
 
 @dataclass

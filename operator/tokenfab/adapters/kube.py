@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 KIND_RECHECK_SECONDS = 15.0
 TIMEOUT = (5.0, 20.0)  # connect, read: every request but watches
+LOG_READERS = 4
 LOG_TIMEOUT = (2.0, 5.0)  # a pod's log: the API server asks the node's kubelet; a pass does not wait long
 WATCH_SECONDS = 240  # server-side timeout of one watch request (then it is resumed)
 
@@ -61,6 +62,8 @@ class Kube:
         self._kinds: dict[tuple[str, str], tuple[bool, float]] = {}
         self._rediscovering: set[tuple[str, str]] = set()
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tokenfab-write")
+        # pods' logs (tokenfab.pod_logs): read apart from the writers, never waited for by a pass
+        self.log_pool = ThreadPoolExecutor(max_workers=LOG_READERS, thread_name_prefix="tokenfab-logs")
         self._workers = workers
 
     def start_writers(self) -> None:
