@@ -43,9 +43,16 @@ def test_fleet_benchmark_smoke(operator: Factory, capsys):
             burst_s=60,
             after_s=70,
         )
+        state = fleet.runner_state(operator)
     finally:
         operator.stop_extra(fleet.RUNNER)
-    traces = fleet_bench.compact(bench, keep_series=False)
+    # Each engine's own start, as the cold-start benchmark reads it: from its pod's creation to its first
+    # healthy readiness probe (the runner's history; creationTimestamp has whole seconds).
+    engines = [h for h in state["history"] if h["kind"] == "mocker" and h["key"].startswith("live-bench-")]
+    served = [h for h in engines if h["healthy_at"] is not None]
+    assert served, "no engine of the benchmark ever answered its readiness probe"
+    for h in served:
+        assert h["created_at"] - 1 <= h["started_at"] <= h["healthy_at"], h
     (operator.run / "fleet-bench" / "smoke.json").write_text(json.dumps(traces, indent=1))
     with capsys.disabled():
         print("\n" + fleet_bench.table(traces, "fleet benchmark smoke (single short burst)"))
