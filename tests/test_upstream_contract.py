@@ -10,7 +10,9 @@ fails when either side drifts:
   (tests/data/upstream/tensorrt_llm.json, with its source);
 - the metric names the autoscaler queries are the names Dynamo's worker and frontend export
   (dynamo.prometheus_names, and TensorRT-LLM's MetricsCollector for trtllm_*);
-- the factory's engine swap (e2e/fleet/pods.py) gives the mocker arguments its own parser takes.
+- the factory's engine swap (e2e/fleet/pods.py) gives the mocker arguments its own parser takes;
+- the hub calls the launcher makes (snapshot_download, HfApi.model_info, disable_progress_bars) are in the
+  huggingface_hub ai-dynamo 1.6.1 brings.
 """
 
 from __future__ import annotations
@@ -250,3 +252,23 @@ def test_the_factorys_engine_swap_gives_the_mocker_arguments_it_takes():
         assert got["parsed"]["model_name"] == spec.model.name
         assert got["parsed"]["num_workers"] == 1
         assert got["parsed"]["num_gpu_blocks"] == 48 * 8
+
+
+def test_the_hub_calls_the_launcher_makes_are_in_the_pinned_huggingface_hub():
+    """tokenfab.launcher.fetch asks huggingface_hub (the one ai-dynamo 1.6.1 brings) for a snapshot, a
+    commit, and quiet progress bars: those names and keywords are there."""
+    probe = (
+        "import inspect, json, huggingface_hub as h; "
+        "from huggingface_hub.utils import disable_progress_bars; "
+        "print(json.dumps({'version': h.__version__, "
+        "'snapshot_download': list(inspect.signature(h.snapshot_download).parameters), "
+        "'model_info': list(inspect.signature(h.HfApi.model_info).parameters), "
+        "'disable_progress_bars': callable(disable_progress_bars)}))"
+    )
+    out = subprocess.run(
+        [str(DYNAMO_PYTHON), "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    )
+    got = json.loads(out.stdout)
+    assert {"repo_id", "revision", "cache_dir", "local_files_only"} <= set(got["snapshot_download"]), got
+    assert {"repo_id", "revision", "timeout"} <= set(got["model_info"]), got
+    assert got["disable_progress_bars"] is True, got

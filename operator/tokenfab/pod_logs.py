@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 IN_FLIGHT = 4
 TAIL_LINES = 20
-HEAD_BYTES = 64 * 1024
+HEAD_BYTES = 256 * 1024  # (the launcher's lines come first: a progress line every 10 s, ~75 bytes)
 RETRY_SECONDS = 300.0
 
 

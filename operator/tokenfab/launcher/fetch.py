@@ -122,6 +122,7 @@ def _download(fetch: Fetch, what: str, local: str | None) -> str | None:
             "may be incomplete or behind the branch")  # fmt: skip
         return local
     log(f"weights {what}: commit {commit}, fetching what {fetch.cache_dir} lacks of it")
+    _quiet_hub()
     try:
         fetched: str = snapshot_download(fetch.repo, revision=commit, cache_dir=fetch.cache_dir)
     except Exception as exc:
@@ -130,6 +131,17 @@ def _download(fetch: Fetch, what: str, local: str | None) -> str | None:
     doc = manifest.write(Path(fetched), commit)
     log(f"weights {what}: manifest of {len(doc['files'])} files written in {time.monotonic() - t0:.0f} s")
     return fetched
+
+
+def _quiet_hub() -> None:
+    """The hub client's progress bars off: the launcher's weights-progress lines say how far a download
+    is, and a bar's updates (carriage returns, many a second) would fill the head of the log, where the
+    operator reads the weights-result line."""
+    try:
+        from huggingface_hub.utils import disable_progress_bars
+    except ImportError:
+        return
+    disable_progress_bars()
 
 
 def fetch_of_env(env: Mapping[str, str]) -> Fetch | None:
