@@ -53,6 +53,7 @@ def test_fleet_benchmark_smoke(operator: Factory, capsys):
     assert served, "no engine of the benchmark ever answered its readiness probe"
     for h in served:
         assert h["created_at"] - 1 <= h["started_at"] <= h["healthy_at"], h
+    traces = fleet_bench.compact(bench, keep_series=False)
     (operator.run / "fleet-bench" / "smoke.json").write_text(json.dumps(traces, indent=1))
     with capsys.disabled():
         print("\n" + fleet_bench.table(traces, "fleet benchmark smoke (single short burst)"))
