@@ -241,9 +241,6 @@ class Controller:
             if t is not threading.current_thread():
                 t.join(max(0.0, deadline - time.monotonic()))
         self._finisher.shutdown(wait=False, cancel_futures=True)
-        logs = getattr(self.kube, "log_pool", None)
-        if logs is not None:
-            logs.shutdown(wait=False, cancel_futures=True)  # (status only: nothing to finish)
         pool = getattr(self.kube, "pool", None)
         if pool is not None and drain_seconds > 0:
             drained = threading.Thread(
