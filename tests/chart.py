@@ -81,7 +81,6 @@ NAMESPACED_RULES: dict[tuple[str, str], set[str]] = {
     ("apps", "deployments"): {"list", "watch", "create", "patch"},
     ("", "events"): {"create"},
     ("", "pods/status"): {"patch"},
-    ("", "pods/log"): {"get"},
     ("policy", "poddisruptionbudgets"): {"list", "watch", "create", "patch", "delete"},
     ("scheduling.k8s.io", "podgroups"): {"create", "patch", "delete"},
     ("resource.nvidia.com", "computedomains"): {"list", "watch", "create", "patch", "delete"},
@@ -94,6 +93,8 @@ NAMESPACED_RULES: dict[tuple[str, str], set[str]] = {
     ("nvidia.com", "dynamoworkermetadatas"): {"get", "list", "watch", "create", "patch"},
 }
 WATCH_NAMESPACES_RULES: dict[tuple[str, str], set[str]] = {("", "namespaces"): {"list", "watch"}}
+# Granted only when asked for (rbac.readPodLogs=true): the launcher's lines in the pods' logs.
+POD_LOG_RULES: dict[tuple[str, str], set[str]] = {("", "pods/log"): {"get"}}
 LEADER_RULES: dict[tuple[str, str], set[str]] = {
     ("coordination.k8s.io", "leases"): {"get", "update", "create"}
 }

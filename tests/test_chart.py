@@ -32,6 +32,7 @@ from tests.chart import (
     LEADER_RULES,
     LEASE_NAMED_VERBS,
     NAMESPACED_RULES,
+    POD_LOG_RULES,
     WATCH_NAMESPACES_RULES,
     helm,
     helm_binary,
@@ -305,8 +306,20 @@ def _readme_rbac_rows() -> dict[tuple[str, str], set[str]]:
 
 def test_readme_documents_every_rbac_rule() -> None:
     assert _readme_rbac_rows() == merged(
-        CLUSTER_RULES, NAMESPACED_RULES, WATCH_NAMESPACES_RULES, LEADER_RULES
+        CLUSTER_RULES, NAMESPACED_RULES, WATCH_NAMESPACES_RULES, LEADER_RULES, POD_LOG_RULES
     )
+
+
+@needs_helm
+def test_reading_pod_logs_is_granted_only_when_asked_for() -> None:
+    docs = template("--set", "rbac.readPodLogs=true")
+    assert rule_table(one(docs, "ClusterRole")["rules"]) == merged(
+        CLUSTER_RULES, NAMESPACED_RULES, POD_LOG_RULES
+    )
+    scoped = template("--set", "rbac.readPodLogs=true", "--set", "watchNamespaces={a,b}")
+    for role in [r for r in by_kind(scoped, "Role") if r["metadata"]["name"] != "tokenfab-leader"]:
+        assert ("", "pods/log") in rule_table(role["rules"]), role["metadata"]["name"]
+    assert ("", "pods/log") not in rule_table(one(template(), "ClusterRole")["rules"])
 
 
 # ----------------------------------------------------------------------------------- observability

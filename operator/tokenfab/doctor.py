@@ -51,7 +51,6 @@ OPERATOR_RULES: dict[tuple[str, str], tuple[frozenset[str], bool]] = {
     ("apps", "deployments"): (frozenset({"list", "watch", "create", "patch"}), True),
     ("", "events"): (frozenset({"create"}), True),
     ("", "pods/status"): (frozenset({"patch"}), True),
-    ("", "pods/log"): (frozenset({"get"}), True),
     ("policy", "poddisruptionbudgets"): (frozenset({"list", "watch", "create", "patch", "delete"}), True),
     ("scheduling.k8s.io", "podgroups"): (frozenset({"create", "patch", "delete"}), True),
     ("resource.nvidia.com", "computedomains"): (
