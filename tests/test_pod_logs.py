@@ -22,7 +22,7 @@ from tokenfab.planning import launcher_log, weights_cache
 from tokenfab.planning.launcher_log import Outcome
 from tokenfab.planning.one_pass import plan
 from tokenfab.planning.status import placement
-from tokenfab.runtime import Memory
+from tokenfab.runtime import Memory, Settings
 
 PROGRESS = 'tokenfab-launcher: weights-progress {"bytes": %d, "seconds": %s}'
 RESULT = 'tokenfab-launcher: weights-result {"bytes": 2500, "files": 3, "seconds": %s, "source": "%s"}'
@@ -124,8 +124,8 @@ class FakeKube:
 
 
 class FakeCtx:
-    def __init__(self, kube: FakeKube) -> None:
-        self.kube, self.memory = kube, Memory()
+    def __init__(self, kube: FakeKube, read: bool = True) -> None:
+        self.kube, self.memory, self.settings = kube, Memory(), Settings(read_pod_logs=read)
 
     def mem(self, _key: Any) -> Memory:
         return self.memory
@@ -192,6 +192,8 @@ def test_a_log_that_cannot_be_read_is_tried_again_later_and_mounted_weights_read
     mounted.model.source = "pvc://weights/llama"
     mounted.model.cache.storage_class_name = None
     kube.reads.clear()
+    # nor without the operator being told it may (TOKENFAB_READ_POD_LOGS: the chart's rbac.readPodLogs)
+    assert pod_logs.read(FakeCtx(kube, read=False), ("ns", "m"), spec, pods, 1.0e9) == pod_logs.LogFacts()  # type: ignore[arg-type]
     assert pod_logs.read(FakeCtx(kube), ("ns", "m"), mounted, pods, 1000.0) == pod_logs.LogFacts()  # type: ignore[arg-type]
     assert kube.reads == []
 

@@ -41,6 +41,7 @@ def options_from_env() -> Options:
             fault_reaction=env.get("TOKENFAB_FAULT_REACTION", "replace"),
             gang_delete_seconds=float(env.get("TOKENFAB_GANG_DELETE_SECONDS", "30")),
             fault_keys=FaultKeys.from_env(env),
+            read_pod_logs=env.get("TOKENFAB_READ_POD_LOGS", "") in ("1", "true"),
         ),
     )
 

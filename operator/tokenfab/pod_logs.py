@@ -6,7 +6,8 @@
   before the engine starts). What it said is kept in the deployment's memory per pod; a pod whose log could
   not be read (a node without a log endpoint, no `pods/log` permission) is tried again after RETRY_SECONDS.
 
-A pass never waits for a log: it hands the reads to the client's own small pool (Kube.log_pool, apart from
+Only with TOKENFAB_READ_POD_LOGS=1 (the chart's rbac.readPodLogs, which grants `pods/log` get). A pass
+never waits for a log: it hands the reads to the client's own small pool (Kube.log_pool, apart from
 the writers) and uses what the reads done so far said. At most IN_FLIGHT reads per deployment at a time;
 a settled deployment reads none; a deployment whose weights are mounted from a claim reads none.
 """
@@ -64,7 +65,7 @@ def _collect(mem: Memory, now: float) -> None:
 
 
 def read(ctx: Context, key: Key, spec: ModelDeploymentSpec, pods: list[PodFacts], now: float) -> LogFacts:
-    if not b.fetches_weights(spec):
+    if not ctx.settings.read_pod_logs or not b.fetches_weights(spec):
         return LogFacts()
     mem = ctx.mem(key)
     _collect(mem, now)

@@ -35,6 +35,9 @@ class Settings:
     # The taints, node conditions and annotations that mean a GPU health system quarantined a node
     # (TOKENFAB_FAULT_TAINTS / _CONDITIONS / _ANNOTATIONS; NVSentinel's by default).
     fault_keys: FaultKeys = field(default_factory=FaultKeys)
+    # Read the launcher's lines from pods' logs (TOKENFAB_READ_POD_LOGS=1: the chart's rbac.readPodLogs,
+    # which grants pods/log get): download progress and each group's weights source in status.
+    read_pod_logs: bool = False
 
 
 @dataclass
