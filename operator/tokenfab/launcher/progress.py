@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -33,8 +34,7 @@ def tree_bytes(root: Path) -> int:
                 st = os.lstat(os.path.join(folder, name))
             except OSError:
                 continue  # (renamed or removed meanwhile: a download in flight)
-            if not os.path.islink(os.path.join(folder, name)):
-                total += st.st_size
+            total += st.st_size if stat.S_ISREG(st.st_mode) else 0
     return total
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from tokenfab.planning import contract as c
 
@@ -54,22 +55,24 @@ def _doc(text: str, marker: str) -> dict[str, object] | None:
     return None
 
 
-def _num(doc: dict[str, object], key: str) -> float:
+def _num(doc: dict[str, Any], key: str) -> float:
     v = doc.get(key)
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 else 0.0
 
 
+def outcome(doc: object) -> Outcome | None:
+    """A result the launcher reported (its weights-result line, or a fetch pod's termination message):
+    None without a source."""
+    if not isinstance(doc, dict) or not (source := str(doc.get("source") or "")):
+        return None
+    return Outcome(source, int(_num(doc, "bytes")), int(_num(doc, "files")), _num(doc, "seconds"))
+
+
 def read(text: str) -> LauncherLog:
     """The progress and result lines of a launcher's log (or of a part of it)."""
-    p, r = _doc(text, c.LOG_WEIGHTS_PROGRESS), _doc(text, c.LOG_WEIGHTS_RESULT)
+    p = _doc(text, c.LOG_WEIGHTS_PROGRESS)
     progress = None if p is None else Progress(int(_num(p, "bytes")), _num(p, "seconds"))
-    source = "" if r is None else str(r.get("source") or "")
-    result = (
-        None
-        if r is None or not source
-        else Outcome(source, int(_num(r, "bytes")), int(_num(r, "files")), _num(r, "seconds"))
-    )
-    return LauncherLog(progress, result)
+    return LauncherLog(progress, outcome(_doc(text, c.LOG_WEIGHTS_RESULT)))
 
 
 def group_words(results: Iterable[Outcome | None]) -> str:

@@ -33,6 +33,7 @@ from tokenfab.api.models import (
     WeightsCacheStatus,
 )
 from tokenfab.planning import builders as b
+from tokenfab.planning import launcher_log
 from tokenfab.planning.capacity import parse_quantity
 from tokenfab.planning.eviction import CacheEntry, NodeCaches, evictions, idle_times
 from tokenfab.planning.launcher_log import Progress
@@ -241,12 +242,14 @@ def staged_result(f: FetchPod) -> StagedWeights | None:
     bytes, files, seconds) after the exit code and reason; None when it said nothing readable."""
     _, brace, rest = f.result.partition("{")
     try:
-        doc = json.loads(brace + rest) if brace else None
-        return None if not isinstance(doc, dict) else StagedWeights(node=f.node, **{
-            k: doc[k] for k in ("source", "bytes", "files", "seconds") if k in doc
-        })  # fmt: skip
-    except ValueError:  # (pydantic's ValidationError is one)
+        said = launcher_log.outcome(json.loads(brace + rest)) if brace else None
+    except ValueError:
         return None
+    if said is None:
+        return None
+    return StagedWeights(
+        node=f.node, source=said.source, bytes=said.bytes, files=said.files, seconds=said.seconds
+    )
 
 
 def report(
