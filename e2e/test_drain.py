@@ -52,8 +52,7 @@ def up(f: Factory, doc: dict[str, Any]) -> str:
         lambda: (fleet.role_status(f, NS, name).get("decode") or {}).get("readyGroups") == want,
         timeout=180,
     )
-    url = fleet.frontend_url(f, NS, name)
-    fleet.warm_up(url)
+    url = fleet.serving(f, NS, name)
     wait_for("the engines scraped", lambda: fleet.targets_up(f, NS, name, "decode") >= want, timeout=90)
     return url
 

@@ -104,3 +104,27 @@ def test_a_connection_outside_loopback_is_seen_in_the_process_sockets(address, f
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_failed_wait_shows_each_process_warnings_of_that_deployment_only(tmp_path):
+    from types import SimpleNamespace
+
+    from e2e.fleet import fleet
+
+    logs = tmp_path / "fleet" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "ns_tiny-frontend-abc.log").write_text(
+        "\x1b[2m2026\x1b[0m \x1b[32m INFO\x1b[0m started\n"
+        "\x1b[2m2026\x1b[0m \x1b[33m WARN\x1b[0m Removing worker 7\n"
+        "2026  ERROR no instances for prefill\n"
+    )
+    (logs / "ns_tiny-decode-0.log").write_text("2026  INFO all well\n")
+    (logs / "ns_other-frontend-x.log").write_text("2026  ERROR not ours\n")
+    f = SimpleNamespace(run=tmp_path)
+    text = fleet.process_warnings(f, "ns", "tiny")  # type: ignore[arg-type]
+    assert "ns_tiny-frontend-abc.log: 2 warning/error line(s)\n2026  WARN Removing worker 7\n" in text
+    assert "no instances for prefill" in text
+    assert "ns_tiny-decode-0.log: 0 warning/error line(s)" in text
+    assert "not ours" not in text
+    assert "started" not in text
+    assert fleet.process_warnings(f, "ns", "gone") == "(no process logs for ns/gone)"  # type: ignore[arg-type]

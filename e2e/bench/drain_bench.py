@@ -150,8 +150,7 @@ def run_one(
         lambda: (fleet.role_status(f, ns, "drainee").get("decode") or {}).get("readyGroups") == plan.decode,
         timeout=240,
     )
-    url = fleet.frontend_url(f, ns, "drainee")
-    fleet.warm_up(url)
+    url = fleet.serving(f, ns, "drainee")
     old_revision = next(iter(groups(f, ns).values()))[0]["metadata"]["labels"][c.LABEL_REVISION]
     run = load.AiperfRun(
         aiperf=tools.aiperf,

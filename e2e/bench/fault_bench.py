@@ -238,8 +238,7 @@ def run_one(
         lambda: (fleet.role_status(f, ns, NAME).get("decode") or {}).get("readyGroups") == plan.decode,
         timeout=240,
     )
-    url = fleet.frontend_url(f, ns, NAME)
-    fleet.warm_up(url)
+    url = fleet.serving(f, ns, NAME)
     full = sample(f, ns, set(), time.monotonic()).gpus
     aiperf = load.AiperfRun(
         aiperf=tools.aiperf, url=url, model=fleet.MODEL_NAME, tokenizer_dir=fleet.model_dir(tools),

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
@@ -225,23 +227,49 @@ def requests_started(url: str) -> int | None:
     return round(total)
 
 
-def warm_up(url: str, timeout: float = 60) -> None:
-    """One small chat request through the frontend (retried while the router learns the workers)."""
+def serving(f: Factory, namespace: str, name: str, timeout: float = 180) -> str:
+    """Wait until the deployment serves: its frontend lists the model, then one small chat request is
+    served end to end (retried while the router learns the workers; the engines export their KV gauges
+    after their first request). Returns the frontend's URL. On a timeout the error says what the last
+    try got, every role's ready groups, and the warnings and errors of the deployment's processes."""
+    url = frontend_url(f, namespace, name, timeout)
     body = json.dumps(
         {"model": MODEL_NAME, "messages": [{"role": "user", "content": "warm up"}], "max_tokens": 4}
     ).encode()
-
-    def once() -> bool:
+    last = "no try yet"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
         req = urllib.request.Request(
             f"{url}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
         )
         try:
             with urllib.request.urlopen(req, timeout=20) as r:
-                return bool(r.status == 200)
-        except OSError:
-            return False
+                if r.status == 200:
+                    return url
+                last = f"HTTP {r.status}"
+        except urllib.error.HTTPError as e:
+            last = f"HTTP {e.code}: {e.read()[:300].decode(errors='replace')}"
+        except OSError as e:
+            last = f"{type(e).__name__}: {e}"
+        time.sleep(2.0)
+    ready = {role: (s or {}).get("readyGroups") for role, s in role_status(f, namespace, name).items()}
+    raise AssertionError(
+        f"timed out after {timeout:.0f} s waiting for a first request served end to end by "
+        f"{namespace}/{name} (last try: {last}; ready groups: {ready})\n"
+        + process_warnings(f, namespace, name)
+    )
 
-    wait_for("a first request served end to end", once, timeout, 2.0)
+
+def process_warnings(f: Factory, namespace: str, name: str, lines: int = 12) -> str:
+    """The last warnings and errors each of the deployment's processes logged on the fleet (the runner's
+    log files), colour codes removed: what a failed wait shows."""
+    out = []
+    for log in sorted((state_dir(f) / "logs").glob(f"{namespace}_{name}-*.log")):
+        text = re.sub(r"\x1b\[[0-9;]*m", "", log.read_text(errors="replace"))
+        bad = [ln[:300] for ln in text.splitlines() if " WARN " in ln or " ERROR " in ln or "Traceback" in ln]
+        head = f"--- {log.name}: {len(bad)} warning/error line(s)"
+        out.append(head + "".join(f"\n{b}" for b in bad[-lines:]))
+    return "\n".join(out) or f"(no process logs for {namespace}/{name})"
 
 
 def waiting(f: Factory, namespace: str, name: str, role: str) -> float:

@@ -326,8 +326,7 @@ def run_policy(f: Factory, tools: fleet.Tools, cfg: Config, out_dir: Path) -> di
         ),
         timeout=300,  # (with a cold start, each engine is held back before it serves)
     )
-    url = fleet.frontend_url(f, cfg.namespace, cfg.name)
-    fleet.warm_up(url)  # one request end to end; the engines export their KV gauges after the first one
+    url = fleet.serving(f, cfg.namespace, cfg.name)  # one request end to end; the engines' KV gauges follow
     wait_for(
         "every decode engine scraped by Prometheus",
         lambda: fleet.targets_up(f, cfg.namespace, cfg.name, "decode") >= want_decode,
