@@ -59,6 +59,7 @@ def test_a_groups_words_name_its_source_or_each_source_with_its_pods():
     assert launcher_log.group_words([fast, slow, None]) == "download 312 s"  # (the slowest pod's)
     assert launcher_log.group_words([cache, slow, cache, fast]) == "download 312 s on 2, cache on 2"
     assert launcher_log.group_words([None, None]) == ""
+    assert launcher_log.downloading_words([]) == ""
 
 
 def test_a_download_writes_its_bytes_so_far_and_a_last_line_when_it_ends(tmp_path):
@@ -131,12 +132,14 @@ class FakeCtx:
         return self.memory
 
 
-def _pod(name: str, component: str, ready: bool = True, phase: str = "Running", group: str = "") -> PodFacts:
+def _pod(
+    name: str, component: str, ready: bool = True, phase: str = "Running", group: str = "", node: str = ""
+) -> PodFacts:
     labels = {c.COMPONENT: component, **({c.LABEL_GROUP: group} if group else {})}
     conditions = [{"type": "Ready", "status": "True" if ready else "False"}]
     return pod_facts({
         "metadata": {"name": name, "namespace": "ns", "labels": labels, "creationTimestamp": CREATED},
-        "spec": {"containers": [{"name": "worker"}]},
+        "spec": {"containers": [{"name": "worker"}], **({"nodeName": node} if node else {})},
         "status": {"phase": phase, "conditions": conditions},
     })  # fmt: skip
 
@@ -147,6 +150,7 @@ def test_a_pass_reads_running_downloads_each_time_and_each_workers_log_once():
         "m-decode-0-0": RESULT % (0.0, "cache"),
         "m-decode-0-1": RESULT % (88.0, "download"),
         "m-prefill-0-0": "engine output only",
+        "m-prefill-1-0": PROGRESS % (500_000_000, 10.0),
     })  # fmt: skip
     ctx = FakeCtx(kube)
     pods = [
@@ -159,21 +163,60 @@ def test_a_pass_reads_running_downloads_each_time_and_each_workers_log_once():
     spec = deployment().spec
     got = pod_logs.read(ctx, ("ns", "m"), spec, pods, 1000.0)  # type: ignore[arg-type]
     assert got.progress == {"m-fetch": launcher_log.Progress(2_000_000_000, 30.0)}
-    assert got.weights == {"m-decode-0": "download 88 s on 1, cache on 1"}
-    assert sorted(kube.reads) == [
+    assert sorted(kube.reads) == [  # (IN_FLIGHT: the last Ready worker's head waits for the next pass)
         ("m-decode-0-0", "worker", None, pod_logs.HEAD_BYTES),
         ("m-decode-0-1", "worker", None, pod_logs.HEAD_BYTES),
         ("m-fetch", "fetch", pod_logs.TAIL_LINES, None),
-        ("m-prefill-0-0", "worker", None, pod_logs.HEAD_BYTES),
+        ("m-prefill-1-0", "worker", pod_logs.TAIL_LINES, None),  # (not Ready: its tail, for a download)
     ]
-    # the next pass: the download again, no worker again (what each said, or that it said nothing, stays)
+    assert got.weights == {
+        "m-decode-0": "download 88 s on 1, cache on 1",
+        "m-prefill-1": "downloading 0.5 GB, 10 s",
+    }
+    # the next pass: the download and the worker not Ready again, and the head left over; no Ready worker
+    # again (what each said, or that it said nothing, stays)
     kube.reads.clear()
     again = pod_logs.read(ctx, ("ns", "m"), spec, pods, 1001.0)  # type: ignore[arg-type]
-    assert [r[0] for r in kube.reads] == ["m-fetch"]
+    assert sorted(r[0] for r in kube.reads) == ["m-fetch", "m-prefill-0-0", "m-prefill-1-0"]
     assert again.weights == got.weights
+    kube.reads.clear()
+    pod_logs.read(ctx, ("ns", "m"), spec, pods, 1002.0)  # type: ignore[arg-type]
+    assert sorted(r[0] for r in kube.reads) == ["m-fetch", "m-prefill-1-0"]
     # a deleted pod leaves the memory
-    pod_logs.read(ctx, ("ns", "m"), spec, pods[:2], 1002.0)  # type: ignore[arg-type]
+    pod_logs.read(ctx, ("ns", "m"), spec, pods[:2], 1003.0)  # type: ignore[arg-type]
     assert set(ctx.memory.launcher) == {pod_logs._ident(pods[1])}
+
+
+def test_a_workers_own_download_shows_until_its_launcher_says_where_the_weights_came_from():
+    kube = FakeKube({"m-decode-0-0": "starting\n" + PROGRESS % (12_300_000_000, 40.0), "m-decode-0-1": "x"})
+    ctx = FakeCtx(kube)
+    pods = [
+        _pod("m-decode-0-0", "worker", ready=False, group="m-decode-0", node="n1"),
+        _pod("m-decode-0-1", "worker", ready=False, phase="Pending", group="m-decode-0", node="n2"),
+    ]
+    spec = deployment().spec
+    got = pod_logs.read(ctx, ("ns", "m"), spec, pods, 1000.0)  # type: ignore[arg-type]
+    assert kube.reads == [("m-decode-0-0", "worker", pod_logs.TAIL_LINES, None)]  # (a Pending pod has no log)
+    assert got.loading == (("n1", launcher_log.Progress(12_300_000_000, 40.0)),)
+    assert got.weights == {"m-decode-0": "downloading 12.3 GB, 40 s"}
+    assert got.progress == {}  # (fetch pods' only)
+    # the launcher says where the weights came from (before its engine starts): no more reads, even Ready
+    kube.logs["m-decode-0-0"] += "\n" + RESULT % (95.0, "download") + "\nengine starting"
+    done = pod_logs.read(ctx, ("ns", "m"), spec, pods, 1015.0)  # type: ignore[arg-type]
+    assert (done.loading, done.weights) == ((), {"m-decode-0": "download 95 s"})
+    kube.reads.clear()
+    ready = [replace(pods[0], ready=True), pods[1]]
+    assert pod_logs.read(ctx, ("ns", "m"), spec, ready, 1030.0).weights == done.weights  # type: ignore[arg-type]
+    assert kube.reads == []
+    # a tail that cannot be read is tried again after RETRY_SECONDS, not on every pass
+    kube.logs["m-decode-0-1"] = ApiError(502, "Bad Gateway", "no kubelet", "GET", "log")
+    running = [replace(pods[1], phase="Running")]
+    for t in (1000.0, 1001.0, 1000.0 + pod_logs.RETRY_SECONDS - 1):
+        assert pod_logs.read(ctx, ("ns", "m"), spec, running, t) == pod_logs.LogFacts()  # type: ignore[arg-type]
+    assert kube.reads == [("m-decode-0-1", "worker", pod_logs.TAIL_LINES, None)]
+    kube.logs["m-decode-0-1"] = PROGRESS % (1_000_000_000, 5.0)
+    later = pod_logs.read(ctx, ("ns", "m"), spec, running, 1000.0 + pod_logs.RETRY_SECONDS)  # type: ignore[arg-type]
+    assert later.loading == (("n2", launcher_log.Progress(1_000_000_000, 5.0)),)
 
 
 def test_a_log_that_cannot_be_read_is_tried_again_later_and_mounted_weights_read_none():
@@ -234,6 +277,12 @@ def test_status_shows_the_bytes_so_far_and_each_groups_weights():
     assert got is not None
     assert [(d.node, d.bytes, d.seconds) for d in got.downloads] == [("n2", 1_500_000_000, 20.0)]
     assert got.summary == "0 warm, 1 fetching (1.5 GB so far)"
+    # a worker's launcher downloading into its node's cache (no fetch pod there) shows the same way
+    worker = ("n3", launcher_log.Progress(2_000_000_000, 60.0))
+    both = weights_cache.report(cached.spec, staging, [running], loading=[worker])
+    assert both is not None
+    assert [(d.node, d.bytes) for d in both.downloads] == [("n2", 1_500_000_000), ("n3", 2_000_000_000)]
+    assert (both.fetching, both.summary) == (["n2", "n3"], "0 warm, 2 fetching (3.5 GB so far)")
     # each group's words go to status.placement
     snap = snapshot(md, nodes_of({"a": 4}), {}, {})
     groups = materialize(snap, plan(snap))
@@ -243,9 +292,10 @@ def test_status_shows_the_bytes_so_far_and_each_groups_weights():
     assert {p.group: p.weights for p in placed} == {g.name: ("cache" if g.name == decode else "")
                                                    for gs in groups.values() for g in gs}  # fmt: skip
     # and a running download asks for a look again soon, to show its bytes
-    assert plan(replace(snap, groups=groups, fetch_pods=(running,))).requeue_after == pytest.approx(
-        min(x for x in (again.requeue_after, 15.1) if x is not None)
-    )
+    soon = min(x for x in (again.requeue_after, 15.1) if x is not None)
+    assert plan(replace(snap, groups=groups, fetch_pods=(running,))).requeue_after == pytest.approx(soon)
+    assert plan(replace(snap, groups=groups, loading=(worker,))).requeue_after == pytest.approx(soon)
+    assert again.requeue_after is None or again.requeue_after > 15.1  # (else the looks above prove nothing)
 
 
 def test_the_launcher_and_the_operator_name_the_same_lines():

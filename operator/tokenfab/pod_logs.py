@@ -2,6 +2,8 @@
 
 - A running weights-fetch pod: the last lines of its log, again on each pass, for its download's bytes so
   far.
+- A running worker pod that is not Ready and has not said where its weights came from: the same, for its
+  launcher's own download (a cold start without a pre-staged cache); once it says, that is kept as below.
 - A Ready worker pod: the head of its log, once, for where its launcher got the weights (the line comes
   before the engine starts). What it said is kept in the deployment's memory per pod; a pod whose log could
   not be read (a node without a log endpoint, no `pods/log` permission) is tried again after RETRY_SECONDS.
@@ -38,6 +40,8 @@ RETRY_SECONDS = 300.0
 class LogFacts:
     progress: Mapping[str, launcher_log.Progress] = field(default_factory=dict)  # fetch pod -> bytes so far
     weights: Mapping[str, str] = field(default_factory=dict)  # group -> how its pods got their weights
+    # (node, bytes so far) of each worker whose launcher is downloading
+    loading: tuple[tuple[str, launcher_log.Progress], ...] = ()
 
 
 def _ident(p: PodFacts) -> str:
@@ -55,13 +59,22 @@ def _collect(mem: Memory, now: float) -> None:
             got = launcher_log.read(fut.result())
         except Exception as exc:  # (an ApiError: no log endpoint, no permission, no answer in time)
             log.debug("log of pod %s not read: %s", ident, exc)
-            if kind == "worker":
+            if kind != "fetch":
                 mem.launcher[ident] = (None, now + RETRY_SECONDS)
             continue
-        if kind == "fetch" and got.progress is not None:
+        if kind in ("fetch", "tail") and got.progress is not None:
             mem.progress[ident] = got.progress
+        if kind == "tail" and got.result is not None:
+            mem.launcher[ident] = (got.result, float("inf"))  # (said before Ready: no head read then)
         elif kind == "worker":
             mem.launcher[ident] = (got.result, float("inf"))  # (read: what it said, or nothing, stays)
+
+
+def _due(mem: Memory, ident: str, now: float) -> bool:
+    """Whether a worker's log is to be read: it has not said where its weights came from, and a read
+    that failed is not waiting for its retry."""
+    m = mem.launcher.get(ident)
+    return m is None or (m[0] is None and m[1] <= now)
 
 
 def read(ctx: Context, key: Key, spec: ModelDeploymentSpec, pods: list[PodFacts], now: float) -> LogFacts:
@@ -75,23 +88,33 @@ def read(ctx: Context, key: Key, spec: ModelDeploymentSpec, pods: list[PodFacts]
         if p.labels.get(c.COMPONENT) == c.COMPONENT_WEIGHTS_FETCH and p.phase == "Running" and not p.deleting
     }
     workers = [p for p in pods if p.labels.get(c.COMPONENT) == "worker" and c.LABEL_GROUP in p.labels]
-    todo: list[tuple[tuple[str, str], PodFacts]] = [(("fetch", name), p) for name, p in fetching.items()]
-    todo += [
-        (("worker", _ident(p)), p)
+    loading = {
+        _ident(p): p
         for p in workers
-        if p.ready and ((m := mem.launcher.get(_ident(p))) is None or (m[0] is None and m[1] <= now))
-    ]
+        if p.phase == "Running" and not p.ready and not p.deleting and _due(mem, _ident(p), now)
+    }
+    todo: list[tuple[tuple[str, str], PodFacts]] = [(("fetch", name), p) for name, p in fetching.items()]
+    todo += [(("tail", ident), p) for ident, p in loading.items()]
+    todo += [(("worker", _ident(p)), p) for p in workers if p.ready and _due(mem, _ident(p), now)]
     for tag, p in [x for x in todo if x[0] not in mem.log_reads][: max(0, IN_FLIGHT - len(mem.log_reads))]:
-        container, tail, head = (
-            ("fetch", TAIL_LINES, None) if tag[0] == "fetch" else ("worker", None, HEAD_BYTES)
-        )
+        container = "fetch" if tag[0] == "fetch" else "worker"
+        tail, head = (None, HEAD_BYTES) if tag[0] == "worker" else (TAIL_LINES, None)
         mem.log_reads[tag] = ctx.kube.log_pool.submit(ctx.kube.pod_log, key[0], p.name, container, tail, head)
     _collect(mem, now)  # (those already done)
     alive = {_ident(p) for p in workers}
     mem.launcher = {k: v for k, v in mem.launcher.items() if k in alive}
-    mem.progress = {k: v for k, v in mem.progress.items() if k in fetching}
+    loading = {k: p for k, p in loading.items() if _due(mem, k, now)}  # (a tail just read said it)
+    mem.progress = {k: v for k, v in mem.progress.items() if k in fetching or k in loading}
     groups: dict[str, list[launcher_log.Outcome | None]] = {}
     for p in workers:
         groups.setdefault(p.labels[c.LABEL_GROUP], []).append((mem.launcher.get(_ident(p)) or (None, 0.0))[0])
     weights = {g: w for g, rs in groups.items() if (w := launcher_log.group_words(rs))}
-    return LogFacts(dict(mem.progress), weights)
+    busy: dict[str, list[launcher_log.Progress]] = {}
+    for ident, p in loading.items():
+        if (got := mem.progress.get(ident)) is not None:
+            busy.setdefault(p.labels[c.LABEL_GROUP], []).append(got)
+    weights.update({g: launcher_log.downloading_words(ps) for g, ps in busy.items()})
+    downloads = tuple(
+        (p.pinned or p.node or "", got) for ident, p in loading.items() if (got := mem.progress.get(ident))
+    )
+    return LogFacts({k: v for k, v in mem.progress.items() if k in fetching}, weights, downloads)

@@ -281,6 +281,7 @@ def observe(ctx: Context, key: Key, now: float) -> tuple[Obj, Snapshot] | Result
         claims={pvc.node: pvc.weights for pvc in claims},
         fetch_pods=fetch_pods(pods, logs.progress),
         weights_sources=logs.weights,
+        loading=logs.loading,
         caches=node_caches(ctx.view, key, [p.node for p in claims]),
         reaction=fault_reaction(ctx, md),
     )

@@ -4,8 +4,9 @@ pod's weights came from once they were in place (tokenfab.launcher.progress writ
     tokenfab-launcher: weights-progress {"bytes": 1234567, "seconds": 10.0}
     tokenfab-launcher: weights-result {"bytes": 2510000, "files": 3, "seconds": 12.5, "source": "download"}
 
-A weights-fetch pod's last progress line feeds status.weightsCache.downloads; each worker's result line
-(printed before its engine starts) feeds status.placement[].weights.
+A weights-fetch pod's last progress line feeds status.weightsCache.downloads, and so does a worker's while
+its launcher downloads (no pre-staged cache); each worker's result line (printed before its engine
+starts) feeds status.placement[].weights, which says "downloading" with the bytes so far until then.
 """
 
 from __future__ import annotations
@@ -88,3 +89,13 @@ def group_words(results: Iterable[Outcome | None]) -> str:
         return next(iter(words.values()), "")
     slow = sorted(by, key=lambda s: (-max(r.seconds for r in by[s]), s))
     return ", ".join(f"{words[s]} on {len(by[s])}" for s in slow)
+
+
+def downloading_words(progress: Iterable[Progress]) -> str:
+    """A group whose pods' launchers are still downloading, in a few words: the bytes so far over its
+    pods and the longest one's seconds ("downloading 41.3 GB, 312 s"); "" when none said."""
+    said = list(progress)
+    if not said:
+        return ""
+    gb = sum(x.bytes for x in said) / 1e9
+    return f"downloading {gb:.1f} GB, {max(x.seconds for x in said):.0f} s"

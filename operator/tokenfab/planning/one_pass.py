@@ -29,6 +29,7 @@ from tokenfab.planning import builders as b
 from tokenfab.planning import fault_report, recovery, weights_cache
 from tokenfab.planning.eviction import NodeCaches
 from tokenfab.planning.groups import DrainPolicy, RolePlan, plan_role
+from tokenfab.planning.launcher_log import Progress
 from tokenfab.planning.lifecycle import UNHEALTHY_GRACE, GroupView, NodeHealth, classify
 from tokenfab.planning.role_plan import FaultReaction
 from tokenfab.planning.room import Capacity, LazyDomains, Reservation, Room
@@ -71,6 +72,7 @@ class Snapshot:
     caches: NodeCaches = field(default_factory=NodeCaches)  # what the other deployments keep on the nodes
     fetch_pods: tuple[weights_cache.FetchPod, ...] = ()  # its weights-fetch pods (pre-staging)
     weights_sources: Mapping[str, str] = field(default_factory=dict)  # group -> how it got its weights
+    loading: tuple[tuple[str, Progress], ...] = ()  # (node, bytes so far) of workers still downloading
     reaction: FaultReaction = field(default_factory=FaultReaction)  # tokenfab's, or a fault bench's baseline
 
     @property
@@ -387,7 +389,7 @@ def plan(s: Snapshot) -> Plan:
         force_delete=orphans(s) if s.reaction.mode == "replace" else (),
         fetch_deletes=staged.delete,
         claim_deletes=tuple(b.model_cache_claim_name(s.owner, spec, n) for n in staged.evict),
-        weights_cache=weights_cache.report(spec, staged, s.fetch_pods, s.md.status),
+        weights_cache=weights_cache.report(spec, staged, s.fetch_pods, s.md.status, s.loading),
     )
 
 
@@ -429,7 +431,7 @@ def requeue_after(s: Snapshot, roles: list[RolePlan]) -> float | None:
         waits.append(10.0)
     if any(p.held for p in roles):  # (a lost group waits for its pods to go, or for its delay)
         waits.append(1.0)
-    if any(f.progress is not None and f.phase == "Running" for f in s.fetch_pods):
+    if s.loading or any(f.progress is not None and f.phase == "Running" for f in s.fetch_pods):
         waits.append(PROGRESS_SECONDS)  # (a download's bytes so far, in status while it runs)
     backoff = [p.backoff + 0.1 for p in roles if p.backoff > 0]
     out = None if not waits else max(0.2, min(waits) + 0.1)

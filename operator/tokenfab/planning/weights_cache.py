@@ -257,10 +257,12 @@ def report(
     staged: Staging,
     fetch_pods: Iterable[FetchPod],
     status: ModelDeploymentStatus | None = None,
+    loading: Iterable[tuple[str, Progress]] = (),
 ) -> WeightsCacheStatus | None:
-    """status.weightsCache: which nodes hold the weights, which are pre-staged, which are downloading, what
-    each completed fetch pod reported (kept from the last `status` while its node holds these weights),
-    and since when the idle caches are idle."""
+    """status.weightsCache: which nodes hold the weights, which are pre-staged, which are downloading (a
+    fetch pod, or a worker's launcher: `loading`, node and bytes so far), what each completed fetch pod
+    reported (kept from the last `status` while its node holds these weights), and since when the idle
+    caches are idle."""
     if not b.uses_model_cache_claims(spec):
         return None
     previous = status.weights_cache if status else None
@@ -273,12 +275,10 @@ def report(
         if f.phase == "Succeeded" and f.weights == key and (r := staged_result(f)) is not None:
             results[f.node] = r
     kept = [results[n] for n in warm if n in results]
-    fetching = sorted(f.node for f in running if f.weights == key)
-    downloads = sorted(
-        (FetchProgress(node=f.node, bytes=f.progress.bytes, seconds=f.progress.seconds)
-         for f in running if f.weights == key and f.progress is not None),
-        key=lambda d: d.node,
-    )  # fmt: skip
+    loads = [(f.node, f.progress) for f in running if f.weights == key and f.progress is not None]
+    loads += [(node, x) for node, x in loading if node]
+    fetching = sorted({f.node for f in running if f.weights == key} | {node for node, _ in loads})
+    downloads = [FetchProgress(node=n, bytes=x.bytes, seconds=x.seconds) for n, x in sorted(loads, key=_node)]
     gb, so_far = sum(r.bytes for r in kept) / 1e9, sum(d.bytes for d in downloads) / 1e9
     return WeightsCacheStatus(
         weights=key,
@@ -293,6 +293,10 @@ def report(
         + (f", {gb:.1f} GB staged" if kept else ""),
         idle_since={n: rfc3339(t) for n, t in staged.idle.items() if n not in staged.evict},
     )
+
+
+def _node(load: tuple[str, Progress]) -> str:
+    return load[0]
 
 
 def idle_before(status: ModelDeploymentStatus | None) -> dict[str, float]:

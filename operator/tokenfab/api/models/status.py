@@ -50,7 +50,8 @@ class GroupPlacement(StatusModel):
         default="",
         description="How its pods' launchers got the weights, from their logs: cache (complete in the "
         "node's model cache), download, copy or modelexpress with the slowest pod's seconds, or offline; "
-        "per source with its pods when they differ. Empty until a pod's log said.",
+        "per source with its pods when they differ; while a pod's launcher still downloads, 'downloading' "
+        "with the bytes so far. Empty until a pod's log said (the chart's rbac.readPodLogs).",
     )
 
 
@@ -221,7 +222,8 @@ class StagedWeights(StatusModel):
 
 
 class FetchProgress(StatusModel):
-    """A weights-fetch pod's download so far, from its launcher's last progress line."""
+    """A download into a node's model cache so far (a weights-fetch pod's or a worker's), from its
+    launcher's last progress line."""
 
     node: str = Field(description="The node whose model cache it downloads into.")
     bytes: int = Field(default=0, ge=0, description="Bytes the cache grew by since the download began.")
@@ -242,12 +244,14 @@ class WeightsCacheStatus(StatusModel):
         description="Nodes kept warm for the next groups of each role (model.cache.prestageGroups).",
     )
     fetching: list[str] = Field(
-        default_factory=list, description="Nodes where a weights-fetch pod is downloading the weights now."
+        default_factory=list,
+        description="Nodes where the weights are being downloaded now: by a weights-fetch pod, or by a "
+        "worker's launcher (seen in its log, with the chart's rbac.readPodLogs).",
     )
     downloads: list[FetchProgress] = Field(
         default_factory=list,
-        description="Per node downloading now, the bytes so far (read from its weights-fetch pod's log; "
-        "refreshed every few seconds while it runs).",
+        description="Per node downloading now, the bytes so far (read from the log of its weights-fetch pod "
+        "or worker, with the chart's rbac.readPodLogs; refreshed every 15 s while it runs).",
     )
     waiting: str = Field(
         default="", description="A weights-fetch pod that is not running, and why (e.g. CrashLoopBackOff)."
