@@ -77,8 +77,6 @@ def start_runner(
         "e2e.fleet.runner",
         "--kubeconfig",
         str(f.kubeconfig),
-        "--kubectl",
-        str(f.config.bin_dir / "kubectl"),
         "--state-dir",
         str(state_dir(f)),
         "--file-sd-dir",

@@ -41,7 +41,6 @@ import ipaddress
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -52,6 +51,8 @@ from typing import Any
 
 import psutil
 import yaml
+from kubernetes import client as kclient
+from kubernetes import config as kconfig
 
 from e2e.fleet import pods, weights_model
 from tokenfab.planning import contract as c
@@ -74,7 +75,6 @@ LIVE_PREFIX = "live-"  # the namespaces whose pods' readiness the runner plays (
 @dataclass
 class Options:
     kubeconfig: str
-    kubectl: str
     state_dir: Path
     file_sd_dir: Path
     model_dir: Path
@@ -265,9 +265,45 @@ def wanted(pod: dict[str, Any]) -> str | None:
     return None
 
 
+class Api:
+    """The API server as this simulated kubelet talks to it: one HTTP client in this process, JSON in and
+    out. (A kubectl per call costs a Go process start: on 2 shared cores the pods of a burst each waited
+    seconds for their own.)"""
+
+    def __init__(self, kubeconfig: str, timeout: float = 30) -> None:
+        cfg = kclient.Configuration()
+        kconfig.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        self.client = kclient.ApiClient(cfg)
+        self.timeout = timeout
+
+    def __call__(
+        self,
+        method: str,
+        path: str,
+        query: list[tuple[str, str]] | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+    ) -> Any:
+        headers = {"Accept": "application/json", **({"Content-Type": content_type} if content_type else {})}
+        try:
+            m, url, hdrs, payload, _ = self.client.param_serialize(
+                method, path, query_params=query or [], header_params=headers, body=body
+            )
+            resp = self.client.call_api(m, url, hdrs, payload, _request_timeout=self.timeout)
+            data = resp.read()
+        except Exception as exc:  # (the transport's: refused, timed out, TLS)
+            raise pods.PodError(f"{method} {path}: {exc}") from exc
+        if not 200 <= resp.status < 300:
+            raise pods.PodError(
+                f"{method} {path}: {resp.status} {bytes(data or b'')[:300].decode(errors='replace')}"
+            )
+        return json.loads(data) if data else None
+
+
 class Runner:
     def __init__(self, opts: Options) -> None:
         self.opts = opts
+        self.api = Api(opts.kubeconfig)
         self.ports = PortPool(*opts.ports)
         self.system_ports = PortPool(*opts.system_ports)
         self.procs: dict[str, Proc] = {}
@@ -290,28 +326,13 @@ class Runner:
     # ----------------------------------------------------------------------------- observe
     def pods(self) -> list[dict[str, Any]] | None:
         ns = self.opts.namespaces
-        scope = ["-n", ns[0]] if len(ns) == 1 else ["-A"]
+        path = f"/api/v1/namespaces/{ns[0]}/pods" if len(ns) == 1 else "/api/v1/pods"
         try:
-            out = subprocess.run(
-                [
-                    self.opts.kubectl,
-                    f"--kubeconfig={self.opts.kubeconfig}",
-                    "get",
-                    "pods",
-                    *scope,
-                    "-l",
-                    f"{c.MANAGED_BY}={c.MANAGED_BY_VALUE}",
-                    "-o",
-                    "json",
-                ],
-                capture_output=True,
-                text=True,
-                timeout=30,
-                check=True,
-            )
-            items = json.loads(out.stdout)["items"]
+            items = self.api("GET", path, [("labelSelector", f"{c.MANAGED_BY}={c.MANAGED_BY_VALUE}")])[
+                "items"
+            ]
             return [p for p in items if not ns or p["metadata"]["namespace"] in ns]
-        except (subprocess.SubprocessError, ValueError, KeyError) as exc:
+        except (pods.PodError, ValueError, KeyError, TypeError) as exc:
             self.errors += 1
             print(f"runner: listing pods failed: {exc}", file=sys.stderr, flush=True)
             return None
@@ -319,13 +340,8 @@ class Runner:
     def node_names(self) -> set[str] | None:
         """The Nodes that exist (a pod bound to one that does not is on a machine that died)."""
         try:
-            out = subprocess.run(
-                [self.opts.kubectl, f"--kubeconfig={self.opts.kubeconfig}", "get", "nodes", "-o",
-                 "jsonpath={.items[*].metadata.name}"],
-                capture_output=True, text=True, timeout=30, check=True,
-            )  # fmt: skip
-            return set(out.stdout.split())
-        except subprocess.SubprocessError as exc:
+            return {n["metadata"]["name"] for n in self.api("GET", "/api/v1/nodes")["items"]}
+        except (pods.PodError, ValueError, KeyError, TypeError) as exc:
             self.errors += 1
             print(f"runner: listing nodes failed: {exc}", file=sys.stderr, flush=True)
             return None
@@ -381,31 +397,31 @@ class Runner:
         meta = pod["metadata"]
         return self.opts.state_dir / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}"
 
-    def kubectl(self, *args: str, timeout: float = 30) -> str:
-        out = subprocess.run(
-            [self.opts.kubectl, f"--kubeconfig={self.opts.kubeconfig}", *args],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-        if out.returncode != 0:
-            raise pods.PodError(f"kubectl {' '.join(args[:3])}: {out.stderr.strip()[:300]}")
-        return out.stdout
-
     def configmap(self, namespace: str, name: str) -> str:
         """The engine YAML the pod mounts (as the kubelet would project the ConfigMap)."""
-        doc = json.loads(self.kubectl("get", "configmap", name, "-n", namespace, "-o", "json"))
+        doc = self.api("GET", f"/api/v1/namespaces/{namespace}/configmaps/{name}")
         return str((doc.get("data") or {}).get(c.ENGINE_CONFIG_FILE, ""))
 
     def pod_kubeconfig(self, pod: dict[str, Any]) -> str:
         """The pod's ServiceAccount token, as a kubelet projects it: a TokenRequest bound to the pod (void
         once the pod is gone), written into a kubeconfig for the API server on loopback."""
         meta = pod["metadata"]
-        token = self.kubectl(
-            "create", "token", pods.service_account(pod), "-n", meta["namespace"],
-            "--bound-object-kind=Pod", f"--bound-object-name={meta['name']}",
-            f"--bound-object-uid={meta['uid']}", "--duration=24h",
-        ).strip()  # fmt: skip
+        request = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {
+                "audiences": [],  # (the API server's own)
+                "expirationSeconds": 24 * 3600,
+                "boundObjectRef": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                },
+            },
+        }
+        path = f"/api/v1/namespaces/{meta['namespace']}/serviceaccounts/{pods.service_account(pod)}/token"
+        token = str(self.api("POST", path, body=request)["status"]["token"])
         cluster = yaml.safe_load(Path(self.opts.kubeconfig).read_text())["clusters"][0]["cluster"]
         doc = pods.kubeconfig(cluster["server"], cluster["certificate-authority"], token)
         path = self.pod_dir(pod) / "kubeconfig"
@@ -428,8 +444,9 @@ class Runner:
         if claim is None:
             return None
         try:
-            uid = self.kubectl("get", "pvc", claim, "-n", meta["namespace"], "-o", "jsonpath={.metadata.uid}")
-        except (pods.PodError, subprocess.TimeoutExpired):
+            got = self.api("GET", f"/api/v1/namespaces/{meta['namespace']}/persistentvolumeclaims/{claim}")
+            uid = str(got["metadata"]["uid"])
+        except (pods.PodError, KeyError, TypeError):
             uid = f"{meta['namespace']}/{claim}"
         env = {
             e["name"]: e.get("value", "") for ctr in pod["spec"]["containers"] for e in ctr.get("env") or []
@@ -587,11 +604,8 @@ class Runner:
         ]
         patch = {"status": {"phase": "Succeeded", "containerStatuses": statuses}}
         try:
-            self.kubectl(
-                "patch", "pod", pod["metadata"]["name"], "-n", pod["metadata"]["namespace"],
-                "--subresource=status", "--type=strategic", "-p", json.dumps(patch),
-            )  # fmt: skip
-        except (pods.PodError, subprocess.SubprocessError) as exc:
+            self.patch_status(pod, patch)
+        except pods.PodError as exc:
             self.errors += 1
             print(f"runner: completion of {key} not written: {exc}", file=sys.stderr, flush=True)
             return
@@ -650,30 +664,18 @@ class Runner:
             }
         }
         try:
-            subprocess.run(
-                [
-                    self.opts.kubectl,
-                    f"--kubeconfig={self.opts.kubeconfig}",
-                    "patch",
-                    "pod",
-                    pod["metadata"]["name"],
-                    "-n",
-                    pod["metadata"]["namespace"],
-                    "--subresource=status",
-                    "--type=strategic",
-                    "-p",
-                    json.dumps(patch),
-                ],
-                capture_output=True,
-                text=True,
-                timeout=30,
-                check=True,
-            )
-        except subprocess.SubprocessError as exc:
+            self.patch_status(pod, patch)
+        except pods.PodError as exc:
             self.errors += 1
             print(f"runner: readiness of {key} not written: {exc}", file=sys.stderr, flush=True)
             return
         print(f"runner: {key} ContainersReady={healthy} Ready={ready}", flush=True)
+
+    def patch_status(self, pod: dict[str, Any], patch: dict[str, Any]) -> None:
+        """A strategic-merge patch of the pod's status, as a kubelet writes it."""
+        meta = pod["metadata"]
+        path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status"
+        self.api("PATCH", path, body=patch, content_type="application/strategic-merge-patch+json")
 
     def mark_healthy(self, proc: Proc) -> None:
         """Note in the process's history entry when its pod first answered its readiness probe."""
@@ -828,7 +830,6 @@ def read_state(state_dir: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kubeconfig", required=True)
-    ap.add_argument("--kubectl", required=True)
     ap.add_argument("--state-dir", required=True, type=Path)
     ap.add_argument("--file-sd-dir", required=True, type=Path)
     ap.add_argument("--model-dir", required=True, type=Path)
@@ -850,7 +851,6 @@ def main(argv: list[str] | None = None) -> None:
     runner = Runner(
         Options(
             kubeconfig=a.kubeconfig,
-            kubectl=a.kubectl,
             state_dir=a.state_dir,
             file_sd_dir=a.file_sd_dir,
             model_dir=a.model_dir,
