@@ -11,6 +11,7 @@ import re
 import socket
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -96,8 +97,9 @@ class Store:
         self.write(delete=(name,))
 
 
-@pytest.fixture
-def store() -> Iterator[Store]:
+@pytest.fixture(scope="module")
+def moto_server() -> Iterator[str]:
+    """One moto S3 server for the module (a start costs seconds); each test empties it (`store`)."""
     assert S3_PYTHON.exists(), f"{S3_PYTHON} missing: e2e/fleet/setup.sh (run by e2e/test.sh) installs it"
     port = free_port()
     proc = subprocess.Popen(
@@ -115,9 +117,7 @@ def store() -> Iterator[Store]:
                 assert proc.poll() is None, "moto's server exited"
                 assert time.monotonic() < deadline, "moto's server did not listen within 60 s"
                 time.sleep(0.2)
-        s = Store(f"http://127.0.0.1:{port}")
-        s.write(create=True)
-        yield s
+        yield f"http://127.0.0.1:{port}"
     finally:
         proc.terminate()
         try:
@@ -125,6 +125,17 @@ def store() -> Iterator[Store]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
+
+
+@pytest.fixture
+def store(moto_server: str) -> Store:
+    """The server emptied (moto's reset endpoint), with the test's bucket made anew."""
+    reset = urllib.request.Request(f"{moto_server}/moto-api/reset", method="POST")
+    with urllib.request.urlopen(reset, timeout=30) as r:
+        assert r.status == 200, r.status
+    s = Store(moto_server)
+    s.write(create=True)
+    return s
 
 
 def s3_environ(tmp_path: Path, store: Store) -> dict[str, str]:
