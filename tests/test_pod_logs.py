@@ -121,7 +121,9 @@ class FakeKube:
         said = self.logs[name]
         if isinstance(said, Exception):
             raise said
-        return said
+        if tail_lines is not None:
+            return "\n".join(said.splitlines()[-tail_lines:])
+        return said[:limit_bytes]
 
 
 class FakeCtx:
@@ -163,22 +165,22 @@ def test_a_pass_reads_running_downloads_each_time_and_each_workers_log_once():
     spec = deployment().spec
     got = pod_logs.read(ctx, ("ns", "m"), spec, pods, 1000.0)  # type: ignore[arg-type]
     assert got.progress == {"m-fetch": launcher_log.Progress(2_000_000_000, 30.0)}
-    assert sorted(kube.reads) == [  # (IN_FLIGHT: the last Ready worker's head waits for the next pass)
+    assert sorted(kube.reads) == [  # (IN_FLIGHT: each Ready worker's head first; one tail waits a pass)
         ("m-decode-0-0", "worker", None, pod_logs.HEAD_BYTES),
         ("m-decode-0-1", "worker", None, pod_logs.HEAD_BYTES),
         ("m-fetch", "fetch", pod_logs.TAIL_LINES, None),
-        ("m-prefill-1-0", "worker", pod_logs.TAIL_LINES, None),  # (not Ready: its tail, for a download)
+        ("m-prefill-0-0", "worker", None, pod_logs.HEAD_BYTES),
     ]
-    assert got.weights == {
-        "m-decode-0": "download 88 s on 1, cache on 1",
-        "m-prefill-1": "downloading 0.5 GB, 10 s",
-    }
-    # the next pass: the download and the worker not Ready again, and the head left over; no Ready worker
-    # again (what each said, or that it said nothing, stays)
+    assert got.weights == {"m-decode-0": "download 88 s on 1, cache on 1"}
+    # the next pass: the tails (the download and the worker not Ready); no Ready worker again (what each
+    # said, or that it said nothing, stays)
     kube.reads.clear()
     again = pod_logs.read(ctx, ("ns", "m"), spec, pods, 1001.0)  # type: ignore[arg-type]
-    assert sorted(r[0] for r in kube.reads) == ["m-fetch", "m-prefill-0-0", "m-prefill-1-0"]
-    assert again.weights == got.weights
+    assert kube.reads == [
+        ("m-prefill-1-0", "worker", pod_logs.TAIL_LINES, None),  # (not Ready: its tail, for a download)
+        ("m-fetch", "fetch", pod_logs.TAIL_LINES, None),
+    ]  # (the longest unread first)
+    assert again.weights == {**got.weights, "m-prefill-1": "downloading 0.5 GB, 10 s"}
     kube.reads.clear()
     pod_logs.read(ctx, ("ns", "m"), spec, pods, 1002.0)  # type: ignore[arg-type]
     assert sorted(r[0] for r in kube.reads) == ["m-fetch", "m-prefill-1-0"]
@@ -208,15 +210,34 @@ def test_a_workers_own_download_shows_until_its_launcher_says_where_the_weights_
     ready = [replace(pods[0], ready=True), pods[1]]
     assert pod_logs.read(ctx, ("ns", "m"), spec, ready, 1030.0).weights == done.weights  # type: ignore[arg-type]
     assert kube.reads == []
-    # a tail that cannot be read is tried again after RETRY_SECONDS, not on every pass
+    # a tail that cannot be read is tried again after TAIL_RETRY_SECONDS, not on every pass
     kube.logs["m-decode-0-1"] = ApiError(502, "Bad Gateway", "no kubelet", "GET", "log")
     running = [replace(pods[1], phase="Running")]
-    for t in (1000.0, 1001.0, 1000.0 + pod_logs.RETRY_SECONDS - 1):
+    for t in (1000.0, 1001.0, 1000.0 + pod_logs.TAIL_RETRY_SECONDS - 1):
         assert pod_logs.read(ctx, ("ns", "m"), spec, running, t) == pod_logs.LogFacts()  # type: ignore[arg-type]
     assert kube.reads == [("m-decode-0-1", "worker", pod_logs.TAIL_LINES, None)]
     kube.logs["m-decode-0-1"] = PROGRESS % (1_000_000_000, 5.0)
-    later = pod_logs.read(ctx, ("ns", "m"), spec, running, 1000.0 + pod_logs.RETRY_SECONDS)  # type: ignore[arg-type]
+    later = pod_logs.read(ctx, ("ns", "m"), spec, running, 1000.0 + pod_logs.TAIL_RETRY_SECONDS)  # type: ignore[arg-type]
     assert later.loading == (("n2", launcher_log.Progress(1_000_000_000, 5.0)),)
+    # its result line scrolled out of the tail (the engine logs on): the download is no longer shown
+    kube.logs["m-decode-0-1"] += (
+        "\n" + RESULT % (7.0, "download") + "".join(f"\nengine {i}" for i in range(40))
+    )
+    gone = pod_logs.read(ctx, ("ns", "m"), spec, running, 1100.0)  # type: ignore[arg-type]
+    assert (gone.loading, gone.weights) == ((), {})
+
+
+def test_more_downloads_than_reads_in_flight_take_turns():
+    n = pod_logs.IN_FLIGHT + 3
+    kube = FakeKube({f"w-{i}": PROGRESS % (i + 1, 1.0) for i in range(n)})
+    pods = [_pod(f"w-{i}", "worker", ready=False, group=f"g-{i}", node=f"n{i}") for i in range(n)]
+    ctx = FakeCtx(kube)
+    spec = deployment().spec
+    for t in range(3):
+        got = pod_logs.read(ctx, ("ns", "m"), spec, pods, 1000.0 + t)  # type: ignore[arg-type]
+    assert len(kube.reads) == 3 * pod_logs.IN_FLIGHT
+    assert {r[0] for r in kube.reads} == {p.name for p in pods}  # (none left unread)
+    assert len(got.loading) == n
 
 
 def test_a_log_that_cannot_be_read_is_tried_again_later_and_mounted_weights_read_none():
@@ -283,6 +304,12 @@ def test_status_shows_the_bytes_so_far_and_each_groups_weights():
     assert both is not None
     assert [(d.node, d.bytes) for d in both.downloads] == [("n2", 1_500_000_000), ("n3", 2_000_000_000)]
     assert (both.fetching, both.summary) == (["n2", "n3"], "0 warm, 2 fetching (3.5 GB so far)")
+    # two downloads into one node's cache (a worker beside its fetch pod) count its growth once
+    same = weights_cache.report(
+        cached.spec, staging, [running], loading=[("n2", launcher_log.Progress(9, 5.0))]
+    )
+    assert same is not None
+    assert [(d.node, d.bytes) for d in same.downloads] == [("n2", 1_500_000_000)]
     # each group's words go to status.placement
     snap = snapshot(md, nodes_of({"a": 4}), {}, {})
     groups = materialize(snap, plan(snap))

@@ -230,13 +230,16 @@ def serving(f: Factory, namespace: str, name: str, timeout: float = 180) -> str:
     served end to end (retried while the router learns the workers; the engines export their KV gauges
     after their first request). Returns the frontend's URL. On a timeout the error says what the last
     try got, every role's ready groups, and the warnings and errors of the deployment's processes."""
-    url = frontend_url(f, namespace, name, timeout)
+    deadline = time.monotonic() + timeout
+    try:
+        url = frontend_url(f, namespace, name, timeout)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{process_warnings(f, namespace, name)}") from exc
     body = json.dumps(
         {"model": MODEL_NAME, "messages": [{"role": "user", "content": "warm up"}], "max_tokens": 4}
     ).encode()
     last = "no try yet"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while last == "no try yet" or time.monotonic() < deadline:  # (at least one try)
         req = urllib.request.Request(
             f"{url}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
         )
@@ -250,7 +253,12 @@ def serving(f: Factory, namespace: str, name: str, timeout: float = 180) -> str:
         except OSError as e:
             last = f"{type(e).__name__}: {e}"
         time.sleep(2.0)
-    ready = {role: (s or {}).get("readyGroups") for role, s in role_status(f, namespace, name).items()}
+    try:
+        ready: Any = {
+            role: (s or {}).get("readyGroups") for role, s in role_status(f, namespace, name).items()
+        }
+    except Exception as exc:  # (the status read failing must not hide what timed out)
+        ready = f"not read: {exc}"
     raise AssertionError(
         f"timed out after {timeout:.0f} s waiting for a first request served end to end by "
         f"{namespace}/{name} (last try: {last}; ready groups: {ready})\n"
@@ -262,7 +270,9 @@ def process_warnings(f: Factory, namespace: str, name: str, lines: int = 12) -> 
     """The last warnings and errors each of the deployment's processes logged on the fleet (the runner's
     log files), colour codes removed: what a failed wait shows."""
     out = []
-    for log in sorted((state_dir(f) / "logs").glob(f"{namespace}_{name}-*.log")):
+    ours = re.compile(rf"{re.escape(namespace)}_{re.escape(name)}-(frontend|decode|prefill|worker)-.*\.log")
+    found = (state_dir(f) / "logs").glob(f"{namespace}_{name}-*.log")
+    for log in sorted(x for x in found if ours.fullmatch(x.name)):
         text = re.sub(r"\x1b\[[0-9;]*m", "", log.read_text(errors="replace"))
         bad = [ln[:300] for ln in text.splitlines() if " WARN " in ln or " ERROR " in ln or "Traceback" in ln]
         head = f"--- {log.name}: {len(bad)} warning/error line(s)"

@@ -34,6 +34,7 @@ IN_FLIGHT = 4
 TAIL_LINES = 20
 HEAD_BYTES = 256 * 1024  # (the launcher's lines come first: a progress line every 10 s, ~75 bytes)
 RETRY_SECONDS = 300.0
+TAIL_RETRY_SECONDS = 30.0  # (a not-Ready worker's tail that could not be read: its container may be starting)
 
 
 @dataclass(frozen=True)
@@ -60,10 +61,13 @@ def _collect(mem: Memory, now: float) -> None:
         except Exception as exc:  # (an ApiError: no log endpoint, no permission, no answer in time)
             log.debug("log of pod %s not read: %s", ident, exc)
             if kind != "fetch":
-                mem.launcher[ident] = (None, now + RETRY_SECONDS)
+                mem.launcher[ident] = (None, now + (TAIL_RETRY_SECONDS if kind == "tail" else RETRY_SECONDS))
             continue
-        if kind in ("fetch", "tail") and got.progress is not None:
-            mem.progress[ident] = got.progress
+        if kind in ("fetch", "tail"):
+            if got.progress is not None:
+                mem.progress[ident] = got.progress
+            else:  # (no progress line in its last lines: no download runs now)
+                mem.progress.pop(ident, None)
         if kind == "tail" and got.result is not None:
             mem.launcher[ident] = (got.result, float("inf"))  # (said before Ready: no head read then)
         elif kind == "worker":
@@ -93,10 +97,16 @@ def read(ctx: Context, key: Key, spec: ModelDeploymentSpec, pods: list[PodFacts]
         for p in workers
         if p.phase == "Running" and not p.ready and not p.deleting and _due(mem, _ident(p), now)
     }
-    todo: list[tuple[tuple[str, str], PodFacts]] = [(("fetch", name), p) for name, p in fetching.items()]
-    todo += [(("tail", ident), p) for ident, p in loading.items()]
-    todo += [(("worker", _ident(p)), p) for p in workers if p.ready and _due(mem, _ident(p), now)]
+    # Each Ready worker's head once, first; then the tails read on every pass, the longest unread first
+    # (more downloads than IN_FLIGHT take turns).
+    todo: list[tuple[tuple[str, str], PodFacts]] = [
+        (("worker", _ident(p)), p) for p in workers if p.ready and _due(mem, _ident(p), now)
+    ]
+    tails = [(("fetch", n), p) for n, p in fetching.items()] + [(("tail", i), p) for i, p in loading.items()]
+    todo += sorted(tails, key=lambda x: mem.tail_read_at.get(x[0][1], 0.0))
     for tag, p in [x for x in todo if x[0] not in mem.log_reads][: max(0, IN_FLIGHT - len(mem.log_reads))]:
+        if tag[0] != "worker":
+            mem.tail_read_at[tag[1]] = now
         container = "fetch" if tag[0] == "fetch" else "worker"
         tail, head = (None, HEAD_BYTES) if tag[0] == "worker" else (TAIL_LINES, None)
         mem.log_reads[tag] = ctx.kube.log_pool.submit(ctx.kube.pod_log, key[0], p.name, container, tail, head)
@@ -105,6 +115,7 @@ def read(ctx: Context, key: Key, spec: ModelDeploymentSpec, pods: list[PodFacts]
     mem.launcher = {k: v for k, v in mem.launcher.items() if k in alive}
     loading = {k: p for k, p in loading.items() if _due(mem, k, now)}  # (a tail just read said it)
     mem.progress = {k: v for k, v in mem.progress.items() if k in fetching or k in loading}
+    mem.tail_read_at = {k: v for k, v in mem.tail_read_at.items() if k in fetching or k in loading}
     groups: dict[str, list[launcher_log.Outcome | None]] = {}
     for p in workers:
         groups.setdefault(p.labels[c.LABEL_GROUP], []).append((mem.launcher.get(_ident(p)) or (None, 0.0))[0])

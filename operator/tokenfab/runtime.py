@@ -52,8 +52,9 @@ class Memory:
     admitted: set[str] = field(default_factory=set)  # groups whose late PodGroup this process wrote
     # per worker pod (name@created): where its launcher got the weights (its log), and when to read again
     launcher: dict[str, tuple[Outcome | None, float]] = field(default_factory=dict)
-    progress: dict[str, Progress] = field(default_factory=dict)  # weights-fetch pod -> its download so far
+    progress: dict[str, Progress] = field(default_factory=dict)  # a pod downloading -> its download so far
     log_reads: dict[tuple[str, str], Future[str]] = field(default_factory=dict)  # pod logs being read
+    tail_read_at: dict[str, float] = field(default_factory=dict)  # a pod's tail -> when last asked for
 
 
 @dataclass

@@ -278,7 +278,8 @@ def report(
     loads = [(f.node, f.progress) for f in running if f.weights == key and f.progress is not None]
     loads += [(node, x) for node, x in loading if node]
     fetching = sorted({f.node for f in running if f.weights == key} | {node for node, _ in loads})
-    downloads = [FetchProgress(node=n, bytes=x.bytes, seconds=x.seconds) for n, x in sorted(loads, key=_node)]
+    per_node = dict(sorted(loads, key=_bytes))  # (one cache per node: its largest report)
+    downloads = [FetchProgress(node=n, bytes=x.bytes, seconds=x.seconds) for n, x in sorted(per_node.items())]
     gb, so_far = sum(r.bytes for r in kept) / 1e9, sum(d.bytes for d in downloads) / 1e9
     return WeightsCacheStatus(
         weights=key,
@@ -295,8 +296,8 @@ def report(
     )
 
 
-def _node(load: tuple[str, Progress]) -> str:
-    return load[0]
+def _bytes(load: tuple[str, Progress]) -> int:
+    return load[1].bytes
 
 
 def idle_before(status: ModelDeploymentStatus | None) -> dict[str, float]:
