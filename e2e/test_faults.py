@@ -205,12 +205,55 @@ def test_a_quarantined_node_is_left_only_once_its_replacement_serves(deployed: F
         assert record["domain"] != clique
         reasons = {e["reason"] for e in events(f)}
         assert {"NodeQuarantined", "GroupCreatedEvacuate"} <= reasons, reasons
-        # NVSentinel's drainer comes after: nothing of the deployment is left on the node to evict.
-        sel = f"spec.nodeName={node}"
-        assert not get_json(f, "pods", "-n", NS, "--field-selector", sel)["items"]
+        # NVSentinel's drainer comes after: nothing of the deployment is left on the node to evict (a
+        # frontend pod there, if the scheduler put one there, is replaced on another node first).
+        wait_for("nothing of the deployment left on the node", lambda: not on_node(f, node), timeout=90)
     finally:
         faults.heal(f, [node])
     wait_for("the domain Healthy once the node heals", lambda: not degraded(), timeout=30)
+
+
+def on_node(f: Factory, node: str) -> list[str]:
+    """The deployment's pods bound to the node that are not being deleted."""
+    pods = get_json(f, "pods", "-n", NS, "--field-selector", f"spec.nodeName={node}")["items"]
+    return [p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+def frontend_pods(f: Factory) -> list[dict[str, Any]]:
+    sel = f"{c.LABEL_DEPLOYMENT}={NAME},{c.COMPONENT}=frontend"
+    items: list[dict[str, Any]] = get_json(f, "pods", "-n", NS, "-l", sel)["items"]
+    return items
+
+
+def test_a_frontend_on_a_quarantined_node_is_replaced_elsewhere_before_it_goes(deployed: Factory) -> None:
+    f = deployed
+    wait_for("Ready before the fault", lambda: is_ready(f), timeout=120)
+    wait_for("one frontend pod, ready", lambda: [ready(p) for p in frontend_pods(f)] == [True], timeout=60)
+    (old,) = frontend_pods(f)
+    node, name = old["spec"]["nodeName"], old["metadata"]["name"]
+    faults.quarantine(f, node)
+    least = 99
+    try:
+        t0 = time.monotonic()
+        while True:
+            pods = frontend_pods(f)
+            serving = [p for p in pods if ready(p)]
+            least = min(least, len(serving))
+            if name not in {p["metadata"]["name"] for p in pods} and serving:
+                break
+            assert time.monotonic() - t0 < 120, f"frontend pod {name} still on {node}: {pods}"
+            time.sleep(0.5)
+        print(f"\nfrontend moved off the quarantined node in {time.monotonic() - t0:.1f} s")
+        assert least >= 1, "the frontend had no ready pod while it moved"
+        assert all(p["spec"]["nodeName"] != node for p in frontend_pods(f))
+        moved = [e for e in events(f) if e["reason"] == "FrontendMoved"]
+        assert moved, [e["reason"] for e in events(f)]
+        assert name in moved[-1]["message"], moved
+        assert node in moved[-1]["message"], moved
+        template = get_json(f, "deployment", f"{NAME}-frontend", "-n", NS)["spec"]["template"]["metadata"]
+        assert template["annotations"][c.ANN_REPLACES] == name
+    finally:
+        faults.heal(f, [node])
 
 
 def test_a_noexecute_device_taint_loses_the_group_and_it_is_re_placed(deployed: Factory) -> None:

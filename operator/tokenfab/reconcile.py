@@ -48,6 +48,7 @@ from tokenfab.planning import contract as c
 from tokenfab.planning import launcher_log, one_pass, sla, weights_cache
 from tokenfab.planning.autoscaling import Decision
 from tokenfab.planning.capacity import NodeFacts
+from tokenfab.planning.frontend import FrontendPod
 from tokenfab.planning.groups import DrainPolicy
 from tokenfab.planning.lifecycle import GroupView
 from tokenfab.planning.one_pass import Plan, Snapshot, Written
@@ -275,6 +276,8 @@ def observe(ctx: Context, key: Key, now: float) -> tuple[Obj, Snapshot] | Result
         urgent_kept=kept,
         bind_timeout=ctx.settings.bind_timeout,
         frontend_available=frontend.available_replicas if frontend else 0,
+        frontend=frontend_pods(pods),
+        frontend_replaces=frontend.replaces if frontend else "",
         profile=profile.status,
         planned=profile.condition,
         pod_nodes=frozenset(n for p in pods if (n := p.pinned or p.node)),
@@ -284,6 +287,15 @@ def observe(ctx: Context, key: Key, now: float) -> tuple[Obj, Snapshot] | Result
         loading=logs.loading,
         caches=node_caches(ctx.view, key, [p.node for p in claims]),
         reaction=fault_reaction(ctx, md),
+    )
+
+
+def frontend_pods(pods: list[PodFacts]) -> tuple[FrontendPod, ...]:
+    """The deployment's frontend pods not being deleted, and their nodes."""
+    return tuple(
+        FrontendPod(p.name, p.node or "")
+        for p in pods
+        if p.labels.get(c.COMPONENT) == "frontend" and not p.deleting and not p.terminal
     )
 
 

@@ -260,6 +260,7 @@ class ChildFacts:
     state: str = ""  # a ComputeDomain's status.status (Ready | NotReady)
     weights: str = ""  # a model cache claim: the weights served from it (contract.ANN_WEIGHTS)
     size: int = 0  # a model cache claim: the bytes it asks for
+    replaces: str = ""  # the frontend Deployment's pod template: the pods it replaces (contract.ANN_REPLACES)
 
 
 def child_facts(kind: str, obj: Obj) -> ChildFacts:
@@ -280,7 +281,13 @@ def child_facts(kind: str, obj: Obj) -> ChildFacts:
         state=str(status.get("status") or "") if kind == "ComputeDomain" else "",
         weights=(meta.get("annotations") or {}).get(c.ANN_WEIGHTS, ""),
         size=_claim_size(obj) if kind == "PersistentVolumeClaim" else 0,
+        replaces=_template_annotations(obj).get(c.ANN_REPLACES, "") if kind == "Deployment" else "",
     )
+
+
+def _template_annotations(obj: Obj) -> dict[str, str]:
+    template = (obj.get("spec") or {}).get("template") or {}
+    return dict((template.get("metadata") or {}).get("annotations") or {})
 
 
 def _claim_size(obj: Obj) -> int:

@@ -37,6 +37,8 @@ ANN_RELEASED = f"{DOMAIN}/released-at"  # unix time the group's scheduling gates
 ANN_APPLIED_HASH = f"{DOMAIN}/applied-hash"  # hash of the manifest last applied (shared children)
 ANN_DRAINING = f"{DOMAIN}/draining-since"  # unix time the group's drain started
 ANN_DRAIN_INFLIGHT = f"{DOMAIN}/drain-inflight"  # requests in flight when it started (empty: unknown)
+# The frontend's pod template: the frontend pods it replaces, off a node being left (planning.frontend)
+ANN_REPLACES = f"{DOMAIN}/replaces"
 
 # A group's leader pod is routable (a router following endpoint readiness sends it requests) only while
 # this pod condition, a readiness gate, is True; the operator turns it False to drain the group.

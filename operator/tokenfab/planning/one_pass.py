@@ -28,6 +28,8 @@ from tokenfab.api.models import (
 from tokenfab.planning import builders as b
 from tokenfab.planning import fault_report, recovery, weights_cache
 from tokenfab.planning.eviction import NodeCaches
+from tokenfab.planning.frontend import FrontendPod
+from tokenfab.planning.frontend import move as move_frontend
 from tokenfab.planning.groups import DrainPolicy, RolePlan, plan_role
 from tokenfab.planning.launcher_log import Progress
 from tokenfab.planning.lifecycle import UNHEALTHY_GRACE, GroupView, NodeHealth, classify
@@ -64,6 +66,8 @@ class Snapshot:
     urgent_kept: bool = False  # it asked too soon after the last one: kept for the next pass
     bind_timeout: float = float("inf")  # seconds a released group may take to bind
     frontend_available: int = 0
+    frontend: tuple[FrontendPod, ...] = ()  # its frontend pods (not being deleted)
+    frontend_replaces: str = ""  # the frontend's pod template: the pods it replaces (planning.frontend)
     profile: ProfileStatus | None = None  # spec.profile's plan, as status keeps it
     planned: Condition | None = None  # the Planned condition (None: the spec leaves nothing to plan)
     pod_nodes: frozenset[str] = frozenset()  # the nodes the deployment's pods are on or pinned to
@@ -344,14 +348,16 @@ def children(
     nodes: frozenset[str],
     weights: Mapping[str, str] | None = None,
     fetch: Iterable[str] = (),
+    replaces: str = "",
 ) -> Children:
     """The shared children of the plan; `nodes` are those the deployment's pods are on or pinned to, and
     the pre-staged ones (the new groups' nodes are added: each gets its model cache, marked with the
-    weights served from it); `fetch`: the nodes whose weights-fetch pod is to be made."""
+    weights served from it); `fetch`: the nodes whose weights-fetch pod is to be made; `replaces`: the
+    frontend pods its pod template replaces (planning.frontend)."""
     nodes = nodes | {n for r in roles for cr in r.create for n in cr.nodes}
     rest: list[Manifest] = [*b.model_cache_claims(owner, spec, nodes, weights)]
     rest += [b.weights_fetch_pod(owner, spec, n, weights_cache.weights_key(spec)) for n in fetch]
-    rest += [b.frontend_deployment(owner, spec), b.frontend_service(owner)]
+    rest += [b.frontend_deployment(owner, spec, replaces), b.frontend_service(owner)]
     rest += [b.engine_configmap(owner, spec, role) for role, _ in spec.roles()]
     rest += [
         b.pod_disruption_budget(owner, p.role, p.desired * p.shape.nodes) for p in roles if spec.role(p.role)
@@ -376,15 +382,18 @@ def plan(s: Snapshot) -> Plan:
     staged = weights_cache.staging(
         spec, s.owner, observed, capacity, desired, placed, (s.caches, idle, s.now)
     )
+    off = move_frontend(s.frontend, s.health, s.frontend_replaces)
     return Plan(
         spec=spec,
         desired=desired,
         roles=roles,
         reservations=capacity.reservations,
-        children=children(s.owner, spec, roles, s.pod_nodes | staged.nodes, staged.marks, staged.create),
+        children=children(
+            s.owner, spec, roles, s.pod_nodes | staged.nodes, staged.marks, staged.create, off.moved
+        ),
         failures=next_failures(s.md.status, roles, s.now),
         autoscaling=outcome,
-        events=_scaling_events(outcome) + weights_cache.events(staged),
+        events=_scaling_events(outcome) + weights_cache.events(staged) + list(off.events),
         requeue_after=requeue_after(s, roles),
         force_delete=orphans(s) if s.reaction.mode == "replace" else (),
         fetch_deletes=staged.delete,

@@ -51,9 +51,13 @@ def workers_service(owner: Owner, spec: ModelDeploymentSpec) -> Manifest:
     }
 
 
-def frontend_deployment(owner: Owner, spec: ModelDeploymentSpec) -> Manifest:
+def frontend_deployment(owner: Owner, spec: ModelDeploymentSpec, replaces: str = "") -> Manifest:
+    """`replaces`: the frontend pods its template replaces, on a node being left (planning.frontend)."""
     name = frontend_name(owner)
     labels = {**selector_labels(owner), c.COMPONENT: "frontend"}
+    template_meta: dict[str, Any] = {"labels": labels}
+    if replaces:
+        template_meta["annotations"] = {c.ANN_REPLACES: replaces}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -61,8 +65,10 @@ def frontend_deployment(owner: Owner, spec: ModelDeploymentSpec) -> Manifest:
         "spec": {
             "replicas": spec.serving.frontend_replicas,
             "selector": {"matchLabels": labels},
+            # a new pod available before an old one goes (a spec change, or a node being left)
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "template": {
-                "metadata": {"labels": labels},
+                "metadata": template_meta,
                 "spec": {
                     **pod_identity(owner, spec),
                     "securityContext": POD_SECURITY,
