@@ -107,3 +107,14 @@ def test_the_cluster_view_reads_the_mark_from_the_deployments_template() -> None
     dep = b.frontend_deployment(owner, md.spec, "fe-1,fe-2")
     assert child_facts("Deployment", dep).replaces == "fe-1,fe-2"
     assert child_facts("Deployment", b.frontend_deployment(owner, md.spec)).replaces == ""
+
+
+def test_the_frontend_rolls_a_new_pod_before_an_old_one_goes_and_spreads_over_nodes() -> None:
+    md = deployment()
+    owner = b.Owner(name="deepseek-r1", namespace="ns", uid="uid-1")
+    dep = b.frontend_deployment(owner, md.spec)
+    assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    (spread,) = dep["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    assert spread["whenUnsatisfiable"] == "ScheduleAnyway"  # (never keeps a frontend pod from starting)
+    assert spread["labelSelector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]

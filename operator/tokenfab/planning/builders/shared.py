@@ -72,6 +72,15 @@ def frontend_deployment(owner: Owner, spec: ModelDeploymentSpec, replaces: str =
                 "spec": {
                     **pod_identity(owner, spec),
                     "securityContext": POD_SECURITY,
+                    # several frontend pods on several nodes where they fit: one node's loss is not all
+                    "topologySpreadConstraints": [
+                        {
+                            "maxSkew": 1,
+                            "topologyKey": "kubernetes.io/hostname",
+                            "whenUnsatisfiable": "ScheduleAnyway",
+                            "labelSelector": {"matchLabels": labels},
+                        }
+                    ],
                     "volumes": [{"name": "tmp", "emptyDir": {}}, {"name": "cache", "emptyDir": {}}],
                     "containers": [_frontend_container(owner, spec)],
                 },
