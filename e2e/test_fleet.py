@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.fleet import fleet, plot, scenario
+from e2e.fleet import fleet, load, plot, scenario
 from e2e.helpers import get_json, wait_for
 from tokenfab.planning import signals
 from tokenfab_factory import process
@@ -28,6 +28,20 @@ from tokenfab_factory.factory import Factory
 
 pytestmark = pytest.mark.slow
 NS = "live-fleet"  # the runner serves only this namespace: other tests' deployments get no engines
+
+
+def test_aiperf_keeps_its_dataset_files_in_the_directory_it_is_given(tmp_path: Path) -> None:
+    """The pinned aiperf reads the variable that moves its memory-mapped dataset out of /tmp."""
+    tools = fleet.tools()
+    run = load.AiperfRun(tools.aiperf, "http://127.0.0.1:1", "m", tmp_path, [], tmp_path / "out")
+    python = str(Path(tools.aiperf).parent / "python")
+    code = "from aiperf.common.environment import Environment; print(Environment.DATASET.MMAP_BASE_PATH)"
+    try:
+        out = subprocess.run([python, "-c", code], env=run.env(), capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == str(run.ipc_dir())
+    finally:
+        run.stop()
+    assert not run.ipc_dir().exists()
 
 
 @pytest.fixture(scope="module")

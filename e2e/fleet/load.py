@@ -256,12 +256,16 @@ class AiperfRun:
             self._ipc = Path(tempfile.mkdtemp(prefix="tf-aiperf-"))
         return self._ipc
 
+    def env(self) -> dict[str, str]:
+        """aiperf's environment: ours, less the hub's offline switches (it loads a local tokenizer directory
+        only with them unset, ../shared/REFERENCE.md §6, and never needs the network for one), and its
+        memory-mapped dataset files in its own directory (else /tmp/aiperf_mmap_*, left behind)."""
+        env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+        env["AIPERF_DATASET_MMAP_BASE_PATH"] = str(self.ipc_dir())
+        return env
+
     def start(self) -> int:
         self.artifact_dir.mkdir(parents=True, exist_ok=True)
-        self.ipc_dir()
-        # aiperf loads a local tokenizer directory only with the hub's offline switches unset
-        # (../shared/REFERENCE.md §6); it never needs the network for a local directory.
-        env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
         log = (self.artifact_dir / "aiperf.log").open("ab")
         proc = subprocess.Popen(
             self.argv(),
@@ -269,7 +273,7 @@ class AiperfRun:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            env=env,
+            env=self.env(),
             cwd=self.artifact_dir,
         )
         log.close()
@@ -286,13 +290,13 @@ class AiperfRun:
             raise
 
     def stop(self) -> None:
-        """Stop aiperf by PID (SIGTERM then SIGKILL), and any of its own children by their PIDs."""
-        if self.pid is None:
-            return
-        children = _children(self.pid)
-        process.stop(self.pid, timeout=15)
-        for pid in children:
-            process.stop(pid, timeout=5)
+        """Stop aiperf by PID (SIGTERM then SIGKILL), and any of its own children by their PIDs; remove its
+        directory of sockets and dataset files."""
+        if self.pid is not None:
+            children = _children(self.pid)
+            process.stop(self.pid, timeout=15)
+            for pid in children:
+                process.stop(pid, timeout=5)
         if getattr(self, "_proc", None) is not None:
             self._proc.poll()
         if getattr(self, "_ipc", None) is not None:
