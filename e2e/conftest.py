@@ -32,7 +32,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def factory() -> Iterator[Factory]:
+def factory(request: pytest.FixtureRequest) -> Iterator[Factory]:
+    """The session's factory; its run directory (logs, the runner's state) is kept when a test failed,
+    and removed when none did."""
     run_dir = Path(tempfile.mkdtemp(prefix="tokenfab-e2e-"))
     f = Factory(FactoryConfig(run_dir=run_dir, racks=4, port_base=E2E_PORT_BASE), say=print)
     f.up()
@@ -40,7 +42,10 @@ def factory() -> Iterator[Factory]:
         install_crds(f)
         yield f
     finally:
-        f.down()
+        failed = request.session.testsfailed > 0
+        f.down(purge=not failed)
+        if failed:
+            print(f"\nthe e2e factory's logs: {run_dir}")
 
 
 @pytest.fixture(scope="session")

@@ -256,6 +256,31 @@ def test_a_frontend_on_a_quarantined_node_is_replaced_elsewhere_before_it_goes(d
         faults.heal(f, [node])
 
 
+def test_a_frontend_on_a_lost_node_is_deleted_and_replaced_elsewhere(deployed: Factory) -> None:
+    f = deployed
+    wait_for("Ready before the fault", lambda: is_ready(f), timeout=120)
+    wait_for("one frontend pod, ready", lambda: [ready(p) for p in frontend_pods(f)] == [True], timeout=60)
+    (old,) = frontend_pods(f)
+    node, name = old["spec"]["nodeName"], old["metadata"]["name"]
+    faults.lose(f, [node])
+    try:
+
+        def replaced() -> bool:
+            pods = frontend_pods(f)
+            return name not in {p["metadata"]["name"] for p in pods} and any(ready(p) for p in pods)
+
+        t0 = time.monotonic()
+        wait_for("the lost node's frontend pod gone and another serving", replaced, timeout=120)
+        print(f"\nfrontend on a lost node: replaced in {time.monotonic() - t0:.1f} s")
+        lost = [e for e in events(f) if e["reason"] == "FrontendLost"]
+        assert lost, [e["reason"] for e in events(f)]
+        assert name in lost[-1]["message"], lost
+        assert lost[-1]["type"] == "Warning"
+    finally:
+        faults.heal(f, [node])
+    wait_for("the lost node back", lambda: node in nodes(f), timeout=30)
+
+
 def test_a_noexecute_device_taint_loses_the_group_and_it_is_re_placed(deployed: Factory) -> None:
     f = deployed
     wait_for("Ready before the fault", lambda: is_ready(f), timeout=120)

@@ -11,9 +11,10 @@ from tokenfab.fleet.facts import child_facts
 from tokenfab.planning import builders as b
 from tokenfab.planning import contract as c
 from tokenfab.planning.faults import NodeFault
-from tokenfab.planning.frontend import FrontendPod, move
+from tokenfab.planning.frontend import FrontendPod, gone, move
 from tokenfab.planning.lifecycle import NodeHealth
 from tokenfab.planning.one_pass import plan
+from tokenfab.planning.role_plan import FaultReaction
 
 QUARANTINED = NodeHealth(
     True,
@@ -118,3 +119,47 @@ def test_the_frontend_rolls_a_new_pod_before_an_old_one_goes_and_spreads_over_no
     assert spread["topologyKey"] == "kubernetes.io/hostname"
     assert spread["whenUnsatisfiable"] == "ScheduleAnyway"  # (never keeps a frontend pod from starting)
     assert spread["labelSelector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+
+
+def test_a_frontend_pod_on_a_gone_node_is_deleted_at_once_and_said_once_per_pod() -> None:
+    pods = (FrontendPod("fe-a", "n1"), FrontendPod("fe-b", "n2", deleting=True), FrontendPod("fe-c", ""))
+    names, said = gone(pods, {"n1": HEALTHY})
+    assert names == ("fe-b",)  # (a pod being deleted too: no kubelet is there to end it)
+    ((kind, reason, message),) = said
+    assert (kind, reason) == ("Warning", "FrontendLost")
+    assert "fe-b" in message
+    assert "n2" in message
+    assert gone(pods, {"n1": HEALTHY, "n2": QUARANTINED}) == ((), [])
+
+
+def test_a_pass_force_deletes_a_frontend_pod_whose_node_is_gone_with_the_workers_orphans() -> None:
+    md = deployment()
+    snap = snapshot(md, nodes_of({"a": 4, "b": 4}), {}, {})
+    p = plan(dataclasses.replace(snap, frontend=(FrontendPod("fe-1", "gone-0"), FrontendPod("fe-2", "a-1"))))
+    assert p.force_delete == ("fe-1",)
+    assert [e[1] for e in p.events if e[1].startswith("Frontend")] == ["FrontendLost"]
+    # A fault benchmark's plain-Kubernetes baseline leaves both to Kubernetes.
+    none = FaultReaction("none")
+    plain = dataclasses.replace(snap, frontend=(FrontendPod("fe-1", "gone-0"),), reaction=none)
+    assert plan(plain).force_delete == ()
+    health = {**snap.health, "a-0": QUARANTINED}
+    there = (FrontendPod("fe-2", "a-0"),)
+    left = plan(dataclasses.replace(snap, health=health, frontend=there, reaction=none))
+    assert "annotations" not in _frontend(left)["spec"]["template"]["metadata"]
+
+
+def test_a_frontend_pod_being_deleted_on_a_quarantined_node_rolls_nothing() -> None:
+    assert move((FrontendPod("fe-a", "n1", deleting=True),), {"n1": QUARANTINED}, "").moved == ""
+
+
+def test_the_frontend_tolerates_a_failed_node_as_long_as_the_workers_do() -> None:
+    md = deployment()
+    spec = md.spec.model_copy(
+        update={"topology": md.spec.topology.model_copy(update={"node_failure_toleration_seconds": 30})}
+    )
+    dep = b.frontend_deployment(b.Owner(name="x", namespace="ns", uid="u"), spec)
+    tolerations = dep["spec"]["template"]["spec"]["tolerations"]
+    assert {(t["key"], t["effect"], t["tolerationSeconds"]) for t in tolerations} == {
+        ("node.kubernetes.io/not-ready", "NoExecute", 30),
+        ("node.kubernetes.io/unreachable", "NoExecute", 30),
+    }

@@ -291,11 +291,11 @@ def observe(ctx: Context, key: Key, now: float) -> tuple[Obj, Snapshot] | Result
 
 
 def frontend_pods(pods: list[PodFacts]) -> tuple[FrontendPod, ...]:
-    """The deployment's frontend pods not being deleted, and their nodes."""
+    """The deployment's frontend pods that have not ended, and their nodes."""
     return tuple(
-        FrontendPod(p.name, p.node or "")
+        FrontendPod(p.name, p.node or "", p.deleting)
         for p in pods
-        if p.labels.get(c.COMPONENT) == "frontend" and not p.deleting and not p.terminal
+        if p.labels.get(c.COMPONENT) == "frontend" and not p.terminal
     )
 
 

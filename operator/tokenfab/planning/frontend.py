@@ -2,7 +2,8 @@
 first, then drained), and so does any frontend pod there. Its Deployment's pod template is marked with the
 pods that leave; that rolls it like `kubectl rollout restart`: a new pod (its surge) goes onto a node that
 takes pods, and the old one goes once the new one is available. A drainer that evicts the node later finds
-nothing of the deployment there, and the API never loses its last frontend to the drain."""
+nothing of the deployment there, and the API never loses its last frontend to the drain. A frontend pod
+on a node that is gone is deleted at once, for its Deployment to replace it."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ NODE_FAULTS = ("Quarantined", "Cordoned")
 class FrontendPod:
     name: str
     node: str  # bound to ("" not yet)
+    deleting: bool = False
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,9 @@ def move(pods: tuple[FrontendPod, ...], health: Mapping[str, NodeHealth], moved:
     (the old pod waiting for its replacement) keeps the same mark. With no pod on such a node, the mark is
     kept: taking it away would roll the frontend once more for nothing."""
     leaving = sorted(
-        (p.name, p.node, fault) for p in pods if p.node and (fault := _leaving(health.get(p.node)))
+        (p.name, p.node, fault)
+        for p in pods
+        if p.node and not p.deleting and (fault := _leaving(health.get(p.node)))
     )
     mark = ",".join(name for name, _, _ in leaving)
     if not leaving or mark == moved:
@@ -56,3 +60,18 @@ def _leaving(h: NodeHealth | None) -> str:
     """Why the node is being left, as a fault's kind and words ("": it is not)."""
     faults = [] if h is None or h.sudden is not None else [f for f in h.faults if f.kind in NODE_FAULTS]
     return f"{faults[0].kind}: {faults[0].message}" if faults else ""
+
+
+def gone(
+    pods: tuple[FrontendPod, ...], health: Mapping[str, NodeHealth]
+) -> tuple[tuple[str, ...], list[Event]]:
+    """The frontend pods bound to a node that is gone (`health` knows every node the deployment's pods are
+    on; one missing there is gone), to delete at once: nothing runs them, and their Deployment replaces
+    them only once they are gone, which the pod garbage collector would do only after its own wait."""
+    lost = sorted((p.name, p.node) for p in pods if p.node and p.node not in health)
+    said = [
+        ("Warning", "FrontendLost", f"frontend pod {name} was on node {node}, which is gone: deleted, "
+         "its Deployment starts another")
+        for name, node in lost
+    ]  # fmt: skip
+    return tuple(name for name, _ in lost), said

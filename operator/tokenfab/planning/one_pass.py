@@ -28,7 +28,7 @@ from tokenfab.api.models import (
 from tokenfab.planning import builders as b
 from tokenfab.planning import fault_report, recovery, weights_cache
 from tokenfab.planning.eviction import NodeCaches
-from tokenfab.planning.frontend import FrontendPod
+from tokenfab.planning.frontend import FrontendPod, gone
 from tokenfab.planning.frontend import move as move_frontend
 from tokenfab.planning.groups import DrainPolicy, RolePlan, plan_role
 from tokenfab.planning.launcher_log import Progress
@@ -66,7 +66,7 @@ class Snapshot:
     urgent_kept: bool = False  # it asked too soon after the last one: kept for the next pass
     bind_timeout: float = float("inf")  # seconds a released group may take to bind
     frontend_available: int = 0
-    frontend: tuple[FrontendPod, ...] = ()  # its frontend pods (not being deleted)
+    frontend: tuple[FrontendPod, ...] = ()  # its frontend pods that have not ended
     frontend_replaces: str = ""  # the frontend's pod template: the pods it replaces (planning.frontend)
     profile: ProfileStatus | None = None  # spec.profile's plan, as status keeps it
     planned: Condition | None = None  # the Planned condition (None: the spec leaves nothing to plan)
@@ -382,7 +382,8 @@ def plan(s: Snapshot) -> Plan:
     staged = weights_cache.staging(
         spec, s.owner, observed, capacity, desired, placed, (s.caches, idle, s.now)
     )
-    off = move_frontend(s.frontend, s.health, s.frontend_replaces)
+    frontend = s.frontend if s.reaction.mode == "replace" else ()  # (a baseline leaves it to Kubernetes)
+    off, (lost, said) = move_frontend(frontend, s.health, s.frontend_replaces), gone(frontend, s.health)
     return Plan(
         spec=spec,
         desired=desired,
@@ -393,9 +394,9 @@ def plan(s: Snapshot) -> Plan:
         ),
         failures=next_failures(s.md.status, roles, s.now),
         autoscaling=outcome,
-        events=_scaling_events(outcome) + weights_cache.events(staged) + list(off.events),
+        events=_scaling_events(outcome) + weights_cache.events(staged) + list(off.events) + said,
         requeue_after=requeue_after(s, roles),
-        force_delete=orphans(s) if s.reaction.mode == "replace" else (),
+        force_delete=orphans(s) + lost if s.reaction.mode == "replace" else (),
         fetch_deletes=staged.delete,
         claim_deletes=tuple(b.model_cache_claim_name(s.owner, spec, n) for n in staged.evict),
         weights_cache=weights_cache.report(spec, staged, s.fetch_pods, s.md.status, s.loading),
@@ -405,15 +406,8 @@ def plan(s: Snapshot) -> Plan:
 def orphans(s: Snapshot) -> tuple[str, ...]:
     """The deployment's worker pods bound to a node that is gone (the snapshot's health knows every node
     its pods are on; one missing there is gone)."""
-    return tuple(
-        sorted(
-            p.name
-            for gs in s.groups.values()
-            for g in gs
-            for p in g.pods
-            if p.node is not None and p.node not in s.health
-        )
-    )
+    pods = [(p.name, p.node) for gs in s.groups.values() for g in gs for p in g.pods]
+    return tuple(sorted(name for name, node in pods if node and node not in s.health))
 
 
 def requeue_after(s: Snapshot, roles: list[RolePlan]) -> float | None:

@@ -61,7 +61,8 @@ class Topology(SpecModel):
         "tolerationSeconds of their node.kubernetes.io/not-ready and unreachable tolerations) before the "
         "group is recreated elsewhere. The default, 300, is Kubernetes' own and rides out a kubelet "
         "restart; a lower value moves a large (e.g. 32-GPU) group sooner after a real node loss, at the "
-        "cost of restarting it on a short blip.",
+        "cost of restarting it on a short blip. The frontend's pods tolerate the same, then their "
+        "Deployment replaces them on another node.",
     )
 
 

@@ -85,20 +85,25 @@ def node_affinity(spec: ModelDeploymentSpec, domain: str, node: str | None) -> d
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
 
 
+def failure_tolerations(spec: ModelDeploymentSpec) -> list[dict[str, Any]]:
+    """How long a pod stays on a node that is not ready or unreachable
+    (topology.nodeFailureTolerationSeconds): a worker, and a frontend pod (its Deployment replaces it)."""
+    return [
+        {
+            "key": key,
+            "operator": "Exists",
+            "effect": "NoExecute",
+            "tolerationSeconds": spec.topology.node_failure_toleration_seconds,
+        }
+        for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+    ]
+
+
 def worker_tolerations(spec: ModelDeploymentSpec) -> list[dict[str, Any]]:
-    """How long a worker stays on a node that is not ready or unreachable
-    (topology.nodeFailureTolerationSeconds), then the taints scheduling.tolerations tolerates."""
+    """The failure tolerations, then the taints scheduling.tolerations tolerates."""
     sched = spec.scheduling
     return [
-        *(
-            {
-                "key": key,
-                "operator": "Exists",
-                "effect": "NoExecute",
-                "tolerationSeconds": spec.topology.node_failure_toleration_seconds,
-            }
-            for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
-        ),
+        *failure_tolerations(spec),
         *(t.model_dump(by_alias=True, exclude_none=True) for t in (sched.tolerations if sched else [])),
     ]
 

@@ -17,6 +17,7 @@ from tokenfab.planning.builders.common import (
     selector_labels,
     workers_service_name,
 )
+from tokenfab.planning.builders.placement import failure_tolerations
 from tokenfab.planning.builders.probes import frontend_readiness_probe
 from tokenfab.planning.builders.security import (
     POD_SECURITY,
@@ -72,6 +73,7 @@ def frontend_deployment(owner: Owner, spec: ModelDeploymentSpec, replaces: str =
                 "spec": {
                     **pod_identity(owner, spec),
                     "securityContext": POD_SECURITY,
+                    "tolerations": failure_tolerations(spec),
                     # several frontend pods on several nodes where they fit: one node's loss is not all
                     "topologySpreadConstraints": [
                         {
