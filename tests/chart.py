@@ -86,7 +86,7 @@ NAMESPACED_RULES: dict[tuple[str, str], set[str]] = {
     ("resource.nvidia.com", "computedomains"): {"list", "watch", "create", "patch", "delete"},
     ("resource.k8s.io", "resourceclaimtemplates"): {"get"},
     ("", "serviceaccounts"): {"list", "watch", "create", "patch", "delete"},
-    ("", "persistentvolumeclaims"): {"list", "watch", "create", "patch", "delete"},
+    ("", "persistentvolumeclaims"): {"get", "list", "watch", "create", "patch", "delete"},
     ("rbac.authorization.k8s.io", "roles"): {"list", "watch", "create", "patch", "delete"},
     ("rbac.authorization.k8s.io", "rolebindings"): {"list", "watch", "create", "patch", "delete"},
     ("discovery.k8s.io", "endpointslices"): {"get", "list", "watch"},

@@ -58,7 +58,7 @@ OPERATOR_RULES: dict[tuple[str, str], tuple[frozenset[str], bool]] = {
         True,
     ),
     ("resource.k8s.io", "resourceclaimtemplates"): (frozenset({"get"}), True),
-    ("", "persistentvolumeclaims"): (frozenset({"list", "watch", "create", "patch", "delete"}), True),
+    ("", "persistentvolumeclaims"): (frozenset({"get", "list", "watch", "create", "patch", "delete"}), True),
     ("", "serviceaccounts"): (frozenset({"list", "watch", "create", "patch", "delete"}), True),
     ("rbac.authorization.k8s.io", "roles"): (frozenset({"list", "watch", "create", "patch", "delete"}), True),
     ("rbac.authorization.k8s.io", "rolebindings"): (

@@ -30,7 +30,7 @@ from tokenfab import execute as ex
 from tokenfab import pod_logs
 from tokenfab import status_write as sw
 from tokenfab.adapters import metrics, telemetry
-from tokenfab.adapters.kube import Obj
+from tokenfab.adapters.kube import ApiError, Obj
 from tokenfab.api.errors import SpecError, parse_model_deployment
 from tokenfab.api.models import (
     Autoscaling,
@@ -45,12 +45,13 @@ from tokenfab.fleet.view import Key, PodFacts, parse_time
 from tokenfab.observe import group_views, node_caches, node_health
 from tokenfab.planning import builders as b
 from tokenfab.planning import contract as c
-from tokenfab.planning import launcher_log, one_pass, sla, weights_cache
+from tokenfab.planning import launcher_log, model_source, one_pass, sla, weights_cache
 from tokenfab.planning.autoscaling import Decision
 from tokenfab.planning.capacity import NodeFacts
 from tokenfab.planning.frontend import FrontendPod
 from tokenfab.planning.groups import DrainPolicy
 from tokenfab.planning.lifecycle import GroupView
+from tokenfab.planning.model_source import SourceClaim
 from tokenfab.planning.one_pass import Plan, Snapshot, Written
 from tokenfab.planning.role_plan import FaultReaction
 from tokenfab.planning.room import Room
@@ -69,6 +70,7 @@ Planner = Callable[[str, sla.PlanRequest], sla.PlanOutcome | None]
 
 # Outcomes worth asking again for: the planner may be installed, or work, later.
 RETRY_SECONDS = {sla.PLANNER_UNAVAILABLE: 60.0, sla.PLANNER_FAILED: 300.0}
+SOURCE_READ_SECONDS = 60.0  # a pvc:// source's claim is read again this often (model_source)
 
 
 @dataclass(frozen=True)
@@ -280,6 +282,7 @@ def observe(ctx: Context, key: Key, now: float) -> tuple[Obj, Snapshot] | Result
         frontend_replaces=frontend.replaces if frontend else "",
         profile=profile.status,
         planned=profile.condition,
+        source=model_source.condition(key[0], source_claim(ctx, key, md.spec, now)),
         pod_nodes=frozenset(n for p in pods if (n := p.pinned or p.node)),
         claims={pvc.node: pvc.weights for pvc in claims},
         fetch_pods=fetch_pods(pods, logs.progress),
@@ -288,6 +291,25 @@ def observe(ctx: Context, key: Key, now: float) -> tuple[Obj, Snapshot] | Result
         caches=node_caches(ctx.view, key, [p.node for p in claims]),
         reaction=fault_reaction(ctx, md),
     )
+
+
+def source_claim(ctx: Context, key: Key, spec: ModelDeploymentSpec, now: float) -> SourceClaim | None:
+    """The claim a pvc:// source names, read again at most every SOURCE_READ_SECONDS (None: no pvc://)."""
+    name = model_source.claim_name(spec)
+    if name is None:
+        return None
+    mem = ctx.mem(key)
+    last = mem.source_claim
+    if last is not None and last[0].name == name and now - last[1] < SOURCE_READ_SECONDS:
+        return last[0]
+    try:
+        obj = ctx.kube.get("v1", "PersistentVolumeClaim", name, key[0])
+        modes = tuple((obj or {}).get("spec", {}).get("accessModes") or ())
+        got = SourceClaim(name, obj is not None, modes)
+    except ApiError as exc:
+        got = SourceClaim(name, False, error=str(exc)[:500])
+    mem.source_claim = (got, now)
+    return got
 
 
 def frontend_pods(pods: list[PodFacts]) -> tuple[FrontendPod, ...]:

@@ -20,6 +20,7 @@ from tokenfab.fleet.view import ClusterView, Key
 from tokenfab.planning.faults import FaultKeys
 from tokenfab.planning.groups import RolePlan
 from tokenfab.planning.launcher_log import Outcome, Progress
+from tokenfab.planning.model_source import SourceClaim
 
 
 @dataclass
@@ -55,6 +56,7 @@ class Memory:
     progress: dict[str, Progress] = field(default_factory=dict)  # a pod downloading -> its download so far
     log_reads: dict[tuple[str, str], Future[str]] = field(default_factory=dict)  # pod logs being read
     tail_read_at: dict[str, float] = field(default_factory=dict)  # a pod's tail -> when last asked for
+    source_claim: tuple[SourceClaim, float] | None = None  # a pvc:// source's claim as read, and when
 
 
 @dataclass

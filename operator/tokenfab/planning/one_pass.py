@@ -70,6 +70,7 @@ class Snapshot:
     frontend_replaces: str = ""  # the frontend's pod template: the pods it replaces (planning.frontend)
     profile: ProfileStatus | None = None  # spec.profile's plan, as status keeps it
     planned: Condition | None = None  # the Planned condition (None: the spec leaves nothing to plan)
+    source: Condition | None = None  # the ModelSource condition (None: no pvc:// source; model_source)
     pod_nodes: frozenset[str] = frozenset()  # the nodes the deployment's pods are on or pinned to
     # Its model cache claims: node -> the weights served from it ("" none yet; planning.weights_cache)
     claims: Mapping[str, str] = field(default_factory=dict)
@@ -480,7 +481,7 @@ def settle(s: Snapshot, p: Plan, written: Written) -> tuple[ModelDeploymentStatu
         autoscaling=outcome.status if outcome else None,
         extra=[
             *(outcome.conditions if outcome else ()),
-            *filter(None, [s.planned]),
+            *filter(None, [s.planned, s.source]),
             fault_report.condition(faults, fault_report.avoided(faults, s.now)),
         ],
     )
@@ -488,6 +489,6 @@ def settle(s: Snapshot, p: Plan, written: Written) -> tuple[ModelDeploymentStatu
     status.failures = p.failures
     status.faults = faults
     status.weights_cache = p.weights_cache
-    if s.planned is None:
-        status.conditions = [cd for cd in status.conditions if cd.type != "Planned"]
+    dropped = {kind for kind, cd in (("Planned", s.planned), ("ModelSource", s.source)) if cd is None}
+    status.conditions = [cd for cd in status.conditions if cd.type not in dropped]
     return status, changed

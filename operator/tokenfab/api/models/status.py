@@ -18,7 +18,8 @@ class Condition(StatusModel):
     """A Kubernetes-style condition."""
 
     type: str = Field(
-        description="Ready, Progressing, Degraded, Placed, CapacityLimited, MetricsUnavailable, Planned."
+        description="Ready, Progressing, Degraded, Placed, CapacityLimited, MetricsUnavailable, Planned, "
+        "HardwareFault, ModelSource."
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(description="CamelCase reason for the last transition.")
