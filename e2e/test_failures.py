@@ -85,6 +85,40 @@ def test_a_refused_write_is_shown_in_a_condition_and_one_event_and_deletion_work
         kubectl(f, "delete", "namespace", ns, "--wait=true", "--timeout=120s", check=False)
 
 
+def test_a_pvc_source_that_one_node_only_can_attach_is_named_in_a_condition_and_an_event(
+    operator: Factory,
+) -> None:
+    f = operator
+    ns = "pvc-source"
+    kubectl(f, "create", "namespace", ns)
+    try:
+        claim = {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "weights", "namespace": ns},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+        }
+        apply_yaml(f, claim)
+        md = small("from-pvc", ns)
+        md["spec"]["model"]["source"] = "pvc://weights/small"
+        apply_yaml(f, md)
+
+        def said() -> dict | None:
+            cond = condition(get_json(f, "mdep", "from-pvc", "-n", ns), "ModelSource")
+            return cond if cond and cond["reason"] == "ClaimNotShared" else None
+
+        cond = wait_for("ModelSource=False ClaimNotShared", said, timeout=60)
+        assert cond["status"] == "False"
+        assert f"{ns}/weights" in cond["message"]
+        assert "ReadOnlyMany" in cond["message"]
+        events = get_json(f, "events", "-n", ns, "--field-selector", "involvedObject.name=from-pvc")["items"]
+        (event,) = [e for e in events if e["reason"] == "ClaimNotShared"]
+        assert event["type"] == "Warning"
+        assert "Multi-Attach" in event["message"]
+    finally:
+        kubectl(f, "delete", "namespace", ns, "--wait=false", check=False)
+
+
 def test_an_object_left_by_an_older_operator_is_cleaned_and_deletes(operator: Factory) -> None:
     """Operators before the fleet controller kept kopf's finalizer and a copy of the spec on the object."""
     f = operator
