@@ -128,3 +128,48 @@ def test_a_failed_wait_shows_each_process_warnings_of_that_deployment_only(tmp_p
     assert "not ours" not in text
     assert "started" not in text
     assert fleet.process_warnings(f, "ns", "gone") == "(no process logs for ns/gone)"  # type: ignore[arg-type]
+
+
+def test_a_wait_for_serving_says_the_last_answer_or_returns_once_served(tmp_path, monkeypatch):
+    import http.server
+    import threading
+    from types import SimpleNamespace
+
+    from e2e.fleet import fleet
+
+    answers = [(503, b"no instances for model"), (503, b"no instances for model")]
+
+    class Frontend(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            code, body = answers.pop(0) if answers else (200, b"{}")
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Frontend)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    monkeypatch.setattr(fleet, "frontend_url", lambda *a: url)
+    monkeypatch.setattr(fleet, "role_status", lambda *a: {"decode": {"readyGroups": 0}})
+    monkeypatch.setattr(fleet, "process_warnings", lambda *a: "--- the processes' warnings")
+    monkeypatch.setattr(fleet.time, "sleep", lambda s: None)
+    f = SimpleNamespace(run=tmp_path)
+    try:
+        with pytest.raises(AssertionError) as failed:
+            fleet.serving(f, "ns", "tiny", timeout=0.0)  # type: ignore[arg-type]
+        said = str(failed.value)
+        assert "last try: HTTP 503: no instances for model" in said
+        assert "ready groups: {'decode': 0}" in said
+        assert said.endswith("--- the processes' warnings")
+        assert fleet.serving(f, "ns", "tiny", timeout=30.0) == url  # type: ignore[arg-type]
+        assert answers == []  # (the second 503 retried, then served)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
