@@ -156,3 +156,21 @@ def test_the_cold_start_tables_show_every_run_side_by_side() -> None:
     line = next(x for x in text.splitlines() if x.startswith("| tokenfab |"))
     assert "90.0% / 80.0%" in line
     assert line.endswith("| 3-1-0 / 2-0-2 | warm 12.5 s / warm 12.5 s |")
+
+
+def test_a_cache_benchmark_starts_its_trace_once_the_headroom_is_staged_or_after_its_wait(monkeypatch):
+    from e2e.fleet import fleet, scenario
+
+    answers = [False, False, True]
+    monkeypatch.setattr(fleet, "prestaged_warm", lambda *a: answers.pop(0))
+    monkeypatch.setattr(scenario.time, "sleep", lambda s: None)
+    cfg = scenario.Config(policy="tokenfab")
+    cached = {"spec": {"model": {"cache": {"prestageGroups": 3, "storageClassName": "local"}}}}
+    assert scenario.prestage_settled(None, cfg, cached)["complete"] is True  # type: ignore[arg-type]
+    assert answers == []
+    plain = {"spec": {"model": {}}}
+    assert scenario.prestage_settled(None, cfg, plain) == {"wait_s": 0.0, "complete": True}  # type: ignore[arg-type]
+    # never staged: the trace starts after the wait, said so
+    monkeypatch.setattr(fleet, "prestaged_warm", lambda *a: False)
+    monkeypatch.setattr(scenario, "PRESTAGE_WAIT_S", 0.0)
+    assert scenario.prestage_settled(None, cfg, cached)["complete"] is False  # type: ignore[arg-type]

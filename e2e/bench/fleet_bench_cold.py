@@ -17,6 +17,10 @@ engine whose node's cache is still downloading waits for that download. Policies
 - oracle:            a BOUND that knows the trace (scenario.OracleController), with the same cache;
 - static:            autoscaling off at the maximum (peak provisioning), with the same cache.
 
+A policy with a cache plays its trace once its pre-staged headroom holds the weights (the steady state of
+a deployment that has served for a while before a burst), or after 300 s; each result's `prestage` says
+how long that took and whether it completed. GPU time counts from the trace's start.
+
 Each policy's result carries `weights_paths`: the engines started during the trace and how their weights
 came (warm / fetching / cold), and `first_serve_per_rise_s`: per rise of the load, the seconds until a new
 decode group served; and `start_s` per engine: from its pod's creation (the scale-up) to its first healthy

@@ -314,6 +314,13 @@ def status(f: Factory, namespace: str, name: str) -> dict[str, Any]:
     return dict(obj.get("status") or {})
 
 
+def prestaged_warm(f: Factory, namespace: str, name: str) -> bool:
+    """Whether the deployment's pre-staged headroom holds its weights (status.weightsCache: every node in
+    prestaged among warmNodes). True without a cache or headroom."""
+    cache = status(f, namespace, name).get("weightsCache") or {}
+    return set(cache.get("prestaged") or []) <= set(cache.get("warmNodes") or [])
+
+
 def role_status(f: Factory, namespace: str, name: str) -> dict[str, Any]:
     return dict(status(f, namespace, name).get("roles") or {})
 
