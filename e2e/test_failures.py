@@ -3,6 +3,8 @@ tokenfab creates pass the restricted Pod Security Standard.
 
 - A namespace whose ResourceQuota allows no pods: the ModelDeployment says so in a condition carrying the
   API server's quota message, posts one Event for it (not one per retry), and deletes cleanly.
+- A pvc:// source on a claim only one node can attach (ReadWriteOnce) is named in the ModelSource
+  condition and one Warning Event, with the fix.
 - Every example runs Ready in a namespace enforcing the restricted Pod Security Standard.
 - A ModelDeployment carrying the finalizer and spec copy of an older operator is cleaned up and deletes.
 - The quick start (`e2e/up.sh`) leaves no Warning event behind.
