@@ -173,3 +173,17 @@ def test_a_wait_for_serving_says_the_last_answer_or_returns_once_served(tmp_path
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+def test_the_runners_port_ranges_lie_below_the_kernels_ephemeral_ports():
+    """A port the runner hands out is bound seconds later: in the ephemeral range, a socket bound to port 0
+    meanwhile may take it first (a prefill mocker lost its bootstrap port so, and its worker answered 503)."""
+    from pathlib import Path
+
+    from e2e.fleet import runner
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for lo, hi in (runner.DEFAULT_PORTS, runner.DEFAULT_SYSTEM_PORTS):
+        assert 1024 <= lo <= hi < min(low, 32768), (lo, hi, low)
+    a, b = sorted((runner.DEFAULT_PORTS, runner.DEFAULT_SYSTEM_PORTS))
+    assert a[1] < b[0]  # (the two ranges apart)

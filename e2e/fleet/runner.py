@@ -59,11 +59,16 @@ from e2e.fleet import pods, weights_model
 from tokenfab.planning import contract as c
 from tokenfab_factory import process
 
+# Both ranges lie below the kernel's ephemeral range (32768-60999 by default). A port the runner gives a
+# process is free when it is taken, and bound by the process a few seconds later, after its start: in
+# the ephemeral range, a socket another process binds to port 0 meanwhile (Dynamo's ZMQ publishers, its
+# TCP request plane, any outgoing connection) could take it first. That happened: a prefill mocker's
+# bootstrap port was taken so, its engine never started, and the worker it registered answered every
+# request routed to it with 503 for a whole benchmark run.
 # Dynamo 1.6.1 parses DYN_SYSTEM_PORT as a signed 16-bit integer: a port above 32767 makes every worker
-# exit ("invalid value unsigned int `36901`, expected i16"). The workers' system servers (/health,
-# /metrics) therefore take their ports from a second range below 32768 (and below the kernel's ephemeral
-# range); everything else comes from the main range.
-DEFAULT_PORTS = (36100, 36899)
+# exit ("invalid value unsigned int `36901`, expected i16"); the workers' system servers (/health,
+# /metrics) take theirs from the second range, everything else (frontends, prefill bootstrap) from the first.
+DEFAULT_PORTS = (27100, 27899)
 DEFAULT_SYSTEM_PORTS = (26100, 26899)
 # Dynamo 1.6.1's mocker refuses disaggregated serving with --engine-type trtllm ("mocker handoff does not
 # support TRT-LLM"): disaggregated workers emulate the engine with the vllm timing and metric names;
