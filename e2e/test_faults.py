@@ -225,12 +225,17 @@ def frontend_pods(f: Factory) -> list[dict[str, Any]]:
     return items
 
 
-def test_a_frontend_on_a_quarantined_node_is_replaced_elsewhere_before_it_goes(deployed: Factory) -> None:
-    f = deployed
+def the_frontend(f: Factory) -> tuple[str, str]:
+    """Once the deployment is Ready with one ready frontend pod: that pod's node and name."""
     wait_for("Ready before the fault", lambda: is_ready(f), timeout=120)
     wait_for("one frontend pod, ready", lambda: [ready(p) for p in frontend_pods(f)] == [True], timeout=60)
-    (old,) = frontend_pods(f)
-    node, name = old["spec"]["nodeName"], old["metadata"]["name"]
+    (pod,) = frontend_pods(f)
+    return pod["spec"]["nodeName"], pod["metadata"]["name"]
+
+
+def test_a_frontend_on_a_quarantined_node_is_replaced_elsewhere_before_it_goes(deployed: Factory) -> None:
+    f = deployed
+    node, name = the_frontend(f)
     faults.quarantine(f, node)
     least = 99
     try:
@@ -258,10 +263,7 @@ def test_a_frontend_on_a_quarantined_node_is_replaced_elsewhere_before_it_goes(d
 
 def test_a_frontend_on_a_lost_node_is_deleted_and_replaced_elsewhere(deployed: Factory) -> None:
     f = deployed
-    wait_for("Ready before the fault", lambda: is_ready(f), timeout=120)
-    wait_for("one frontend pod, ready", lambda: [ready(p) for p in frontend_pods(f)] == [True], timeout=60)
-    (old,) = frontend_pods(f)
-    node, name = old["spec"]["nodeName"], old["metadata"]["name"]
+    node, name = the_frontend(f)
     faults.lose(f, [node])
     try:
 

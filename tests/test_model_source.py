@@ -16,7 +16,7 @@ from tokenfab.api.errors import parse_model_deployment
 from tokenfab.api.models import Condition, ModelDeployment
 from tokenfab.planning import model_source
 from tokenfab.planning.model_source import SourceClaim
-from tokenfab.planning.one_pass import Written, plan, settle
+from tokenfab.planning.one_pass import Written, plan, requeue_after, settle
 from tokenfab.planning.status import event_for
 from tokenfab.runtime import Memory
 
@@ -129,3 +129,14 @@ def test_the_claim_is_read_once_a_minute_and_its_refusal_is_said() -> None:
     assert "cannot get persistentvolumeclaims" in refused.error
     assert reconcile.source_claim(ctx, key, deployment().spec, 281.0) is None  # (hf://: nothing read)
     assert kube.reads == 4
+
+
+def test_a_pass_looks_again_within_a_minute_while_the_source_is_not_right() -> None:
+    md = pvc_deployment()
+    snap = snapshot(md, nodes_of({"a": 4}), {}, {})
+    bad = model_source.condition("ns", SourceClaim("weights", False))
+    good = model_source.condition("ns", SourceClaim("weights", True, ("ReadOnlyMany",)))
+    p = plan(dataclasses.replace(snap, source=bad))
+    assert requeue_after(dataclasses.replace(snap, source=bad), p.roles) is not None
+    assert requeue_after(dataclasses.replace(snap, source=bad), []) == pytest.approx(60.1)
+    assert requeue_after(dataclasses.replace(snap, source=good), []) is None

@@ -70,7 +70,7 @@ Planner = Callable[[str, sla.PlanRequest], sla.PlanOutcome | None]
 
 # Outcomes worth asking again for: the planner may be installed, or work, later.
 RETRY_SECONDS = {sla.PLANNER_UNAVAILABLE: 60.0, sla.PLANNER_FAILED: 300.0}
-SOURCE_READ_SECONDS = 60.0  # a pvc:// source's claim is read again this often (model_source)
+SOURCE_READ_SECONDS = one_pass.SOURCE_LOOK_SECONDS  # a pvc:// source's claim is read again this often
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ Event = tuple[str, str, str]  # (type, reason, message)
 # Decode (or the aggregated worker) is planned first: it is the larger role and prefill follows it.
 PLAN_ORDER: tuple[RoleName, ...] = ("decode", "worker", "prefill")
 PROGRESS_SECONDS = 15.0  # a running download's bytes so far are read again this often
+SOURCE_LOOK_SECONDS = 60.0  # a pass this often while the ModelSource condition is not True
 
 
 @dataclass(frozen=True)
@@ -414,7 +415,8 @@ def orphans(s: Snapshot) -> tuple[str, ...]:
 def requeue_after(s: Snapshot, roles: list[RolePlan]) -> float | None:
     """When time alone (no event) may change this deployment's plan: the autoscaler's next evaluation,
     a binding deadline, a node's toleration running out, a hung worker's grace, an avoided domain's backoff
-    (looked at every 10 s while a group waits for room), a download's progress to show."""
+    (looked at every 10 s while a group waits for room), a download's progress to show, a pvc:// source's
+    claim to read again."""
     waits: list[float] = []
     due = next_due(s.md, s.now, s.urgent_kept)
     if due is not None:
@@ -437,6 +439,8 @@ def requeue_after(s: Snapshot, roles: list[RolePlan]) -> float | None:
         waits.append(1.0)
     if s.loading or any(f.progress is not None and f.phase == "Running" for f in s.fetch_pods):
         waits.append(PROGRESS_SECONDS)  # (a download's bytes so far, in status while it runs)
+    if s.source is not None and s.source.status != "True":
+        waits.append(SOURCE_LOOK_SECONDS)  # (a pvc:// source's claim put right shows without another event)
     backoff = [p.backoff + 0.1 for p in roles if p.backoff > 0]
     out = None if not waits else max(0.2, min(waits) + 0.1)
     return min([*([] if out is None else [out]), *backoff], default=None)
