@@ -28,25 +28,32 @@ def deployment(replicas: int, prestage: int = 2) -> dict:
     return doc
 
 
+def cache_claims(f: Factory, owner: str = NAME, ns: str = NS) -> list[dict]:
+    """The model cache claims a deployment owns (shared claims name no deployment: their owners do)."""
+    claims = get_json(f, "pvc", "-n", ns, "-l", f"{c.COMPONENT}={c.COMPONENT_MODEL_CACHE}")["items"]
+    return [m for m in claims if owner in owners(m) and not m["metadata"].get("deletionTimestamp")]
+
+
+def owners(claim: dict) -> list[str]:
+    return sorted(r["name"] for r in claim["metadata"].get("ownerReferences") or [])
+
+
+def holds(claim: dict) -> set[str]:
+    ann = claim["metadata"].get("annotations") or {}
+    return {v for k, v in ann.items() if k.startswith(c.ANN_HOLDS_PREFIX)}
+
+
 def claim_nodes(f: Factory) -> set[str]:
-    claims = get_json(f, "pvc", "-n", NS, "-l", f"{c.LABEL_DEPLOYMENT}={NAME}")["items"]
-    return {
-        m["metadata"]["annotations"][c.ANN_NODE] for m in claims if not m["metadata"].get("deletionTimestamp")
-    }
+    return {m["metadata"]["annotations"][c.ANN_NODE] for m in cache_claims(f)}
 
 
 def marked_nodes(f: Factory, key: str) -> set[str]:
-    claims = get_json(f, "pvc", "-n", NS, "-l", f"{c.LABEL_DEPLOYMENT}={NAME}")["items"]
-    return {
-        m["metadata"]["annotations"][c.ANN_NODE]
-        for m in claims
-        if (m["metadata"].get("annotations") or {}).get(c.ANN_WEIGHTS) == key
-    }
+    return {m["metadata"]["annotations"][c.ANN_NODE] for m in cache_claims(f) if key in holds(m)}
 
 
-def pods(f: Factory, component: str) -> list[dict]:
-    sel = f"{c.LABEL_DEPLOYMENT}={NAME},{c.COMPONENT}={component}"
-    return list(get_json(f, "pods", "-n", NS, "-l", sel)["items"])
+def pods(f: Factory, component: str, owner: str = NAME, ns: str = NS) -> list[dict]:
+    sel = f"{c.LABEL_DEPLOYMENT}={owner},{c.COMPONENT}={component}"
+    return list(get_json(f, "pods", "-n", ns, "-l", sel)["items"])
 
 
 def test_prestaged_nodes_take_the_scale_up_warm(operator: Factory) -> None:
@@ -126,3 +133,73 @@ def evicts_the_idle_cache_of_a_full_node(f: Factory) -> None:
         wait_for("the evicted node out of idleSince", lambda: victim not in (idle() or {}), timeout=30)
     finally:
         kubectl(f, "label", "node", victim, f"{c.LABEL_CACHE_CAPACITY}-", check=False)
+
+
+SHARE = "share"
+
+
+def test_two_deployments_of_one_source_share_a_nodes_cache(operator: Factory) -> None:
+    """A stages one node (its pre-staged headroom); B, of the same source, starts warm there from A's
+    claim and co-owns it (one claim, two owner references, each deployment's fields its own); B moving to
+    another claim size lets go of it (A keeps it); A deleted, its other claims go with it."""
+    f = operator
+    kubectl(f, "create", "namespace", SHARE, check=False)
+    a, b = deployment(1, prestage=1), deployment(1, prestage=0)
+    for doc, name in ((a, "r-a"), (b, "r-b")):
+        doc["metadata"].update(name=name, namespace=SHARE)
+    key = f"{a['spec']['model']['source']}@main"
+    apply_yaml(f, a)
+    try:
+
+        def staged() -> dict | None:
+            workers = {p["spec"].get("nodeName") for p in pods(f, "worker", "r-a", SHARE)}
+            done = [
+                m
+                for m in cache_claims(f, "r-a", SHARE)
+                if key in holds(m) and m["metadata"]["annotations"][c.ANN_NODE] not in workers
+            ]
+            return done[0] if done and not pods(f, c.COMPONENT_WEIGHTS_FETCH, "r-a", SHARE) else None
+
+        claim = wait_for("A's headroom node staged", staged, timeout=120)
+        node, name = claim["metadata"]["annotations"][c.ANN_NODE], claim["metadata"]["name"]
+        apply_yaml(f, b)
+
+        def b_ready() -> dict | None:
+            ps = pods(f, "worker", "r-b", SHARE)
+            ok = [p for p in ps if any(cd["type"] == "Ready" and cd["status"] == "True"
+                                       for cd in p["status"].get("conditions") or [])]  # fmt: skip
+            return ok[0] if ok else None
+
+        pod = wait_for("B's group Ready", b_ready, timeout=120)
+        assert pod["spec"]["nodeName"] == node, "B's group went to the node A staged"
+        assert pod["metadata"]["annotations"][c.ANN_START_PATH] == "warm"
+        (vol,) = [v for v in pod["spec"]["volumes"] if v["name"] == "model-cache"]
+        assert vol["persistentVolumeClaim"]["claimName"] == name  # (A's claim: staged once on the node)
+        shared = wait_for("the claim owned by both", lambda: (m := get_json(f, "pvc", name, "-n", SHARE))
+                          and owners(m) == ["r-a", "r-b"] and m)  # fmt: skip
+        fields = get_json(f, "pvc", name, "-n", SHARE, "--show-managed-fields")["metadata"]["managedFields"]
+        managers = {e["manager"] for e in fields}
+        assert {m for m in managers if m.startswith(c.CACHE_FIELD_MANAGER_PREFIX)} == {
+            c.CACHE_FIELD_MANAGER_PREFIX + get_json(f, "mdep", n, "-n", SHARE)["metadata"]["uid"]
+            for n in ("r-a", "r-b")
+        }
+        assert not any(r.get("controller") for r in shared["metadata"]["ownerReferences"])
+        assert key in holds(shared)
+        status = get_json(f, "mdep", "r-b", "-n", SHARE)["status"]["weightsCache"]
+        assert node in status["warmNodes"]
+        # B asks for another cache size: its claims are others now; it lets go of the shared one
+        b["spec"]["model"]["cache"]["size"] = "21Gi"
+        apply_yaml(f, b)
+        wait_for("B let go of A's claim", lambda: owners(get_json(f, "pvc", name, "-n", SHARE)) == ["r-a"],
+                 timeout=120)  # fmt: skip
+        a_claims = {m["metadata"]["name"] for m in cache_claims(f, "r-a", SHARE)}
+        kubectl(f, "delete", "mdep", "r-a", "-n", SHARE, "--wait=true")
+
+        def a_gone() -> bool:
+            left = {m["metadata"]["name"] for m in get_json(f, "pvc", "-n", SHARE)["items"]}
+            return not (a_claims & left)
+
+        wait_for("A's claims deleted with A (it owned them alone)", a_gone, timeout=120)
+        assert cache_claims(f, "r-b", SHARE), "B's own claims stay"
+    finally:
+        kubectl(f, "delete", "mdep", "r-a", "r-b", "-n", SHARE, "--wait=true", check=False)

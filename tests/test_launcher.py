@@ -929,3 +929,18 @@ def test_a_manifest_names_every_file_with_its_size_and_sha256_and_finds_any_chan
     assert "sub/model-00001.safetensors is missing" in manifest.verify(snap).words()
     (snap / manifest.MANIFEST).unlink()
     assert not manifest.verify(snap).ok  # (no manifest: no completed download)
+
+
+def test_a_manifest_another_pod_is_writing_is_no_file_of_the_snapshot(tmp_path):
+    """Pods of several deployments share a node's model cache: one's manifest, mid-write, is not hashed
+    into another's, and a finished manifest is readable by every pod (not only its writer's user)."""
+    snap = tmp_path / "snapshots" / COMMIT
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text("{}")
+    (snap / f"{manifest.MANIFEST}.other-pod.tmp").write_text("half a manifest")
+    doc = manifest.write(snap, COMMIT)
+    assert set(doc["files"]) == {"config.json"}
+    assert (snap / manifest.MANIFEST).stat().st_mode & 0o777 == 0o644
+    assert sorted(p.name for p in snap.iterdir()) == sorted(
+        ["config.json", manifest.MANIFEST, f"{manifest.MANIFEST}.other-pod.tmp"]
+    )  # (its own temporary file is gone)

@@ -9,6 +9,7 @@ from typing import Any
 
 from tests.test_one_pass import deployment, materialize, nodes_of, snapshot, used_by
 from tokenfab.api.models import ModelDeployment, ModelDeploymentStatus, RoleBounds
+from tokenfab.fleet.facts import child_facts
 from tokenfab.fleet.view import ClusterView
 from tokenfab.planning import builders as b
 from tokenfab.planning import contract as c
@@ -36,7 +37,7 @@ def fetch_pods(p: Plan) -> dict[str, dict[str, Any]]:
 
 def claim_marks(p: Plan) -> dict[str, str]:
     return {
-        m["metadata"]["annotations"][c.ANN_NODE]: m["metadata"]["annotations"].get(c.ANN_WEIGHTS, "")
+        m["metadata"]["annotations"][c.ANN_NODE]: "".join(child_facts("PersistentVolumeClaim", m).holds)
         for m in p.children.rest
         if m["kind"] == "PersistentVolumeClaim"
     }

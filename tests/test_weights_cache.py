@@ -70,11 +70,11 @@ def test_a_scale_up_goes_to_the_nodes_whose_cache_holds_the_weights_and_serving_
     idle = sorted({n.name for n in nodes} - served)[0]
     again = plan(replace(after, claims={"b-2": "", idle: "x@y"}, pod_nodes=frozenset(served)))
     marked = {
-        m["metadata"]["annotations"][c.ANN_NODE]: m["metadata"]["annotations"].get(c.ANN_WEIGHTS)
+        m["metadata"]["annotations"][c.ANN_NODE]: child_facts("PersistentVolumeClaim", m).holds
         for m in again.children.rest
         if m["kind"] == "PersistentVolumeClaim"
     }
-    assert {n: marked[n] for n in served} == dict.fromkeys(served, key)
+    assert {n: marked[n] for n in served} == dict.fromkeys(served, (key,))
     # (a node with no pod now: its claim is not rendered, and so not rewritten)
     assert idle not in marked
 
@@ -89,13 +89,18 @@ def test_without_per_node_claims_placement_is_unchanged():
 
 
 def test_the_claims_mark_is_read_from_its_annotation():
+    # (a claim made before claims were shared: one mark, and the deployment's label)
     obj = {"metadata": {"name": "m-model-1", "namespace": "ns", "labels": {c.LABEL_DEPLOYMENT: "m"},
                         "annotations": {c.ANN_NODE: "n1", c.ANN_WEIGHTS: "hf://x@y"}}}  # fmt: skip
     facts = child_facts("PersistentVolumeClaim", obj)
-    assert (facts.node, facts.weights) == ("n1", "hf://x@y")
+    assert (facts.node, facts.holds, facts.deployment) == ("n1", ("hf://x@y",), "m")
     own = b.Owner(name="m", namespace="ns", uid="u")
-    claim = b.model_cache_claim(own, deployment().spec, "n1", "hf://x@y")
-    assert child_facts("PersistentVolumeClaim", claim).weights == "hf://x@y"
+    spec = deployment().spec
+    key = weights_cache.weights_key(spec)
+    claim = child_facts("PersistentVolumeClaim", b.model_cache_claim(own, spec, "n1", key))
+    assert (claim.holds, claim.owners, claim.deployment) == ((key,), ("m",), None)
+    # only the spec's own weights are marked by its deployment (another revision's mark is not its to make)
+    assert child_facts("PersistentVolumeClaim", b.model_cache_claim(own, spec, "n1", "hf://x@y")).holds == ()
 
 
 # ------------------------------------------------------------------------ lead time per start path

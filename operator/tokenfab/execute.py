@@ -238,15 +238,15 @@ def _apply_changed(
     futures: list[tuple[Future[Any], Any]] = []
     for manifest in wanted:
         m = b.with_applied_hash(manifest)
-        h = m["metadata"]["annotations"][c.ANN_APPLIED_HASH]
+        h = m["metadata"]["annotations"][b.applied_annotation(m)]
         ident = (m["kind"], m["metadata"]["name"])
         seen = ctx.view.child(m["kind"], owner.namespace, m["metadata"]["name"])
-        if seen is not None and seen.applied_hash == h:
+        if seen is not None and dict(seen.applied).get(b.applied_annotation(m)) == h:
             continue
         last = mem.applied.get(ident)
         if last is not None and last[0] == h and now - last[1] < ctx.settings.applied_grace:
             continue  # written moments ago; the watch has not shown it yet
-        futures.append((ctx.kube.pool.submit(ctx.kube.apply, m), (ident, h)))
+        futures.append((ctx.kube.pool.submit(ctx.kube.apply, m, b.field_manager(m)), (ident, h)))
     return futures
 
 
@@ -280,17 +280,35 @@ def _delete_stale(
                     None,
                 )
             )
-    wanted = {m["metadata"]["name"] for m in b.model_cache_claims(owner, spec, [pvc.node for pvc in
-              ctx.view.children("PersistentVolumeClaim", key)])}  # fmt: skip
-    for pvc in ctx.view.children("PersistentVolumeClaim", key):
-        if pvc.node and pvc.name not in wanted:
-            futures.append((ctx.kube.pool.submit(ctx.kube.delete, "v1", "PersistentVolumeClaim", pvc.name,
-                                                 owner.namespace), None))  # fmt: skip
+    futures += _release_claims(ctx, key, owner, spec)
     if not b.uses_kubernetes_discovery(spec) and in_use <= current:
         for api_version, kind in DISCOVERY_KINDS:
             for child in ctx.view.children(kind, key):
                 futures.append((ctx.kube.pool.submit(ctx.kube.delete, api_version, kind, child.name,
                                                      owner.namespace), None))  # fmt: skip
+    return futures
+
+
+def _release_claims(
+    ctx: Context, key: Key, owner: b.Owner, spec: ModelDeploymentSpec
+) -> list[tuple[Future[Any], Any]]:
+    """The model cache claims the deployment owns but would no longer mount (another source, storage
+    class or size, or one made before claims were shared): deleted when no other deployment owns them (a
+    claim still mounted goes when its last pod does), else let go (its owner reference and annotations
+    taken off; the others keep it)."""
+    futures: list[tuple[Future[Any], Any]] = []
+    claims = [pvc for pvc in ctx.view.children("PersistentVolumeClaim", key) if pvc.node]
+    wanted = {m["metadata"]["name"] for m in b.model_cache_claims(owner, spec, [p.node for p in claims])}
+    for pvc in claims:
+        if pvc.name in wanted:
+            continue
+        if set(pvc.owners) - {key[1]}:
+            released = b.released_claim(owner, pvc.name)
+            manager = b.field_manager(b.model_cache_claim(owner, spec, pvc.node))
+            futures.append((ctx.kube.pool.submit(ctx.kube.apply, released, manager), None))
+        else:
+            futures.append((ctx.kube.pool.submit(ctx.kube.delete, "v1", "PersistentVolumeClaim", pvc.name,
+                                                 owner.namespace), None))  # fmt: skip
     return futures
 
 

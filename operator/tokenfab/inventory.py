@@ -79,15 +79,17 @@ def domains(
 
 
 def cached_models(view: ClusterView, label: str = DOMAIN_LABEL) -> dict[str, list[CachedWeights]]:
-    """Per domain, the weights its nodes' model cache claims are marked with (contract.ANN_WEIGHTS)."""
+    """Per domain, the weights its nodes' model cache claims hold (contract.ANN_HOLDS_PREFIX), and the
+    deployments that own those claims."""
     held: dict[str, dict[str, tuple[set[str], set[str]]]] = {}
     for claim in view.all_children("PersistentVolumeClaim"):
-        node = view.node(claim.node) if claim.node and claim.weights else None
-        domain = node.labels.get(label) if node is not None else None
-        if domain:
-            nodes, deps = held.setdefault(domain, {}).setdefault(claim.weights, (set(), set()))
+        node = view.node(claim.node) if claim.node and claim.holds else None
+        domain = node.labels.get(label, "") if node is not None else ""
+        owners = {*claim.owners, *((claim.deployment,) if claim.deployment else ())}
+        for weights in claim.holds if domain else ():
+            nodes, deps = held.setdefault(domain, {}).setdefault(weights, (set(), set()))
             nodes.add(claim.node)
-            deps.add(f"{claim.namespace}/{claim.deployment}")
+            deps.update(f"{claim.namespace}/{o}" for o in owners)
     return {
         d: [
             CachedWeights(weights=w, nodes=len(n), deployments=sorted(deps))

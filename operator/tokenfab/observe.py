@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from tokenfab.api.models import RoleName
+from tokenfab.api.models import ModelDeploymentSpec, RoleName
+from tokenfab.fleet.facts import ChildFacts
 from tokenfab.fleet.view import ClusterView, Key, PodFacts
+from tokenfab.planning import builders as b
 from tokenfab.planning import contract as c
 from tokenfab.planning.capacity import Constraints, parse_quantity, untolerated
 from tokenfab.planning.eviction import CacheEntry, NodeCaches
@@ -98,13 +100,28 @@ def node_caches(view: ClusterView, key: Key, nodes: Iterable[str]) -> NodeCaches
     if not capacity:
         return NodeCaches(staged)
     others = tuple(
-        CacheEntry(
-            f"{p.namespace}/{p.name}",
-            p.node,
-            p.size,
-            view.idle_since((p.namespace, p.deployment)).get(p.node),
-        )
+        CacheEntry(f"{p.namespace}/{p.name}", p.node, p.size, view.idle_since(owner).get(p.node))
         for p in view.all_children("PersistentVolumeClaim")
-        if p.node in capacity and p.deployment and (p.namespace, p.deployment) != key
+        if p.node in capacity
+        for owner in {(p.namespace, o) for o in (*p.owners, *((p.deployment,) if p.deployment else ()))}
+        if owner != key
     )
     return NodeCaches(staged, others, capacity)
+
+
+def usable_claims(view: ClusterView, owner: b.Owner, spec: ModelDeploymentSpec) -> list[ChildFacts]:
+    """The model cache claims of the namespace the deployment's pods would mount (those of its source,
+    storage class and size), whichever deployment made them."""
+    if not b.uses_model_cache_claims(spec):
+        return []
+    return [
+        pvc
+        for pvc in view.model_caches(owner.namespace)
+        if pvc.name == b.model_cache_claim_name(owner, spec, pvc.node)
+    ]
+
+
+def held(pvc: ChildFacts, key: str) -> str:
+    """What a model cache claim holds, as a pass reads it: the spec's weights when it holds them, else
+    another revision it holds ("" none)."""
+    return key if key in pvc.holds else (pvc.holds[0] if pvc.holds else "")

@@ -42,7 +42,7 @@ from tokenfab.api.models import (
     RoleName,
 )
 from tokenfab.fleet.view import Key, PodFacts, parse_time
-from tokenfab.observe import group_views, node_caches, node_health
+from tokenfab.observe import group_views, held, node_caches, node_health, usable_claims
 from tokenfab.planning import builders as b
 from tokenfab.planning import contract as c
 from tokenfab.planning import launcher_log, model_source, one_pass, sla, weights_cache
@@ -262,7 +262,7 @@ def observe(ctx: Context, key: Key, now: float) -> tuple[Obj, Snapshot] | Result
     why = ex.compute_domain_block(ctx, md.spec)
     readings, urgent, kept, drain = _read(ctx, key, md, groups, now)
     frontend = ctx.view.child("Deployment", key[0], b.frontend_name(owner))
-    claims = [pvc for pvc in ctx.view.children("PersistentVolumeClaim", key) if pvc.node]
+    claims = usable_claims(ctx.view, owner, md.spec)
     logs = pod_logs.read(ctx, key, md.spec, pods, now)
     return body, Snapshot(
         owner=owner,
@@ -284,7 +284,7 @@ def observe(ctx: Context, key: Key, now: float) -> tuple[Obj, Snapshot] | Result
         planned=profile.condition,
         source=model_source.condition(key[0], source_claim(ctx, key, md.spec, now)),
         pod_nodes=frozenset(n for p in pods if (n := p.pinned or p.node)),
-        claims={pvc.node: pvc.weights for pvc in claims},
+        claims={pvc.node: held(pvc, b.weights_key(md.spec)) for pvc in claims},
         fetch_pods=fetch_pods(pods, logs.progress),
         weights_sources=logs.weights,
         loading=logs.loading,

@@ -297,14 +297,15 @@ class Kube:
         return self.list_page("v1", "Pod", field_selector="status.phase!=Succeeded,status.phase!=Failed")[0]
 
     # ----------------------------------------------------------------------------------- writes
-    def apply(self, manifest: Obj) -> Obj:
-        """Server-side apply; tokenfab owns every field it sets."""
+    def apply(self, manifest: Obj, manager: str = c.FIELD_MANAGER) -> Obj:
+        """Server-side apply; tokenfab owns every field it sets (a model cache claim's owners each under a
+        field manager of their own)."""
         meta = manifest["metadata"]
         path = resource_path(manifest["apiVersion"], manifest["kind"], meta.get("namespace"), meta["name"])
         result: Obj = self.request(
             "PATCH",
             path,
-            [("fieldManager", c.FIELD_MANAGER), ("force", "true")],
+            [("fieldManager", manager), ("force", "true")],
             body=manifest,
             content_type="application/apply-patch+yaml",
             what=f"{manifest['kind']} {meta.get('namespace', '')}/{meta['name']}".replace(" /", " "),

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from tokenfab.api.models import KIND
 from tokenfab.planning import contract as c
 from tokenfab.planning.capacity import NodeFacts, Taint, add, parse_quantity, to_units
 from tokenfab.planning.faults import FaultKeys, NodeFault, device_fault, node_faults
@@ -258,8 +259,10 @@ class ChildFacts:
     node: str = ""  # a model cache claim's node
     group: str = ""  # a ComputeDomain's group
     state: str = ""  # a ComputeDomain's status.status (Ready | NotReady)
-    weights: str = ""  # a model cache claim: the weights served from it (contract.ANN_WEIGHTS)
+    holds: tuple[str, ...] = ()  # a model cache claim: the weights it holds (contract.ANN_HOLDS_PREFIX)
     size: int = 0  # a model cache claim: the bytes it asks for
+    owners: tuple[str, ...] = ()  # a model cache claim: the ModelDeployments that own it (by name)
+    applied: tuple[tuple[str, str], ...] = ()  # every applied-hash annotation (key, value)
     replaces: str = ""  # the frontend Deployment's pod template: the pods it replaces (contract.ANN_REPLACES)
 
 
@@ -279,9 +282,31 @@ def child_facts(kind: str, obj: Obj) -> ChildFacts:
         node=(meta.get("annotations") or {}).get(c.ANN_NODE, ""),
         group=labels.get(c.LABEL_GROUP, "") if kind == "ComputeDomain" else "",
         state=str(status.get("status") or "") if kind == "ComputeDomain" else "",
-        weights=(meta.get("annotations") or {}).get(c.ANN_WEIGHTS, ""),
+        holds=_holds(meta) if kind == "PersistentVolumeClaim" else (),
         size=_claim_size(obj) if kind == "PersistentVolumeClaim" else 0,
+        owners=_owners(meta) if kind == "PersistentVolumeClaim" else (),
+        applied=tuple(
+            sorted(
+                (k, v)
+                for k, v in (meta.get("annotations") or {}).items()
+                if k == c.ANN_APPLIED_HASH or k.startswith(c.ANN_APPLIED_BY_PREFIX)
+            )
+        ),
         replaces=_template_annotations(obj).get(c.ANN_REPLACES, "") if kind == "Deployment" else "",
+    )
+
+
+def _holds(meta: Obj) -> tuple[str, ...]:
+    """The weights a model cache claim is marked as holding (also the one mark of claims made before
+    they were shared)."""
+    ann = meta.get("annotations") or {}
+    marks = {v for k, v in ann.items() if k.startswith(c.ANN_HOLDS_PREFIX) or k == c.ANN_WEIGHTS}
+    return tuple(sorted(m for m in marks if m))
+
+
+def _owners(meta: Obj) -> tuple[str, ...]:
+    return tuple(
+        sorted(str(r.get("name", "")) for r in meta.get("ownerReferences") or [] if r.get("kind") == KIND)
     )
 
 

@@ -121,9 +121,10 @@ class ClusterView:
     def _cached_on(self, node: str) -> set[Key]:
         """The deployments with a model cache claim on the node (under the lock; rare: a label changed)."""
         return {
-            (ch.namespace, ch.deployment)
+            (ch.namespace, owner)
             for (kind, _, _), ch in self._children.items()
-            if kind == "PersistentVolumeClaim" and ch.node == node and ch.deployment
+            if kind == "PersistentVolumeClaim" and ch.node == node
+            for owner in _owners(ch)
         }
 
     def nodes(self) -> list[NodeFacts]:
@@ -315,7 +316,8 @@ class ClusterView:
                 if before == facts:
                     return Change()  # nothing a pass reads has changed (e.g. a PDB's status)
             freed = before is not None and before.state == "NotReady" and facts.state != "NotReady"
-        return Change({(facts.namespace, facts.deployment)} if facts.deployment else set(), freed)
+        owners = {*_owners(facts), *(_owners(before) if before is not None else ())}
+        return Change({(facts.namespace, o) for o in owners}, freed)
 
     def child(self, kind: str, namespace: str, name: str) -> ChildFacts | None:
         with self._lock:
@@ -327,11 +329,22 @@ class ClusterView:
             return [ch for (k, _, _), ch in self._children.items() if k == kind]
 
     def children(self, kind: str, key: Key) -> list[ChildFacts]:
+        """A deployment's children of one kind (labelled with it, or, for a model cache claim shared by
+        several, owned by it)."""
         with self._lock:
             return [
                 ch
                 for (k, ns, _), ch in self._children.items()
-                if k == kind and ns == key[0] and ch.deployment == key[1]
+                if k == kind and ns == key[0] and (ch.deployment == key[1] or key[1] in ch.owners)
+            ]
+
+    def model_caches(self, namespace: str) -> list[ChildFacts]:
+        """The namespace's model cache claims (any deployment's: they are shared by source)."""
+        with self._lock:
+            return [
+                ch
+                for (k, ns, _), ch in self._children.items()
+                if k == "PersistentVolumeClaim" and ns == namespace and ch.node
             ]
 
     # ------------------------------------------------------------------------ ModelDeployments
@@ -448,6 +461,11 @@ class ClusterView:
     def node_holders(self, node: str) -> set[Key]:
         with self._lock:
             return set(self._by_node.get(node, ()))
+
+
+def _owners(ch: ChildFacts) -> set[str]:
+    """The deployments a child's change concerns: its own, or every owner of a shared model cache claim."""
+    return {*ch.owners, *((ch.deployment,) if ch.deployment else ())}
 
 
 def _healthy(node: NodeFacts) -> bool:

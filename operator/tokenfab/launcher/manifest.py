@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import tempfile
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -43,7 +45,9 @@ def _files(snapshot: Path) -> list[Path]:
     return sorted(
         p
         for p in snapshot.rglob("*")
-        if p.name not in _SKIP and (p.is_file() or (p.is_symlink() and p.exists()))
+        if p.name not in _SKIP
+        and not p.name.startswith(MANIFEST)  # (a manifest another pod is writing: its temporary file)
+        and (p.is_file() or (p.is_symlink() and p.exists()))
     )
 
 
@@ -71,9 +75,13 @@ def write(
         },
         **(extra or {}),
     }
-    tmp = snapshot / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1))
-    tmp.replace(snapshot / MANIFEST)  # (whole or absent: a crash mid-write leaves no manifest)
+    # (whole or absent: a crash mid-write leaves no manifest; a temporary file of its own, since the pods
+    # of several groups and deployments on one node share its model cache and may finish together)
+    fd, name = tempfile.mkstemp(prefix=MANIFEST + ".", suffix=".tmp", dir=snapshot)
+    os.fchmod(fd, 0o644)  # (read by the pods of other deployments too, as a plain write leaves it)
+    with os.fdopen(fd, "w") as out:
+        out.write(json.dumps(doc, indent=1))
+    Path(name).replace(snapshot / MANIFEST)
     return doc
 
 

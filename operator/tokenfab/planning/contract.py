@@ -5,6 +5,9 @@ from __future__ import annotations
 
 DOMAIN = "tokenfab.dev"
 FIELD_MANAGER = "tokenfab"
+# A model cache claim is applied by each deployment that uses it under a field manager of its own, so each
+# owns only its entry of ownerReferences and its own annotations (planning.builders.volumes)
+CACHE_FIELD_MANAGER_PREFIX = "tokenfab-cache-"
 FINALIZER = f"{DOMAIN}/finalizer"
 
 # Labels on every child object.
@@ -12,6 +15,7 @@ MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE = "tokenfab"
 COMPONENT = "app.kubernetes.io/component"  # worker | frontend | weights-fetch
 COMPONENT_WEIGHTS_FETCH = "weights-fetch"  # a pod that stages hf:// weights in a node's model cache
+COMPONENT_MODEL_CACHE = "model-cache"  # a node's model cache claim, shared by the deployments of one source
 LABEL_DEPLOYMENT = f"{DOMAIN}/deployment"
 LABEL_ROLE = f"{DOMAIN}/role"
 LABEL_GROUP = f"{DOMAIN}/group"
@@ -28,7 +32,12 @@ ANN_ENGINE_HASH = f"{DOMAIN}/engine-config-hash"
 ANN_GROUP_SIZE = f"{DOMAIN}/group-pods"
 ANN_GROUP_GPUS = f"{DOMAIN}/group-gpus"
 ANN_START_PATH = f"{DOMAIN}/start-path"  # a worker pod: warm | fetching | cold (its node's model cache)
-ANN_WEIGHTS = f"{DOMAIN}/weights"  # a model cache claim: the weights (source@revision) served from it
+ANN_WEIGHTS = f"{DOMAIN}/weights"  # a fetch pod: the weights (source@revision) it stages
+# A model cache claim: one annotation per weights it holds (source@revision; the key's name is a hash of
+# it), each written by the deployments that saw them served or staged there (planning.builders.volumes)
+ANN_HOLDS_PREFIX = f"weights.{DOMAIN}/"
+# A model cache claim: the hash of what each owning deployment last applied (the key's name: its uid)
+ANN_APPLIED_BY_PREFIX = f"applied.{DOMAIN}/"
 # A node: how much its local NVMe gives the model caches (a quantity, e.g. 28Ti; planning.eviction)
 LABEL_CACHE_CAPACITY = f"{DOMAIN}/model-cache-capacity"
 ANN_NODE = f"{DOMAIN}/node"  # the node placement assigned this pod (it is pinned there)

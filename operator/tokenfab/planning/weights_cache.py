@@ -1,11 +1,14 @@
 """A deployment's per-node model caches, pure: which nodes would start a new group warm.
 
 With `model.cache.storageClassName`, hf:// weights are kept on each node the deployment ran on, in a
-node-local PersistentVolumeClaim that outlives its pods (tokenfab.planning.builders.volumes). Once a worker
-of the current revision served from a node's cache, the claim is marked with the weights it holds
-(`contract.ANN_WEIGHTS`: source@revision): those weights load from local NVMe there, with no download.
-A node's warmth (tokenfab.planning.topology.Warmth) is then:
-- 0 warm: its claim is marked with the weights the spec asks for;
+node-local PersistentVolumeClaim that outlives its pods (tokenfab.planning.builders.volumes). The claim is
+named by node, source, storage class and size, not by deployment: every deployment of the namespace that
+loads the same source there mounts the same claim, so the weights are staged once per node, and a claim
+another deployment filled starts this one warm too. Once a worker of the current revision served from a
+node's cache, the claim is marked as holding those weights (`contract.ANN_HOLDS_PREFIX`: source@revision):
+they load from local NVMe there, with no download. A node's warmth (tokenfab.planning.topology.Warmth)
+is then:
+- 0 warm: its claim is marked as holding the weights the spec asks for;
 - 1 fetching: it has a claim, not (yet) marked with them: a download began there, or it holds another
   revision (the hub's client fetches only the files that changed);
 - 2 cold: no claim: the weights come from their source.
@@ -42,10 +45,7 @@ from tokenfab.planning.scaler.memory import parse
 from tokenfab.planning.status import rfc3339
 from tokenfab.planning.topology import COLD, ELSEWHERE, Domain, best_fit_nodes, choose_domain, take
 
-
-def weights_key(spec: ModelDeploymentSpec) -> str:
-    """What a cache holds: the source at its revision (the hub's main branch when none is pinned)."""
-    return f"{spec.model.source}@{spec.model.revision or 'main'}"
+weights_key = b.weights_key
 
 
 def warmth(claims: Mapping[str, str], key: str, elsewhere: Iterable[str] = ()) -> dict[str, int]:
@@ -201,7 +201,13 @@ def staging(
     fetched = [f.node for f in live if f.phase == "Succeeded" and current(f)]
     marked = claim_marks(spec, claims, groups, fetched)
     others, before, now = caches
-    nodes = prestage_nodes(spec, domains_of, node_warmth(spec, claims, others.staged_elsewhere), desired)
+    # (the nodes another deployment pre-stages come last for this one's headroom even where it could use
+    # the claim there, shared by source: two headrooms on one node would be one, and fetched twice)
+    staged_warmth = {
+        **node_warmth(spec, claims, others.staged_elsewhere),
+        **dict.fromkeys(others.staged_elsewhere, ELSEWHERE),
+    }
+    nodes = prestage_nodes(spec, domains_of, staged_warmth, desired)
     wanted = fetches_wanted(spec, nodes, marked)
     keep = wanted | set(occupied)
     gone = [

@@ -85,7 +85,9 @@ from tokenfab.planning.builders.security import (
     uses_kubernetes_discovery,
 )
 from tokenfab.planning.builders.shared import (
+    applied_annotation,
     applied_hash,
+    field_manager,
     frontend_deployment,
     frontend_service,
     pod_disruption_budget,
@@ -94,11 +96,14 @@ from tokenfab.planning.builders.shared import (
 )
 from tokenfab.planning.builders.volumes import (
     fetches_weights,
+    holds_annotation,
     model_cache_claim,
     model_cache_claim_name,
     model_cache_claims,
     pinned_nodes,
+    released_claim,
     uses_model_cache_claims,
+    weights_key,
 )
 
 __all__ = [
@@ -113,6 +118,7 @@ __all__ = [
     "Manifest",
     "Owner",
     "admits_late",
+    "applied_annotation",
     "applied_hash",
     "child_meta",
     "compute_domain",
@@ -127,6 +133,7 @@ __all__ = [
     "engine_configmap",
     "engine_configmap_name",
     "fetches_weights",
+    "field_manager",
     "follow_ratio",
     "frontend_deployment",
     "frontend_name",
@@ -135,6 +142,7 @@ __all__ = [
     "group_name",
     "group_pods",
     "group_shape",
+    "holds_annotation",
     "model_cache_claim",
     "model_cache_claim_name",
     "model_cache_claims",
@@ -148,6 +156,7 @@ __all__ = [
     "pod_name",
     "pod_requests",
     "ratio_prefill",
+    "released_claim",
     "role_revision",
     "selector_labels",
     "spec_groups",
@@ -156,6 +165,7 @@ __all__ = [
     "uses_model_cache_claims",
     "weights_fetch_pod",
     "weights_fetch_pod_name",
+    "weights_key",
     "with_applied_hash",
     "worker_address",
     "worker_args",

@@ -21,8 +21,9 @@ FETCH_GRACE_SECONDS = 5  # the launcher stops a download on SIGTERM at once; the
 
 
 def weights_fetch_pod_name(owner: Owner, spec: ModelDeploymentSpec, node: str) -> str:
-    """One per node and model cache claim (a new class or size is a new claim, so a new pod)."""
-    return f"{model_cache_claim_name(owner, spec, node)}-fetch"
+    """One per deployment, node and model cache claim (a new class or size is a new claim, so a new pod;
+    the deployments sharing a claim each have their own)."""
+    return f"{owner.name}-{model_cache_claim_name(owner, spec, node)}-fetch"
 
 
 def weights_fetch_pod(owner: Owner, spec: ModelDeploymentSpec, node: str, weights: str) -> Manifest:

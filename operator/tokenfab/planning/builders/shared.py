@@ -141,16 +141,34 @@ def frontend_service(owner: Owner) -> Manifest:
 def applied_hash(manifest: Manifest) -> str:
     """Hash of a shared child's manifest (without its own hash annotation)."""
     meta = dict(manifest["metadata"])
-    ann = {k: v for k, v in (meta.get("annotations") or {}).items() if k != c.ANN_APPLIED_HASH}
+    mine = applied_annotation(manifest)
+    ann = {k: v for k, v in (meta.get("annotations") or {}).items() if k != mine}
     meta["annotations"] = ann
     return content_hash({**manifest, "metadata": meta})
+
+
+def applied_annotation(manifest: Manifest) -> str:
+    """The annotation a child's applied hash is kept in: one per owner on a model cache claim (several
+    deployments apply it, each its own manifest), else one."""
+    meta = manifest["metadata"]
+    if manifest["kind"] == "PersistentVolumeClaim" and (refs := meta.get("ownerReferences")):
+        return f"{c.ANN_APPLIED_BY_PREFIX}{refs[0]['uid']}"
+    return c.ANN_APPLIED_HASH
+
+
+def field_manager(manifest: Manifest) -> str:
+    """The field manager a child is applied with: each owner's own on a model cache claim."""
+    meta = manifest["metadata"]
+    if manifest["kind"] == "PersistentVolumeClaim" and (refs := meta.get("ownerReferences")):
+        return f"{c.CACHE_FIELD_MANAGER_PREFIX}{refs[0]['uid']}"
+    return c.FIELD_MANAGER
 
 
 def with_applied_hash(manifest: Manifest) -> Manifest:
     """The manifest with its hash in an annotation, so an unchanged child is never applied again."""
     h = applied_hash(manifest)
     meta = dict(manifest["metadata"])
-    meta["annotations"] = {**(meta.get("annotations") or {}), c.ANN_APPLIED_HASH: h}
+    meta["annotations"] = {**(meta.get("annotations") or {}), applied_annotation(manifest): h}
     return {**manifest, "metadata": meta}
 
 

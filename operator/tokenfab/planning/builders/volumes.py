@@ -9,7 +9,7 @@ from typing import Any
 
 from tokenfab.api.models import ModelDeploymentSpec, RoleName
 from tokenfab.planning import contract as c
-from tokenfab.planning.builders.common import Manifest, Owner, child_meta, engine_configmap_name
+from tokenfab.planning.builders.common import Manifest, Owner, engine_configmap_name, owner_reference
 from tokenfab.planning.engine import content_hash
 
 Volumes = list[dict[str, Any]]
@@ -35,29 +35,66 @@ def fetches_weights(spec: ModelDeploymentSpec) -> bool:
 
 
 def model_cache_claim_name(owner: Owner, spec: ModelDeploymentSpec, node: str) -> str:
-    """The model cache of a deployment on one node (node names can be 253 characters: a hash of it), for
-    one storage class and size: a claim's spec cannot change, so a new class or size is a new claim."""
+    """The model cache of one source on one node, for one storage class and size (node names can be 253
+    characters: a hash of them all). It does not name the deployment: every deployment of the namespace
+    that loads the same source with the same class and size mounts the same claim there, so the weights
+    are staged once per node. `owner` gives the namespace only (a claim is namespaced). A claim's spec
+    cannot change, so a new class or size is a new claim; revisions of one source share one (the hub's
+    cache keeps each revision's files once)."""
     cache = spec.model.cache
-    return f"{owner.name}-model-{content_hash([node, cache.storage_class_name, str(cache.size)], 10)}"
+    parts = [node, cache.storage_class_name, str(cache.size), spec.model.source]
+    return f"model-cache-{content_hash(parts, 12)}"
+
+
+def holds_annotation(weights: str) -> str:
+    """The annotation that says a model cache claim holds `weights` (source@revision), verified: a worker
+    of those weights served from it, or a weights-fetch pod completed into it."""
+    return f"{c.ANN_HOLDS_PREFIX}{content_hash(weights, 16)}"
 
 
 def model_cache_claim(owner: Owner, spec: ModelDeploymentSpec, node: str, weights: str = "") -> Manifest:
-    """The node-local PersistentVolumeClaim that keeps a deployment's hf:// weights on `node` across pods,
-    restarts and rollouts (spec.model.cache.storageClassName: a WaitForFirstConsumer class, so the volume
-    is made on the node of the first pod that mounts it, and every pod there shares it)."""
-    cache = spec.model.cache
-    meta = child_meta(owner, model_cache_claim_name(owner, spec, node), "worker")
-    meta["annotations"] = {c.ANN_NODE: node, **({c.ANN_WEIGHTS: weights} if weights else {})}
+    """The node-local PersistentVolumeClaim that keeps a source's weights on `node` across pods, restarts,
+    rollouts and deployments (spec.model.cache.storageClassName: a WaitForFirstConsumer class, so the
+    volume is made on the node of the first pod that mounts it, and every pod there shares it).
+
+    Several deployments may own one claim. Each applies it under its own field manager (see
+    builders.shared.field_manager) with only its own owner reference (not the controller: a claim has no
+    single one) and, when `weights` are the spec's, the annotation that the claim holds them: server-side
+    apply keeps the other deployments' references and annotations, and the garbage collector deletes the
+    claim once every owner is gone."""
+    ref = {**owner_reference(owner), "controller": False}
+    held = {holds_annotation(weights): weights} if weights and weights == weights_key(spec) else {}
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": meta,
+        "metadata": {
+            "name": model_cache_claim_name(owner, spec, node),
+            "namespace": owner.namespace,
+            "labels": {c.MANAGED_BY: c.MANAGED_BY_VALUE, c.COMPONENT: c.COMPONENT_MODEL_CACHE},
+            "annotations": {c.ANN_NODE: node, **held},
+            "ownerReferences": [ref],
+        },
         "spec": {
             "accessModes": ["ReadWriteOnce"],
-            "storageClassName": cache.storage_class_name,
-            "resources": {"requests": {"storage": str(cache.size)}},
+            "storageClassName": spec.model.cache.storage_class_name,
+            "resources": {"requests": {"storage": str(spec.model.cache.size)}},
         },
     }
+
+
+def released_claim(owner: Owner, name: str) -> Manifest:
+    """What a deployment applies to let go of a model cache claim other deployments still own: nothing,
+    under its field manager, so its owner reference and annotations go and the others' stay."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "namespace": owner.namespace},
+    }
+
+
+def weights_key(spec: ModelDeploymentSpec) -> str:
+    """What a model cache holds: the source at its revision (the hub's main branch when none is pinned)."""
+    return f"{spec.model.source}@{spec.model.revision or 'main'}"
 
 
 def uses_model_cache_claims(spec: ModelDeploymentSpec) -> bool:

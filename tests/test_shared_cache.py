@@ -1,0 +1,190 @@
+"""One model cache per node and source, shared by the namespace's deployments of that source: its name does
+not depend on the deployment, each deployment applies it under a field manager of its own (its owner
+reference and annotations are its own), a claim another deployment filled starts this one warm, and a
+claim several use is evicted only once every one of them lets it go."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from tests.test_one_pass import deployment, nodes_of, snapshot
+from tokenfab.fleet.facts import child_facts
+from tokenfab.fleet.view import ClusterView
+from tokenfab.observe import held, node_caches, usable_claims
+from tokenfab.planning import builders as b
+from tokenfab.planning import contract as c
+from tokenfab.planning import weights_cache
+from tokenfab.planning.eviction import CacheEntry, NodeCaches, evictions, merged
+from tokenfab.planning.one_pass import plan
+from tokenfab.planning.status import rfc3339
+from tokenfab.planning.topology import Domain
+
+A = b.Owner(name="r1-a", namespace="team", uid="uid-a")
+B = b.Owner(name="r1-b", namespace="team", uid="uid-b")
+NOW = 1_000_000.0
+TI = 2**40
+
+
+def spec(source: str = "", size: str = "") -> Any:
+    s = deployment(decode=1).spec.model_copy(deep=True)
+    if source:
+        s.model.source = source
+    if size:
+        s.model.cache.size = size
+    return s
+
+
+def test_the_claim_is_named_by_node_source_class_and_size_not_by_deployment():
+    same = spec()
+    assert b.model_cache_claim_name(A, same, "n1") == b.model_cache_claim_name(B, same, "n1")
+    assert b.model_cache_claim_name(A, same, "n1") != b.model_cache_claim_name(A, same, "n2")
+    assert b.model_cache_claim_name(A, same, "n1") != b.model_cache_claim_name(A, spec("hf://o/other"), "n1")
+    assert b.model_cache_claim_name(A, same, "n1") != b.model_cache_claim_name(A, spec(size="9Ti"), "n1")
+    # (each deployment's fetch pod is its own: two never collide on one name)
+    assert b.weights_fetch_pod_name(A, same, "n1") != b.weights_fetch_pod_name(B, same, "n1")
+
+
+def test_each_deployment_applies_the_claim_as_a_co_owner_with_its_own_manager_and_hash():
+    s = spec()
+    key = b.weights_key(s)
+    ma, mb = b.model_cache_claim(A, s, "n1", key), b.model_cache_claim(B, s, "n1", "")
+    for m, owner in ((ma, A), (mb, B)):
+        (ref,) = m["metadata"]["ownerReferences"]
+        assert (ref["uid"], ref["controller"]) == (owner.uid, False)  # (no single controller)
+        assert c.LABEL_DEPLOYMENT not in m["metadata"]["labels"]
+        assert b.field_manager(m) == f"{c.CACHE_FIELD_MANAGER_PREFIX}{owner.uid}"
+        assert b.applied_annotation(m) == f"{c.ANN_APPLIED_BY_PREFIX}{owner.uid}"
+    # the applied hashes live side by side: one deployment's write does not make the other's stale
+    both = {**ma["metadata"]["annotations"], **b.with_applied_hash(ma)["metadata"]["annotations"],
+            **b.with_applied_hash(mb)["metadata"]["annotations"]}  # fmt: skip
+    obj = {**ma, "metadata": {**ma["metadata"], "annotations": both,
+                              "ownerReferences": [*ma["metadata"]["ownerReferences"],
+                                                  *mb["metadata"]["ownerReferences"]]}}  # fmt: skip
+    facts = child_facts("PersistentVolumeClaim", obj)
+    assert facts.owners == ("r1-a", "r1-b")
+    assert facts.holds == (key,)
+    applied = dict(facts.applied)
+    assert applied[b.applied_annotation(ma)] == b.applied_hash(ma)
+    assert applied[b.applied_annotation(mb)] == b.applied_hash(mb)
+    # other children keep the one annotation and the one manager
+    other = b.with_applied_hash(b.pod_disruption_budget(A, "decode", 2))
+    assert b.applied_annotation(other) == c.ANN_APPLIED_HASH
+    assert b.field_manager(other) == c.FIELD_MANAGER
+
+
+def _claim(owner: b.Owner, s: Any, node: str, weights: str, *more: b.Owner) -> dict[str, Any]:
+    m = b.model_cache_claim(owner, s, node, weights)
+    refs = [
+        *m["metadata"]["ownerReferences"],
+        *(b.model_cache_claim(o, s, node)["metadata"]["ownerReferences"][0] for o in more),
+    ]
+    return {**m, "metadata": {**m["metadata"], "ownerReferences": refs}}
+
+
+def test_a_claim_another_deployment_filled_starts_this_one_warm():
+    s = spec()
+    key = b.weights_key(s)
+    view = ClusterView()
+    view.on_child("PersistentVolumeClaim", "ADDED", _claim(A, s, "b-2", key))
+    view.on_child("PersistentVolumeClaim", "ADDED", _claim(A, s, "b-3", key))
+    view.on_child(
+        "PersistentVolumeClaim", "ADDED", _claim(A, spec("hf://o/other"), "a-0", "hf://o/other@main")
+    )
+    elsewhere = b.Owner(name="r1-c", namespace="other-team", uid="uid-c")
+    claims = usable_claims(view, B, s)
+    assert sorted(p.node for p in claims) == ["b-2", "b-3"]  # (not another source's claim)
+    assert usable_claims(view, elsewhere, s) == []  # (a claim is namespaced: never another namespace's)
+    seen = {p.node: held(p, key) for p in claims}
+    assert seen == {"b-2": key, "b-3": key}
+    # B's first group goes where A's caches hold the weights, and B marks (co-owns) the claims it uses
+    md = deployment(decode=1)
+    snap = snapshot(md, nodes_of({"a": 4, "b": 4}), {}, {})
+    p = plan(replace(snap, claims=seen))
+    decode = next(r for r in p.roles if r.role == "decode").create[0]
+    assert sorted(decode.nodes) == ["b-2", "b-3"]
+    # B is no owner of A's claims yet: they are not B's children, and B's status still calls them warm
+    assert view.children("PersistentVolumeClaim", ("team", "r1-b")) == []
+    assert weights_cache.node_warmth(s, seen) == {"b-2": 0, "b-3": 0}
+
+
+def test_a_claims_change_wakes_every_owner_and_it_is_a_child_of_each():
+    s = spec()
+    view = ClusterView()
+    change = view.on_child("PersistentVolumeClaim", "ADDED", _claim(A, s, "n1", "", B))
+    assert change.keys == {("team", "r1-a"), ("team", "r1-b")}
+    for name in ("r1-a", "r1-b"):
+        assert [p.node for p in view.children("PersistentVolumeClaim", ("team", name))] == ["n1"]
+    # B lets go: the change still wakes B (it must see it is no owner any more)
+    assert view.on_child("PersistentVolumeClaim", "MODIFIED", _claim(A, s, "n1", "")).keys == {
+        ("team", "r1-a"),
+        ("team", "r1-b"),
+    }
+    assert view.children("PersistentVolumeClaim", ("team", "r1-b")) == []
+
+
+def test_a_shared_claim_is_evicted_only_when_every_user_lets_it_go():
+    pinned, idle_a, idle_b = None, NOW - 600, NOW - 60
+    # two entries of one claim: pinned by either, so pinned
+    assert merged([CacheEntry("t/x", "n1", 4, idle_a), CacheEntry("t/x", "n1", 4, pinned)]) == [
+        CacheEntry("t/x", "n1", 4, None)
+    ]
+    # idle for both: since the later of the two (the last user let go then)
+    assert merged([CacheEntry("t/x", "n1", 4, idle_a), CacheEntry("t/x", "n1", 4, idle_b)]) == [
+        CacheEntry("t/x", "n1", 4, idle_b)
+    ]
+    # capacity for one of two: the claim the other deployment still pins stays; the idle one goes, once
+    entries = [CacheEntry("t/x", "n1", 4, idle_a), CacheEntry("t/x", "n1", 4, pinned),
+               CacheEntry("t/y", "n1", 4, idle_b)]  # fmt: skip
+    assert evictions(entries, {"n1": 4}) == frozenset({"t/y"})  # (without the merge x, idler, would go)
+
+
+def test_the_view_gives_each_other_owners_idle_time_of_a_shared_claim():
+    s = spec()
+    view = ClusterView()
+    view.on_node(
+        "ADDED", {"metadata": {"name": "n1", "labels": {c.LABEL_CACHE_CAPACITY: "6Ti"}}, "status": {}}
+    )
+    third = b.Owner(name="r1-c", namespace="team", uid="uid-c")
+    view.on_child("PersistentVolumeClaim", "ADDED", _claim(A, s, "n1", "", B, third))
+    status = {"weightsCache": {"weights": "x", "idleSince": {"n1": rfc3339(NOW - 60)}}}
+    view.on_model_deployment("ADDED", {"metadata": {"namespace": "team", "name": "r1-b"}, "spec": {},
+                                       "status": status})  # fmt: skip
+    got = node_caches(view, ("team", "r1-a"), ["n1"])
+    name = f"team/{b.model_cache_claim_name(A, s, 'n1')}"
+    # B idle for a minute, C (no status: counted as pinned); A's own entry comes from its pass
+    assert sorted((e.claim, e.idle_since or 0.0) for e in got.others) == [(name, 0.0), (name, NOW - 60)]
+
+
+def test_another_deployments_staged_warm_nodes_take_this_ones_groups_but_not_its_headroom():
+    md = deployment(decode=1)
+    spec = md.spec.model_copy(deep=True)
+    spec.model.cache.prestage_groups = 1
+    key = b.weights_key(spec)
+    # A staged b-2 and b-3 (its headroom): the shared claims there hold the weights
+    theirs = frozenset({"b-2", "b-3"})
+    snap = replace(
+        snapshot(md.model_copy(update={"spec": spec}), nodes_of({"a": 4, "b": 4, "c": 4}), {}, {}),
+        claims=dict.fromkeys(theirs, key),
+        caches=NodeCaches(staged_elsewhere=theirs),
+    )
+    p = plan(snap)
+    decode = next(r for r in p.roles if r.role == "decode").create[0]
+    assert set(decode.nodes) == theirs  # (B's group starts warm where A staged)
+    assert decode.path == "warm"
+    # B's headroom: decode's next group goes to free nodes other than A's, warm as they are for B too
+    shape = b.group_shape(spec, "decode")
+    free = {"b": Domain("b", 16, {"b-0": 4, "b-1": 4, "b-2": 4, "b-3": 4}, 4, 4)}
+    warm = weights_cache.node_warmth(spec, dict.fromkeys(theirs, key), theirs)
+    assert warm == dict.fromkeys(theirs, 0)  # (placement: warm, whoever staged them)
+    staged = weights_cache.staging(
+        spec,
+        A,
+        (dict.fromkeys(theirs, key), {}, []),
+        lambda role: free if role == "decode" else {},
+        {"decode": 1},
+        caches=(NodeCaches(staged_elsewhere=theirs), {}, NOW),
+    )
+    assert len(staged.nodes) == shape.nodes
+    assert not staged.nodes & theirs
+    assert set(staged.create) == set(staged.nodes)  # (fetched into B's own headroom, not A's twice)
