@@ -203,3 +203,59 @@ def test_two_deployments_of_one_source_share_a_nodes_cache(operator: Factory) ->
         assert cache_claims(f, "r-b", SHARE), "B's own claims stay"
     finally:
         kubectl(f, "delete", "mdep", "r-a", "r-b", "-n", SHARE, "--wait=true", check=False)
+
+
+def test_letting_go_of_a_claim_on_the_real_api_server(factory: Factory) -> None:
+    """The adapter's side of sharing, against the API server itself: a deployment letting go of a claim
+    no one else holds deletes it (the apply that would take its spec off is refused, or leaves no owner),
+    and a delete on the condition of an older resourceVersion leaves the claim alone."""
+    from kubernetes import config
+
+    from tokenfab.adapters.kube import Kube
+    from tokenfab.execute import release_claim
+    from tokenfab.planning import builders as b
+
+    f = factory
+    kubectl(f, "create", "namespace", SHARE, check=False)
+    kube = Kube(config.new_client_from_config(config_file=str(f.kubeconfig)))
+    owner = b.Owner(name="solo", namespace=SHARE, uid="uid-solo")
+
+    def claim(name: str) -> dict:
+        return {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name, "namespace": SHARE, "annotations": {c.ANN_NODE: "n1"}},
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": STORAGE_CLASS,
+                     "resources": {"requests": {"storage": "1Gi"}}},
+        }  # fmt: skip
+
+    try:
+        kube.apply(claim("solo-last"), "tokenfab-cache-uid-solo")
+        release_claim(kube, owner, "solo-last", "tokenfab-cache-uid-solo")
+        gone = kubectl(f, "get", "pvc", "solo-last", "-n", SHARE, check=False)
+        assert gone.returncode != 0 or "Terminating" in gone.stdout, gone.stdout
+        made = kube.apply(claim("solo-kept"), "tokenfab-cache-uid-solo")
+        uid, rv = made["metadata"]["uid"], made["metadata"]["resourceVersion"]
+        kube.apply({**claim("solo-kept"), "metadata": {**claim("solo-kept")["metadata"],
+                                                       "labels": {"changed": "yes"}}}, "other")  # fmt: skip
+        kube.delete(
+            "v1",
+            "PersistentVolumeClaim",
+            "solo-kept",
+            SHARE,
+            preconditions={"uid": uid, "resourceVersion": rv},
+        )
+        assert get_json(f, "pvc", "solo-kept", "-n", SHARE)["metadata"]["uid"] == uid  # (changed since: kept)
+        now = get_json(f, "pvc", "solo-kept", "-n", SHARE)["metadata"]["resourceVersion"]
+        kube.delete(
+            "v1",
+            "PersistentVolumeClaim",
+            "solo-kept",
+            SHARE,
+            preconditions={"uid": uid, "resourceVersion": now},
+        )
+        gone = kubectl(f, "get", "pvc", "solo-kept", "-n", SHARE, check=False)
+        assert gone.returncode != 0 or "Terminating" in gone.stdout, gone.stdout
+    finally:
+        kubectl(f, "delete", "pvc", "solo-last", "solo-kept", "-n", SHARE, "--ignore-not-found", check=False)
+        kube.pool.shutdown(wait=False)

@@ -113,3 +113,49 @@ def test_the_fetch_pod_of_pvc_weights_mounts_their_claim_read_only():
     mounts = {m["name"]: m for m in pod["spec"]["containers"][0]["volumeMounts"]}
     assert mounts["model"] == {"name": "model", "mountPath": c.MODEL_MOUNT, "readOnly": True}
     assert "model-cache" in mounts
+
+
+def test_two_pods_copying_into_one_shared_cache_copy_once(tmp_path):
+    """Deployments of one source share a node's model cache: a second pod's copy waits for the first's
+    (a lock beside the snapshot), then finds the cache current and copies nothing; no half-written file
+    of one is removed or hashed by the other."""
+    import threading
+
+    from tokenfab.launcher.weights import Fetch
+
+    src = tmp_path / "claim" / "deepseek" / "r1"
+    src.mkdir(parents=True)
+    for i in range(4):
+        (src / f"model-{i}.safetensors").write_bytes(bytes([i]) * 5000)
+    env_ = environ(tmp_path)
+    copies: list[str] = []
+    started = threading.Event()
+    real = mirror.sync
+
+    def slow_sync(local, files, todo, get):  # (the first copy takes a while; the second starts meanwhile)
+        copies.append(f"{len(todo)} files")
+        started.set()
+        threading.Event().wait(0.3)
+        real(local, files, todo, get)
+
+    mirror.sync = slow_sync  # type: ignore[assignment]
+    try:
+        fetch_ = Fetch("models/deepseek/r1", None, str(tmp_path / "model-cache"), scheme="pvc")
+        got: list[str] = []
+
+        def one() -> None:
+            got.append(mirror.copy(fetch_, env_, lambda _on: None).source)
+
+        first = threading.Thread(target=one)
+        first.start()
+        started.wait(5)
+        second = threading.Thread(target=one)
+        second.start()
+        first.join(10)
+        second.join(10)
+    finally:
+        mirror.sync = real  # type: ignore[assignment]
+    assert copies == ["4 files"]  # (one copy only: the second found the cache current)
+    assert sorted(got) == ["cache", "copy"]
+    local = tmp_path / "model-cache" / "pvc" / "models" / "deepseek" / "r1"
+    assert not [p for p in local.rglob("*") if "tokenfab-part" in p.name]

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
 from tests.test_one_pass import deployment, nodes_of, snapshot
 from tokenfab.fleet.facts import child_facts
 from tokenfab.fleet.view import ClusterView
@@ -188,3 +190,83 @@ def test_another_deployments_staged_warm_nodes_take_this_ones_groups_but_not_its
     assert len(staged.nodes) == shape.nodes
     assert not staged.nodes & theirs
     assert set(staged.create) == set(staged.nodes)  # (fetched into B's own headroom, not A's twice)
+
+
+class FakeKube:
+    """Records the writes release_claim makes; `answer` is what the apply returns (or raises)."""
+
+    def __init__(self, answer: Any) -> None:
+        self.answer, self.calls = answer, []
+
+    def apply(self, manifest: dict[str, Any], manager: str) -> dict[str, Any]:
+        self.calls.append(("apply", manifest, manager))
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return dict(self.answer)
+
+    def delete(self, *args: Any, **kwargs: Any) -> None:
+        self.calls.append(("delete", args, kwargs))
+
+
+def test_letting_go_of_a_shared_claim_keeps_it_for_the_others_and_deletes_it_when_none_is_left():
+    from tokenfab.adapters.kube_rest import ApiError
+    from tokenfab.execute import release_claim
+
+    manager = b.field_manager(b.model_cache_claim(B, spec(), "n1"))
+    # another owner left: one empty apply under B's manager, nothing deleted
+    kept = FakeKube({"metadata": {"uid": "c1", "resourceVersion": "7", "ownerReferences": [
+        {"kind": "ModelDeployment", "name": "r1-a", "uid": "uid-a"}]}})  # fmt: skip
+    release_claim(kept, B, "model-cache-x", manager)  # type: ignore[arg-type]
+    ((verb, manifest, used),) = kept.calls
+    assert (verb, used) == ("apply", f"{c.CACHE_FIELD_MANAGER_PREFIX}uid-b")
+    assert manifest == {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                        "metadata": {"name": "model-cache-x", "namespace": "team"}}  # fmt: skip
+    # no owner left (the others let go meanwhile, or are gone): deleted, if still the object written
+    orphan = FakeKube({"metadata": {"uid": "c1", "resourceVersion": "8", "ownerReferences": []}})
+    release_claim(orphan, B, "model-cache-x", manager)  # type: ignore[arg-type]
+    assert orphan.calls[1] == (
+        "delete",
+        ("v1", "PersistentVolumeClaim", "model-cache-x", "team"),
+        {"preconditions": {"uid": "c1", "resourceVersion": "8"}},
+    )
+    # the spec was B's alone (the API server refuses an apply that takes it off): B is the last owner
+    last = FakeKube(ApiError(422, "Invalid", "spec.accessModes: Required value"))
+    release_claim(last, B, "model-cache-x", manager)  # type: ignore[arg-type]
+    assert last.calls[1] == ("delete", ("v1", "PersistentVolumeClaim", "model-cache-x", "team"), {})
+    # any other refusal is the pass's error (its Event), not a deletion
+    refused = FakeKube(ApiError(403, "Forbidden", "no"))
+    with pytest.raises(ApiError) as raised:
+        release_claim(refused, B, "model-cache-x", manager)  # type: ignore[arg-type]
+    assert raised.value.status == 403
+    assert [v for v, *_ in refused.calls] == ["apply"]
+
+
+def _pod(ns: str, name: str, deployment: str, claim: str, node: str | None, pinned: str) -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": ns, "name": name, "labels": {c.LABEL_DEPLOYMENT: deployment},
+                     "annotations": {c.ANN_NODE: pinned}},
+        "spec": {"nodeName": node, "volumes": [{"name": "model-cache",
+                                                "persistentVolumeClaim": {"claimName": claim}}]},
+        "status": {"phase": "Pending"},
+    }  # fmt: skip
+
+
+def test_a_claim_another_deployments_pods_mount_before_owning_it_is_neither_evicted_nor_deleted():
+    s = spec()
+    name = b.model_cache_claim_name(A, s, "n1")
+    view = ClusterView()
+    view.on_node(
+        "ADDED", {"metadata": {"name": "n1", "labels": {c.LABEL_CACHE_CAPACITY: "6Ti"}}, "status": {}}
+    )
+    view.on_child("PersistentVolumeClaim", "ADDED", _claim(A, s, "n1", ""))
+    # B's new pod is pinned to n1 and mounts A's claim; B is no owner yet (not bound yet either)
+    view.on_pod("ADDED", _pod("team", "r1-b-decode-0-0", "r1-b", name, None, "n1"))
+    got = node_caches(view, ("team", "r1-a"), ["n1"])
+    assert CacheEntry(f"team/{name}", "n1", 0, None) in got.others  # (pinned for A's eviction)
+    assert view.mounted_elsewhere(("team", "r1-a")) == {name}  # (so A's pass does not delete it)
+    assert view.mounted_elsewhere(("team", "r1-b")) == frozenset()  # (B's own pods do not count)
+    assert view.mounted_elsewhere(("other", "r1-a")) == frozenset()  # (another namespace's claim)
+    # pinned, it outlives an idle claim of the same size even though it is idle for A
+    entries = [CacheEntry(f"team/{name}", "n1", 4 * TI, NOW - 600), *got.others,
+               CacheEntry("team/y", "n1", 4 * TI, NOW - 60)]  # fmt: skip
+    assert evictions(entries, {"n1": 6 * TI}) == frozenset({"team/y"})

@@ -9,8 +9,9 @@ from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenfab.adapters.kube import ApiError, Obj
+from tokenfab.adapters.kube import ApiError, Kube, Obj
 from tokenfab.api.models import (
+    KIND,
     ModelDeploymentSpec,
     RoleName,
 )
@@ -294,22 +295,46 @@ def _release_claims(
 ) -> list[tuple[Future[Any], Any]]:
     """The model cache claims the deployment owns but would no longer mount (another source, storage
     class or size, or one made before claims were shared): deleted when no other deployment owns them (a
-    claim still mounted goes when its last pod does), else let go (its owner reference and annotations
-    taken off; the others keep it)."""
+    claim still mounted goes when its last pod does), else let go of (`release_claim`). One another
+    deployment's pods mount before it owns it is left to a later pass."""
     futures: list[tuple[Future[Any], Any]] = []
     claims = [pvc for pvc in ctx.view.children("PersistentVolumeClaim", key) if pvc.node]
     wanted = {m["metadata"]["name"] for m in b.model_cache_claims(owner, spec, [p.node for p in claims])}
+    busy = ctx.view.mounted_elsewhere(key)
     for pvc in claims:
         if pvc.name in wanted:
             continue
         if set(pvc.owners) - {key[1]}:
-            released = b.released_claim(owner, pvc.name)
             manager = b.field_manager(b.model_cache_claim(owner, spec, pvc.node))
-            futures.append((ctx.kube.pool.submit(ctx.kube.apply, released, manager), None))
-        else:
+            futures.append((ctx.kube.pool.submit(release_claim, ctx.kube, owner, pvc.name, manager), None))
+        elif pvc.name not in busy:
             futures.append((ctx.kube.pool.submit(ctx.kube.delete, "v1", "PersistentVolumeClaim", pvc.name,
                                                  owner.namespace), None))  # fmt: skip
     return futures
+
+
+def release_claim(kube: Kube, owner: b.Owner, name: str, manager: str) -> None:
+    """Let go of a shared model cache claim: apply nothing under the deployment's field manager, so its
+    owner reference and annotations go and the other owners' stay. A claim left with no owner (the
+    others are gone, or let go meanwhile) is deleted, on the condition that it is still the object just
+    written (a deployment that took it up meanwhile changed it); one whose spec was this deployment's
+    alone (the API server refuses to take it off: 422) is the last owner's, so it is deleted."""
+    try:
+        got = kube.apply(b.released_claim(owner, name), manager)
+    except ApiError as exc:
+        if exc.status != 422:
+            raise
+        kube.delete("v1", "PersistentVolumeClaim", name, owner.namespace)
+        return
+    meta = got.get("metadata") or {}
+    if not [r for r in meta.get("ownerReferences") or [] if r.get("kind") == KIND]:
+        kube.delete(
+            "v1",
+            "PersistentVolumeClaim",
+            name,
+            owner.namespace,
+            preconditions={"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")},
+        )
 
 
 DISCOVERY_KINDS = (

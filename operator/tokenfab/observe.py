@@ -106,7 +106,15 @@ def node_caches(view: ClusterView, key: Key, nodes: Iterable[str]) -> NodeCaches
         for owner in {(p.namespace, o) for o in (*p.owners, *((p.deployment,) if p.deployment else ()))}
         if owner != key
     )
-    return NodeCaches(staged, others, capacity)
+    # (a claim another deployment's pods mount, or are about to, before it owns the claim: pinned)
+    mounted = tuple(
+        CacheEntry(f"{p.namespace}/{p.cache_claim}", where, 0, None)
+        for p in view.all_pods()
+        if p.cache_claim and (p.namespace, p.deployment) != key
+        for where in (p.usage_node,)
+        if where is not None and where in capacity
+    )
+    return NodeCaches(staged, others + mounted, capacity)
 
 
 def usable_claims(view: ClusterView, owner: b.Owner, spec: ModelDeploymentSpec) -> list[ChildFacts]:

@@ -386,11 +386,32 @@ class Kube:
             what=f"Pod {namespace}/{name} status",
         )
 
-    def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> None:
+    def delete(
+        self,
+        api_version: str,
+        kind: str,
+        name: str,
+        namespace: str | None = None,
+        preconditions: Obj | None = None,
+    ) -> None:
+        """Delete an object (gone already: fine); with `preconditions` (uid, resourceVersion) only if it is
+        still that object as it was (else the API server answers 409 Conflict, which is fine too: someone
+        changed it, and the next pass decides again)."""
+        body = (
+            {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": preconditions}
+            if preconditions
+            else None
+        )
         try:
-            self.request("DELETE", resource_path(api_version, kind, namespace, name), what=f"{kind} {name}")
+            self.request(
+                "DELETE",
+                resource_path(api_version, kind, namespace, name),
+                body=body,
+                content_type="application/json" if body else None,
+                what=f"{kind} {name}",
+            )
         except ApiError as exc:
-            if not exc.not_found:
+            if not exc.not_found and not (preconditions and exc.status == 409):
                 raise
 
     def force_delete_pod(self, namespace: str, name: str) -> None:

@@ -88,6 +88,7 @@ class PodFacts:
     routable: bool | None = None  # the tokenfab.dev/routable readiness gate's condition (None: not set)
     claims_pending: bool = False  # a ResourceClaim of one of its templates not made yet
     unhealthy_since: float | None = None  # its health endpoint stopped answering after it had served
+    cache_claim: str = ""  # the node-local model cache claim it mounts (planning.builders.volumes)
 
     @property
     def terminal(self) -> bool:
@@ -157,6 +158,14 @@ def pod_facts(obj: Obj) -> PodFacts:
         routable=None if routable is None else routable.get("status") == "True",
         claims_pending=_claims_pending(spec, status),
         unhealthy_since=_unhealthy_since(spec, status, conds.get("ContainersReady", {})),
+        cache_claim=next(
+            (
+                str(v["persistentVolumeClaim"].get("claimName") or "")
+                for v in spec.get("volumes") or ()
+                if v.get("name") == "model-cache" and "persistentVolumeClaim" in v
+            ),
+            "",
+        ),
     )
 
 

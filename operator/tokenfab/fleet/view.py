@@ -285,6 +285,16 @@ class ClusterView:
         with self._lock:
             return list(self._pods.values())
 
+    def mounted_elsewhere(self, key: Key) -> frozenset[str]:
+        """The model cache claims the namespace's live pods of other deployments mount: one may mount a
+        claim its deployment does not own yet (it becomes an owner in the pass that makes the pods)."""
+        with self._lock:
+            return frozenset(
+                p.cache_claim
+                for p in self._pods.values()
+                if p.cache_claim and p.namespace == key[0] and p.deployment != key[1] and not p.terminal
+            )
+
     def used(self) -> dict[str, dict[str, int]]:
         """Resources held per node by observed pods (bound, or pinned and not bound yet)."""
         with self._lock:

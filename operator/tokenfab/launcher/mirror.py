@@ -11,12 +11,14 @@ to a temporary name and renamed; the manifest goes first, so a sync cut short le
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
 from tokenfab.launcher import manifest
@@ -67,6 +69,21 @@ def current(local: Path, files: Listing) -> str:
     return f", {verdict.words()}" if ok else ""
 
 
+@contextmanager
+def locked(local: Path) -> Iterator[None]:
+    """One sync of a snapshot at a time on a node: the pods of several groups, and of several deployments
+    of one source, share the node's model cache; a second pod waits for the first's sync (an exclusive
+    lock on a file beside the snapshot, released when its process ends) and then finds it current."""
+    lock = local.with_name(local.name + ".tokenfab-lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_RDONLY | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # (the lock goes with the descriptor)
+
+
 def sync(local: Path, files: Listing, todo: list[str], get: Callable[[str, Path], object]) -> None:
     """Fetch `todo` into `local` (`get(name, part)` writes one file to `part`), remove what the listing no
     longer has, and write the manifest of the whole listing."""
@@ -106,18 +123,19 @@ def copy(fetch: Fetch, env: Mapping[str, str], downloading: Callable[[bool], Non
     files = tree(source)
     if not files:
         raise LaunchError(f"weights {what}: no file under {source}")
-    checked = current(local, files)
-    if checked:
-        return Obtained(str(local), "cache", 0.0, checked)
-    todo = changed(local, files)
-    t0 = time.monotonic()
-    downloading(True)
-    try:
-        sync(local, files, todo, lambda name, part: shutil.copyfile(source / name, part))
-    except OSError as exc:
-        raise LaunchError(f"weights {what} could not be copied: {type(exc).__name__}: {exc}") from exc
-    finally:
-        downloading(False)
+    with locked(local):
+        checked = current(local, files)
+        if checked:
+            return Obtained(str(local), "cache", 0.0, checked)
+        todo = changed(local, files)
+        t0 = time.monotonic()
+        downloading(True)
+        try:
+            sync(local, files, todo, lambda name, part: shutil.copyfile(source / name, part))
+        except OSError as exc:
+            raise LaunchError(f"weights {what} could not be copied: {type(exc).__name__}: {exc}") from exc
+        finally:
+            downloading(False)
     log(f"weights {what}: {len(todo)} of {len(files)} files copied")
     return Obtained(str(local), "copy", time.monotonic() - t0, "")
 
@@ -129,6 +147,7 @@ __all__ = [
     "copy",
     "current",
     "digest",
+    "locked",
     "recorded",
     "sync",
     "tree",

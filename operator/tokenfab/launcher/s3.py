@@ -74,16 +74,17 @@ def obtain(fetch: Fetch, downloading: Callable[[bool], None] = lambda _on: None)
     bad = sorted(n for n in objects if unsafe(n))
     if bad:
         raise LaunchError(f"weights {what}: object names that would leave the snapshot: {', '.join(bad[:3])}")
-    checked = mirror.current(local, objects)
-    if checked:
-        return Obtained(str(local), "cache", 0.0, checked)
-    todo = mirror.changed(local, objects)
-    t0 = time.monotonic()
-    downloading(True)
-    try:
-        mirror.sync(local, objects, todo, lambda name, part: _get(client, bucket, prefix, name, part))
-    finally:
-        downloading(False)
+    with mirror.locked(local):  # (another pod on the node may be syncing the same snapshot)
+        checked = mirror.current(local, objects)
+        if checked:
+            return Obtained(str(local), "cache", 0.0, checked)
+        todo = mirror.changed(local, objects)
+        t0 = time.monotonic()
+        downloading(True)
+        try:
+            mirror.sync(local, objects, todo, lambda name, part: _get(client, bucket, prefix, name, part))
+        finally:
+            downloading(False)
     log(f"weights {what}: {len(todo)} of {len(objects)} objects fetched")
     return Obtained(str(local), "download", time.monotonic() - t0, "")
 

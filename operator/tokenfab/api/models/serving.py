@@ -40,10 +40,12 @@ class ModelCache(SpecModel):
         max_length=253,
         description="A node-local StorageClass (volumeBindingMode WaitForFirstConsumer: local NVMe through "
         "local-path-provisioner, TopoLVM, OpenEBS LocalPV...). tokenfab then makes one "
-        "PersistentVolumeClaim per node the deployment's pods run on, named <name>-model-<hash of the node, "
-        "class and size>, so the deployment's weights are downloaded once per node and kept across pods, "
-        "restarts and rollouts (a new class or size is a new claim; the old one goes once unused); pvc:// "
-        "weights are then copied into it from their claim. Unset: an emptyDir of `size` per pod, downloaded "
+        "PersistentVolumeClaim per node the deployment's pods run on, named model-cache-<hash of the node, "
+        "source, class and size> and shared by every deployment of the namespace that loads the same "
+        "source with the same class and size (each one an owner), so the weights are downloaded once per "
+        "node and kept across pods, restarts, rollouts and deployments (a new class or size is a new claim; "
+        "the old one goes once no owner uses it); pvc:// weights are then copied into it from their claim. "
+        "Unset: an emptyDir of `size` per pod, downloaded "
         "again by every new pod (pvc:// weights: loaded from their claim).",
         json_schema_extra=cel_of(STORAGE_CLASS_RULE),
     )

@@ -23,7 +23,7 @@ FETCH_GRACE_SECONDS = 5  # the launcher stops a download on SIGTERM at once; the
 def weights_fetch_pod_name(owner: Owner, spec: ModelDeploymentSpec, node: str) -> str:
     """One per deployment, node and model cache claim (a new class or size is a new claim, so a new pod;
     the deployments sharing a claim each have their own)."""
-    return f"{owner.name}-{model_cache_claim_name(owner, spec, node)}-fetch"
+    return f"{owner.name}-fetch-{model_cache_claim_name(owner, spec, node).removeprefix('model-cache-')}"
 
 
 def weights_fetch_pod(owner: Owner, spec: ModelDeploymentSpec, node: str, weights: str) -> Manifest:
