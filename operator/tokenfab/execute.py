@@ -300,14 +300,16 @@ def _release_claims(
     futures: list[tuple[Future[Any], Any]] = []
     claims = [pvc for pvc in ctx.view.children("PersistentVolumeClaim", key) if pvc.node]
     wanted = {m["metadata"]["name"] for m in b.model_cache_claims(owner, spec, [p.node for p in claims])}
-    busy = ctx.view.mounted_elsewhere(key)
+    busy: frozenset[str] | None = None  # (read only when a claim is to be deleted: a walk over the pods)
     for pvc in claims:
         if pvc.name in wanted:
             continue
         if set(pvc.owners) - {key[1]}:
             manager = b.field_manager(b.model_cache_claim(owner, spec, pvc.node))
             futures.append((ctx.kube.pool.submit(release_claim, ctx.kube, owner, pvc.name, manager), None))
-        elif pvc.name not in busy:
+            continue
+        busy = ctx.view.mounted_elsewhere(key) if busy is None else busy
+        if pvc.name not in busy:
             futures.append((ctx.kube.pool.submit(ctx.kube.delete, "v1", "PersistentVolumeClaim", pvc.name,
                                                  owner.namespace), None))  # fmt: skip
     return futures
