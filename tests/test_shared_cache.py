@@ -270,3 +270,17 @@ def test_a_claim_another_deployments_pods_mount_before_owning_it_is_neither_evic
     entries = [CacheEntry(f"team/{name}", "n1", 4 * TI, NOW - 600), *got.others,
                CacheEntry("team/y", "n1", 4 * TI, NOW - 60)]  # fmt: skip
     assert evictions(entries, {"n1": 6 * TI}) == frozenset({"team/y"})
+
+
+def test_an_owners_own_applied_hash_wakes_no_one_but_is_seen():
+    s = spec()
+    view = ClusterView()
+    shared = _claim(A, s, "n1", "", B)
+    view.on_child("PersistentVolumeClaim", "ADDED", shared)
+    rewritten = b.with_applied_hash(shared)  # (A applied again: only its hash annotation differs)
+    assert view.on_child("PersistentVolumeClaim", "MODIFIED", rewritten).keys == set()
+    seen = view.child("PersistentVolumeClaim", "team", shared["metadata"]["name"])
+    assert seen is not None
+    assert dict(seen.applied)[b.applied_annotation(shared)] == b.applied_hash(
+        shared
+    )  # (so not applied again)

@@ -271,7 +271,9 @@ class ChildFacts:
     holds: tuple[str, ...] = ()  # a model cache claim: the weights it holds (contract.ANN_HOLDS_PREFIX)
     size: int = 0  # a model cache claim: the bytes it asks for
     owners: tuple[str, ...] = ()  # a model cache claim: the ModelDeployments that own it (by name)
-    applied: tuple[tuple[str, str], ...] = ()  # every applied-hash annotation (key, value)
+    # every applied-hash annotation (key, value); not compared: a shared claim's owners need not wake for
+    # one another's hashes (what they read of it, its owners and marks, is)
+    applied: tuple[tuple[str, str], ...] = field(default=(), compare=False)
     replaces: str = ""  # the frontend Deployment's pod template: the pods it replaces (contract.ANN_REPLACES)
 
 
