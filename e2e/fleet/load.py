@@ -94,7 +94,7 @@ def ramp_up_down(
 
 def rises(points: list[Point]) -> list[float]:
     """When the load starts to rise above its quiet level: each burst's or ramp's start."""
-    out = []
+    out: list[float] = []
     for a, b in itertools.pairwise(points):
         if b.qps > a.qps and (not out or a.time_s > out[-1] + 1.5):
             out.append(a.time_s)
@@ -331,7 +331,7 @@ def _value(metrics: dict[str, Any], name: str) -> float | None:
 
 
 def read_records(path: Path) -> list[Request]:
-    out = []
+    out: list[Request] = []
     if not path.exists():
         return out
     for line in path.read_text().splitlines():

@@ -250,7 +250,7 @@ def _deleting(pod: dict[str, Any] | None) -> bool:
 
 
 def _is_fetch(pod: dict[str, Any]) -> bool:
-    return pod["metadata"].get("labels", {}).get(c.COMPONENT) == c.COMPONENT_WEIGHTS_FETCH
+    return bool(pod["metadata"].get("labels", {}).get(c.COMPONENT) == c.COMPONENT_WEIGHTS_FETCH)
 
 
 def wanted(pod: dict[str, Any]) -> str | None:
@@ -436,10 +436,10 @@ class Runner:
         token = str(self.api("POST", path, body=request)["status"]["token"])
         cluster = yaml.safe_load(Path(self.opts.kubeconfig).read_text())["clusters"][0]["cluster"]
         doc = pods.kubeconfig(cluster["server"], cluster["certificate-authority"], token)
-        path = self.pod_dir(pod) / "kubeconfig"
-        path.write_text(yaml.safe_dump(doc))
-        path.chmod(0o600)
-        return str(path)
+        kubeconfig = self.pod_dir(pod) / "kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump(doc))
+        kubeconfig.chmod(0o600)
+        return str(kubeconfig)
 
     def model_cache(self, pod: dict[str, Any]) -> str | None:
         """The pod's model cache, as the weights model knows it: its node-local claim's uid and the
@@ -520,10 +520,10 @@ class Runner:
             else {k for k, p in by_key.items() if p["spec"].get("nodeName") not in nodes}
         )
         desired: dict[str, tuple[str, dict[str, Any]]] = {}
-        for key, pod in by_key.items():
-            kind = wanted(pod)
+        for key, listed in by_key.items():
+            kind = wanted(listed)
             if kind and key not in lost:
-                desired[key] = (kind, pod)
+                desired[key] = (kind, listed)
         now = time.monotonic()
         if nodes is not None:  # a machine that died takes its processes with it, at once (no grace)
             for proc in [*self.procs.values(), *self.terminating.values()]:
