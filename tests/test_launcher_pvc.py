@@ -142,14 +142,15 @@ def test_two_pods_copying_into_one_shared_cache_copy_once(tmp_path):
     try:
         fetch_ = Fetch("models/deepseek/r1", None, str(tmp_path / "model-cache"), scheme="pvc")
         got: list[str] = []
+        told: dict[str, list[bool]] = {"first": [], "second": []}
 
-        def one() -> None:
-            got.append(mirror.copy(fetch_, env_, lambda _on: None).source)
+        def one(who: str) -> None:
+            got.append(mirror.copy(fetch_, env_, told[who].append).source)
 
-        first = threading.Thread(target=one)
+        first = threading.Thread(target=one, args=("first",))
         first.start()
         started.wait(5)
-        second = threading.Thread(target=one)
+        second = threading.Thread(target=one, args=("second",))
         second.start()
         first.join(10)
         second.join(10)
@@ -157,5 +158,7 @@ def test_two_pods_copying_into_one_shared_cache_copy_once(tmp_path):
         mirror.sync = real  # type: ignore[assignment]
     assert copies == ["4 files"]  # (one copy only: the second found the cache current)
     assert sorted(got) == ["cache", "copy"]
+    # the second was told it waits (a signal then stops it at once, as during a download of its own)
+    assert (told["first"], told["second"]) == ([True, False], [True, False])
     local = tmp_path / "model-cache" / "pvc" / "models" / "deepseek" / "r1"
     assert not [p for p in local.rglob("*") if "tokenfab-part" in p.name]

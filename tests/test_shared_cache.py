@@ -193,16 +193,29 @@ def test_another_deployments_staged_warm_nodes_take_this_ones_groups_but_not_its
 
 
 class FakeKube:
-    """Records the writes release_claim makes; `answer` is what the apply returns (or raises)."""
+    """Records the writes release_claim makes; `answer` is what the apply returns (or raises), `stored`
+    what a read gives."""
 
-    def __init__(self, answer: Any) -> None:
-        self.answer, self.calls = answer, []
+    def __init__(self, answer: Any, stored: dict[str, Any] | None = None) -> None:
+        self.answer, self.stored, self.calls = answer, stored, []
+        self.pool = self  # (submits run at once)
+
+    def submit(self, fn: Any, *args: Any) -> Any:
+        from concurrent.futures import Future
+
+        done: Future[Any] = Future()
+        done.set_result(fn(*args))
+        return done
 
     def apply(self, manifest: dict[str, Any], manager: str) -> dict[str, Any]:
         self.calls.append(("apply", manifest, manager))
         if isinstance(self.answer, Exception):
             raise self.answer
         return dict(self.answer)
+
+    def get(self, *args: Any) -> dict[str, Any] | None:
+        self.calls.append(("get", args, {}))
+        return self.stored
 
     def delete(self, *args: Any, **kwargs: Any) -> None:
         self.calls.append(("delete", args, kwargs))
@@ -213,9 +226,9 @@ def test_letting_go_of_a_shared_claim_keeps_it_for_the_others_and_deletes_it_whe
     from tokenfab.execute import release_claim
 
     manager = b.field_manager(b.model_cache_claim(B, spec(), "n1"))
+    a_ref = {"kind": "ModelDeployment", "name": "r1-a", "uid": "uid-a"}
     # another owner left: one empty apply under B's manager, nothing deleted
-    kept = FakeKube({"metadata": {"uid": "c1", "resourceVersion": "7", "ownerReferences": [
-        {"kind": "ModelDeployment", "name": "r1-a", "uid": "uid-a"}]}})  # fmt: skip
+    kept = FakeKube({"metadata": {"uid": "c1", "resourceVersion": "7", "ownerReferences": [a_ref]}})
     release_claim(kept, B, "model-cache-x", manager)  # type: ignore[arg-type]
     ((verb, manifest, used),) = kept.calls
     assert (verb, used) == ("apply", f"{c.CACHE_FIELD_MANAGER_PREFIX}uid-b")
@@ -224,21 +237,65 @@ def test_letting_go_of_a_shared_claim_keeps_it_for_the_others_and_deletes_it_whe
     # no owner left (the others let go meanwhile, or are gone): deleted, if still the object written
     orphan = FakeKube({"metadata": {"uid": "c1", "resourceVersion": "8", "ownerReferences": []}})
     release_claim(orphan, B, "model-cache-x", manager)  # type: ignore[arg-type]
+    precondition = {"preconditions": {"uid": "c1", "resourceVersion": "8"}}
     assert orphan.calls[1] == (
         "delete",
         ("v1", "PersistentVolumeClaim", "model-cache-x", "team"),
-        {"preconditions": {"uid": "c1", "resourceVersion": "8"}},
+        precondition,
     )
-    # the spec was B's alone (the API server refuses an apply that takes it off): B is the last owner
-    last = FakeKube(ApiError(422, "Invalid", "spec.accessModes: Required value"))
+    # ... unless another deployment's pods mount it (it becomes the owner)
+    mounted = FakeKube({"metadata": {"uid": "c1", "resourceVersion": "8", "ownerReferences": []}})
+    release_claim(mounted, B, "model-cache-x", manager, True)  # type: ignore[arg-type]
+    assert [v for v, *_ in mounted.calls] == ["apply"]
+    # the spec was B's alone (the API server refuses an apply that takes it off): read, then deleted
+    # the same way when no other deployment owns it, kept when one does
+    stored = {
+        "metadata": {"uid": "c1", "resourceVersion": "9", "ownerReferences": [{**a_ref, "uid": "uid-b"}]}
+    }
+    last = FakeKube(ApiError(422, "Invalid", "spec.accessModes: Required value"), stored)
     release_claim(last, B, "model-cache-x", manager)  # type: ignore[arg-type]
-    assert last.calls[1] == ("delete", ("v1", "PersistentVolumeClaim", "model-cache-x", "team"), {})
+    assert [v for v, *_ in last.calls] == ["apply", "get", "delete"]
+    assert last.calls[2][2] == {"preconditions": {"uid": "c1", "resourceVersion": "9"}}
+    shared = FakeKube(ApiError(422, "Invalid", "no"), {"metadata": {"uid": "c1", "ownerReferences": [a_ref]}})
+    release_claim(shared, B, "model-cache-x", manager)  # type: ignore[arg-type]
+    assert [v for v, *_ in shared.calls] == ["apply", "get"]
     # any other refusal is the pass's error (its Event), not a deletion
     refused = FakeKube(ApiError(403, "Forbidden", "no"))
     with pytest.raises(ApiError) as raised:
         release_claim(refused, B, "model-cache-x", manager)  # type: ignore[arg-type]
     assert raised.value.status == 403
     assert [v for v, *_ in refused.calls] == ["apply"]
+
+
+def test_a_pass_deletes_lets_go_of_and_keeps_the_right_claims():
+    from types import SimpleNamespace
+
+    from tokenfab.execute import _release_claims
+
+    s = spec()
+    other_size = spec(size="9Ti")
+    view = ClusterView()
+    keep = _claim(A, s, "n1", "")  # (A mounts it: wanted)
+    alone = _claim(A, other_size, "n2", "")  # (A's alone, of a size A no longer asks for: deleted)
+    both = _claim(A, other_size, "n3", "", B)  # (B still owns it: let go of)
+    orphan = {**_claim(A, other_size, "n4", ""), "metadata": {**_claim(A, other_size, "n4", "")["metadata"],
+              "ownerReferences": [], "resourceVersion": "42"}}  # fmt: skip
+    busy = {**_claim(A, other_size, "n5", ""), "metadata": {**_claim(A, other_size, "n5", "")["metadata"],
+            "ownerReferences": []}}  # fmt: skip
+    for obj in (keep, alone, both, orphan, busy):
+        view.on_child("PersistentVolumeClaim", "ADDED", obj)
+    view.on_pod("ADDED", _pod("team", "a-0", "r1-a", keep["metadata"]["name"], "n1", "n1"))
+    view.on_pod("ADDED", _pod("team", "b-0", "r1-b", busy["metadata"]["name"], None, "n5"))
+    b_ref = {"kind": "ModelDeployment", "uid": "uid-b"}
+    kube = FakeKube({"metadata": {"uid": "c", "resourceVersion": "1", "ownerReferences": [b_ref]}})
+    _release_claims(SimpleNamespace(view=view, kube=kube), ("team", "r1-a"), A, s)  # type: ignore[arg-type]
+    name = {n: o["metadata"]["name"] for n, o in (("alone", alone), ("both", both), ("orphan", orphan))}
+    deleted = sorted(args[2] for v, args, _ in kube.calls if v == "delete")
+    released = [m["metadata"]["name"] for v, m, _ in kube.calls if v == "apply"]
+    assert deleted == sorted([name["alone"], name["orphan"]])
+    assert released == [name["both"]]
+    ((*_, unchanged),) = [args for v, args, _ in kube.calls if v == "delete" and args[2] == name["orphan"]]
+    assert unchanged == {"resourceVersion": "42"}  # (one taken up meanwhile is kept)
 
 
 def _pod(ns: str, name: str, deployment: str, claim: str, node: str | None, pinned: str) -> dict[str, Any]:

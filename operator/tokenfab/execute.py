@@ -295,8 +295,9 @@ def _release_claims(
 ) -> list[tuple[Future[Any], Any]]:
     """The model cache claims the deployment owns but would no longer mount (another source, storage
     class or size, or one made before claims were shared): deleted when no other deployment owns them (a
-    claim still mounted goes when its last pod does), else let go of (`release_claim`). One another
-    deployment's pods mount before it owns it is left to a later pass."""
+    claim still mounted goes when its last pod does), else let go of (`release_claim`). A claim another
+    deployment's pods mount before it owns it is not deleted (it becomes an owner). A claim of the
+    namespace left with no owner at all (a release whose delete failed) is deleted too, unless mounted."""
     futures: list[tuple[Future[Any], Any]] = []
     claims = [pvc for pvc in ctx.view.children("PersistentVolumeClaim", key) if pvc.node]
     wanted = {m["metadata"]["name"] for m in b.model_cache_claims(owner, spec, [p.node for p in claims])}
@@ -304,39 +305,57 @@ def _release_claims(
     for pvc in claims:
         if pvc.name in wanted:
             continue
+        busy = ctx.view.mounted_elsewhere(key) if busy is None else busy
         if set(pvc.owners) - {key[1]}:
             manager = b.field_manager(b.model_cache_claim(owner, spec, pvc.node))
-            futures.append((ctx.kube.pool.submit(release_claim, ctx.kube, owner, pvc.name, manager), None))
-            continue
-        busy = ctx.view.mounted_elsewhere(key) if busy is None else busy
-        if pvc.name not in busy:
+            futures.append((ctx.kube.pool.submit(release_claim, ctx.kube, owner, pvc.name, manager,
+                                                 pvc.name in busy), None))  # fmt: skip
+        elif pvc.name not in busy:
             futures.append((ctx.kube.pool.submit(ctx.kube.delete, "v1", "PersistentVolumeClaim", pvc.name,
                                                  owner.namespace), None))  # fmt: skip
+    orphans = [
+        p
+        for p in ctx.view.model_caches(owner.namespace)
+        if not p.owners and not p.deployment and p.name not in wanted
+    ]
+    if orphans:
+        mine = {p.cache_claim for p in ctx.view.pods(key)}
+        busy = (ctx.view.mounted_elsewhere(key) if busy is None else busy) | mine
+        for p in orphans:
+            if p.name not in busy:
+                unchanged = {"resourceVersion": p.version}  # (one taken up meanwhile is kept)
+                futures.append((ctx.kube.pool.submit(ctx.kube.delete, "v1", "PersistentVolumeClaim", p.name,
+                                                     owner.namespace, unchanged), None))  # fmt: skip
     return futures
 
 
-def release_claim(kube: Kube, owner: b.Owner, name: str, manager: str) -> None:
+def release_claim(kube: Kube, owner: b.Owner, name: str, manager: str, mounted: bool = False) -> None:
     """Let go of a shared model cache claim: apply nothing under the deployment's field manager, so its
     owner reference and annotations go and the other owners' stay. A claim left with no owner (the
     others are gone, or let go meanwhile) is deleted, on the condition that it is still the object just
-    written (a deployment that took it up meanwhile changed it); one whose spec was this deployment's
-    alone (the API server refuses to take it off: 422) is the last owner's, so it is deleted."""
+    written (a deployment that took it up meanwhile changed it), unless another deployment's pods mount
+    it (`mounted`: that deployment becomes its owner). When the API server refuses to take the spec off
+    (422: the spec was this deployment's alone), the claim is read again and deleted the same way if no
+    other deployment owns it."""
     try:
-        got = kube.apply(b.released_claim(owner, name), manager)
+        got: Obj | None = kube.apply(b.released_claim(owner, name), manager)
     except ApiError as exc:
         if exc.status != 422:
             raise
-        kube.delete("v1", "PersistentVolumeClaim", name, owner.namespace)
+        got = kube.get("v1", "PersistentVolumeClaim", name, owner.namespace)
+    meta = (got or {}).get("metadata") or {}
+    left = [
+        r for r in meta.get("ownerReferences") or [] if r.get("kind") == KIND and r.get("uid") != owner.uid
+    ]
+    if got is None or left or mounted:
         return
-    meta = got.get("metadata") or {}
-    if not [r for r in meta.get("ownerReferences") or [] if r.get("kind") == KIND]:
-        kube.delete(
-            "v1",
-            "PersistentVolumeClaim",
-            name,
-            owner.namespace,
-            preconditions={"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")},
-        )
+    kube.delete(
+        "v1",
+        "PersistentVolumeClaim",
+        name,
+        owner.namespace,
+        preconditions={"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")},
+    )
 
 
 DISCOVERY_KINDS = (

@@ -274,6 +274,7 @@ class ChildFacts:
     # every applied-hash annotation (key, value); not compared: a shared claim's owners need not wake for
     # one another's hashes (what they read of it, its owners and marks, is)
     applied: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    version: str = field(default="", compare=False)  # its resourceVersion (a delete's precondition)
     replaces: str = ""  # the frontend Deployment's pod template: the pods it replaces (contract.ANN_REPLACES)
 
 
@@ -304,6 +305,7 @@ def child_facts(kind: str, obj: Obj) -> ChildFacts:
             )
         ),
         replaces=_template_annotations(obj).get(c.ANN_REPLACES, "") if kind == "Deployment" else "",
+        version=str(meta.get("resourceVersion") or "") if kind == "PersistentVolumeClaim" else "",
     )
 
 

@@ -70,15 +70,30 @@ def current(local: Path, files: Listing) -> str:
 
 
 @contextmanager
-def locked(local: Path) -> Iterator[None]:
+def locked(local: Path, waiting: Callable[[bool], None] = lambda _on: None) -> Iterator[None]:
     """One sync of a snapshot at a time on a node: the pods of several groups, and of several deployments
     of one source, share the node's model cache; a second pod waits for the first's sync (an exclusive
-    lock on a file beside the snapshot, released when its process ends) and then finds it current."""
+    lock on a file beside the snapshot, released when its process ends) and then finds it current.
+    `waiting` is told while it waits (as while it downloads: a signal then stops it at once)."""
     lock = local.with_name(local.name + ".tokenfab-lock")
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock, os.O_RDONLY | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        try:  # (read-write where it may: a lock over NFS needs it; read-only on another user's file)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        except PermissionError:
+            fd = os.open(lock, os.O_RDONLY)
+    except OSError as exc:
+        raise LaunchError(f"the model cache's lock {lock} could not be opened: {exc}") from exc
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"another pod on this node is syncing {local}: waiting for it")
+            waiting(True)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            finally:
+                waiting(False)
         yield
     finally:
         os.close(fd)  # (the lock goes with the descriptor)
@@ -123,7 +138,7 @@ def copy(fetch: Fetch, env: Mapping[str, str], downloading: Callable[[bool], Non
     files = tree(source)
     if not files:
         raise LaunchError(f"weights {what}: no file under {source}")
-    with locked(local):
+    with locked(local, downloading):
         checked = current(local, files)
         if checked:
             return Obtained(str(local), "cache", 0.0, checked)

@@ -63,7 +63,8 @@ def obtain(fetch: Fetch, downloading: Callable[[bool], None] = lambda _on: None)
     try:
         objects = listing(client, bucket, prefix)
     except Exception as exc:
-        verdict = manifest.verify(local)
+        with mirror.locked(local, downloading):  # (not while another pod on the node syncs it)
+            verdict = manifest.verify(local)
         if not verdict.ok:
             raise LaunchError(f"weights {what} could not be listed: {type(exc).__name__}: {exc}") from exc
         log(f"weights {what}: S3 did not answer ({type(exc).__name__}); the verified snapshot in the cache "
@@ -74,7 +75,7 @@ def obtain(fetch: Fetch, downloading: Callable[[bool], None] = lambda _on: None)
     bad = sorted(n for n in objects if unsafe(n))
     if bad:
         raise LaunchError(f"weights {what}: object names that would leave the snapshot: {', '.join(bad[:3])}")
-    with mirror.locked(local):  # (another pod on the node may be syncing the same snapshot)
+    with mirror.locked(local, downloading):  # (another pod on the node may be syncing the same snapshot)
         checked = mirror.current(local, objects)
         if checked:
             return Obtained(str(local), "cache", 0.0, checked)
