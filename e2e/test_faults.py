@@ -30,6 +30,20 @@ def md(f: Factory) -> dict[str, Any]:
     return get_json(f, "mdep", NAME, "-n", NS)
 
 
+def seen_faults(f: Factory) -> set[tuple[str, str, str]]:
+    """The fault records the deployment's status holds now (time, node, kind)."""
+    return {(r["time"], r["node"], r["kind"]) for r in (md(f).get("status") or {}).get("faults") or []}
+
+
+def the_new_record(f: Factory, before: set[tuple[str, str, str]], node: str) -> dict[str, Any]:
+    """This test's fault record of the node (an earlier test may have left one for the same node and group
+    slot: group names are reused)."""
+    records = md(f)["status"]["faults"]
+    new = [r for r in records if r["node"] == node and (r["time"], r["node"], r["kind"]) not in before]
+    assert len(new) == 1, (new, records)
+    return dict(new[0])
+
+
 def groups(f: Factory) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
     sel = f"{c.LABEL_DEPLOYMENT}={NAME},{c.COMPONENT}=worker"
@@ -177,6 +191,7 @@ def test_a_quarantined_node_is_left_only_once_its_replacement_serves(deployed: F
     victim, pods = decode_group(f)
     node = sorted(p["spec"]["nodeName"] for p in pods)[0]
     clique = nodes(f)[node][CLIQUE_LABEL]
+    before = seen_faults(f)
     faults.quarantine(f, node)
     seen: dict[str, Any] = {}
     try:
@@ -198,9 +213,7 @@ def test_a_quarantined_node_is_left_only_once_its_replacement_serves(deployed: F
         table = kubectl(f, "get", "nvlinkdomains", "-o", "wide").stdout
         assert "Degraded" in table, table
         assert node in table, table
-        status = md(f)["status"]
-        # (the node may carry an earlier test's record too: this fault's is the one of its group)
-        (record,) = [r for r in status["faults"] if r["node"] == node and r["group"] == victim]
+        record = the_new_record(f, before, node)
         assert (record["group"], record["kind"], record["reaction"]) == (victim, "Quarantined", "Evacuated")
         assert record["replacement"]
         assert record["domain"] != clique
@@ -292,6 +305,7 @@ def test_a_noexecute_device_taint_loses_the_group_and_it_is_re_placed(deployed: 
     wait_for("Ready before the fault", lambda: is_ready(f), timeout=120)
     victim, pods = decode_group(f)
     node = sorted(p["spec"]["nodeName"] for p in pods)[0]
+    before = seen_faults(f)
     faults.taint_device(f, node, effect="NoExecute")
     seen: dict[str, Any] = {}
     try:
@@ -301,10 +315,8 @@ def test_a_noexecute_device_taint_loses_the_group_and_it_is_re_placed(deployed: 
             and len(serving(gs, "decode")) == 2, 120, seen,
         )  # fmt: skip
         print(f"\nNoExecute device taint: serving again in {took:.1f} s")
-        status = md(f)["status"]
-        # (the node may carry an earlier test's record too: this fault's is the one of its group)
-        (record,) = [r for r in status["faults"] if r["node"] == node and r["group"] == victim]
-        assert (record["kind"], record["reaction"]) == ("DeviceTainted", "Replaced"), record
+        record = the_new_record(f, before, node)
+        assert (record["group"], record["kind"], record["reaction"]) == (victim, "DeviceTainted", "Replaced")
         assert "channel-0" in record["message"]
         assert "DeviceTainted" in {e["reason"] for e in events(f)}
     finally:
