@@ -307,7 +307,7 @@ def _release_claims(
             continue
         busy = ctx.view.mounted_elsewhere(key) if busy is None else busy
         if set(pvc.owners) - {key[1]}:
-            manager = b.field_manager(b.model_cache_claim(owner, spec, pvc.node))
+            manager = b.cache_field_manager(owner.uid)
             futures.append((ctx.kube.pool.submit(release_claim, ctx.kube, owner, pvc.name, manager,
                                                  pvc.name in busy), None))  # fmt: skip
         elif pvc.name not in busy:

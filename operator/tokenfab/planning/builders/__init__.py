@@ -87,6 +87,7 @@ from tokenfab.planning.builders.security import (
 from tokenfab.planning.builders.shared import (
     applied_annotation,
     applied_hash,
+    cache_field_manager,
     field_manager,
     frontend_deployment,
     frontend_service,
@@ -120,6 +121,7 @@ __all__ = [
     "admits_late",
     "applied_annotation",
     "applied_hash",
+    "cache_field_manager",
     "child_meta",
     "compute_domain",
     "compute_domain_name",

@@ -150,18 +150,27 @@ def applied_hash(manifest: Manifest) -> str:
 def applied_annotation(manifest: Manifest) -> str:
     """The annotation a child's applied hash is kept in: one per owner on a model cache claim (several
     deployments apply it, each its own manifest), else one."""
-    meta = manifest["metadata"]
-    if manifest["kind"] == "PersistentVolumeClaim" and (refs := meta.get("ownerReferences")):
-        return f"{c.ANN_APPLIED_BY_PREFIX}{refs[0]['uid']}"
+    if (uid := _cache_owner(manifest)) is not None:
+        return f"{c.ANN_APPLIED_BY_PREFIX}{uid}"
     return c.ANN_APPLIED_HASH
 
 
 def field_manager(manifest: Manifest) -> str:
     """The field manager a child is applied with: each owner's own on a model cache claim."""
-    meta = manifest["metadata"]
-    if manifest["kind"] == "PersistentVolumeClaim" and (refs := meta.get("ownerReferences")):
-        return f"{c.CACHE_FIELD_MANAGER_PREFIX}{refs[0]['uid']}"
-    return c.FIELD_MANAGER
+    uid = _cache_owner(manifest)
+    return c.FIELD_MANAGER if uid is None else cache_field_manager(uid)
+
+
+def cache_field_manager(uid: str) -> str:
+    """The field manager of one owner's share of a model cache claim (its reference, marks and hash)."""
+    return f"{c.CACHE_FIELD_MANAGER_PREFIX}{uid}"
+
+
+def _cache_owner(manifest: Manifest) -> str | None:
+    """The uid of the deployment whose share of a model cache claim this manifest is (the one claim kind
+    with several owners, each applying its own manifest), else None."""
+    refs = manifest["metadata"].get("ownerReferences")
+    return str(refs[0]["uid"]) if manifest["kind"] == "PersistentVolumeClaim" and refs else None
 
 
 def with_applied_hash(manifest: Manifest) -> Manifest:
