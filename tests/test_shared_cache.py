@@ -341,3 +341,26 @@ def test_an_owners_own_applied_hash_wakes_no_one_but_is_seen():
     assert dict(seen.applied)[b.applied_annotation(shared)] == b.applied_hash(
         shared
     )  # (so not applied again)
+
+
+def test_a_claims_change_wakes_the_deployments_whose_pods_mount_it_before_they_own_it():
+    s = spec()
+    name = b.model_cache_claim_name(A, s, "n1")
+    view = ClusterView()
+    view.on_child("PersistentVolumeClaim", "ADDED", _claim(A, s, "n1", ""))
+    view.on_pod("ADDED", _pod("team", "r1-b-decode-0-0", "r1-b", name, None, "n1"))
+    view.on_pod("ADDED", _pod("team", "r1-b-decode-0-1", "r1-b", name, None, "n1"))
+    filled = _claim(A, s, "n1", b.weights_key(s))  # (A's fetch finished: the claim holds the weights)
+    assert view.on_child("PersistentVolumeClaim", "MODIFIED", filled).keys == {
+        ("team", "r1-a"),
+        ("team", "r1-b"),
+    }
+    # another namespace's claim of the same name wakes no one of this one
+    assert view.on_child(
+        "PersistentVolumeClaim", "ADDED", _claim(replace(A, namespace="x"), s, "n1", "")
+    ).keys == {("x", "r1-a")}
+    # B's pods gone one by one: B is woken until the last of them goes
+    view.on_pod("DELETED", _pod("team", "r1-b-decode-0-0", "r1-b", name, None, "n1"))
+    assert ("team", "r1-b") in view.on_child("PersistentVolumeClaim", "MODIFIED", _claim(A, s, "n1", "")).keys
+    view.on_pod("DELETED", _pod("team", "r1-b-decode-0-1", "r1-b", name, None, "n1"))
+    assert view.on_child("PersistentVolumeClaim", "MODIFIED", filled).keys == {("team", "r1-a")}

@@ -365,3 +365,10 @@ def more_room(before: NodeFacts, after: NodeFacts) -> bool:
         or after.labels != before.labels
         or not set(before.faults) <= set(after.faults)
     )
+
+
+def node_times(stamps: object) -> dict[str, float]:
+    """node -> unix time, from a status map of RFC 3339 times (what cannot be read is left out)."""
+    if not isinstance(stamps, dict):
+        return {}
+    return {str(n): t for n, ts in stamps.items() if (t := parse_time(str(ts))) is not None}

@@ -29,6 +29,7 @@ from tokenfab.fleet.facts import (
     device_taint_rule_facts,
     more_room,
     node_facts,
+    node_times,
     parse_time,
     pod_facts,
     pod_requests,
@@ -54,6 +55,7 @@ __all__ = [
 
 Key = tuple[str, str]  # (namespace, name)
 Obj = dict[str, Any]
+_CLAIM = "PersistentVolumeClaim"
 
 
 @dataclass
@@ -82,6 +84,7 @@ class ClusterView:
         self._pods: dict[Key, PodFacts] = {}  # tokenfab's pods
         self._by_deployment: dict[Key, set[str]] = {}  # (ns, deployment) -> pod names
         self._by_node: dict[str, set[Key]] = {}  # node -> deployments with pods there
+        self._by_claim: dict[str, set[Key]] = {}  # ns/claim -> deployments with pods mounting it
         self._foreign: dict[Key, tuple[str, Mapping[str, int]]] = {}  # others' bound pods: node, requests
         self._used: dict[str, dict[str, int]] = {}
         self._children: dict[tuple[str, str, str], ChildFacts] = {}
@@ -224,9 +227,8 @@ class ClusterView:
             return
         dkey = (p.namespace, p.deployment)
         self._by_deployment.setdefault(dkey, set()).add(p.name)
-        for n in {p.node, p.pinned} - {None}:
-            assert n is not None
-            self._by_node.setdefault(n, set()).add(dkey)
+        for index, k in self._indexed(p):
+            index.setdefault(k, set()).add(dkey)
 
     def _unindex(self, p: PodFacts) -> None:
         if p.deployment is None:
@@ -237,14 +239,19 @@ class ClusterView:
             names.discard(p.name)
             if not names:
                 del self._by_deployment[dkey]
-        # _by_node keeps the key until no pod of the deployment is left there (cheap to over-wake).
-        for n in {p.node, p.pinned} - {None}:
-            assert n is not None
-            holders = self._by_node.get(n)
-            if holders is not None and not any(
-                q.node == n or q.pinned == n for q in self._pods_of(dkey) if q.name != p.name
-            ):
-                holders.discard(dkey)
+        # A deployment stays under a node or claim until none of its pods is left there.
+        still = {k for q in self._pods_of(dkey) if q.name != p.name for _, k in self._indexed(q)}
+        for index, k in self._indexed(p):
+            if k not in still and (held := index.get(k)) is not None:
+                held.discard(dkey)
+                if not held:
+                    del index[k]
+
+    def _indexed(self, p: PodFacts) -> list[tuple[dict[str, set[Key]], str]]:
+        """The indices a pod is in and its key in each: the nodes it is bound or pinned to, and the model
+        cache claim it mounts ("namespace/claim": no node name holds a slash)."""
+        found = [(self._by_node, n) for n in (p.node, p.pinned) if n]
+        return [*found, (self._by_claim, f"{p.namespace}/{p.cache_claim}")] if p.cache_claim else found
 
     def _pods_of(self, dkey: Key) -> list[PodFacts]:
         return [
@@ -326,8 +333,9 @@ class ClusterView:
                 if before == facts:
                     return Change()  # nothing a pass reads has changed (e.g. a PDB's status)
             freed = before is not None and before.state == "NotReady" and facts.state != "NotReady"
-        owners = {*_owners(facts), *(_owners(before) if before is not None else ())}
-        return Change({(facts.namespace, o) for o in owners}, freed)
+            users = self._by_claim.get(f"{facts.namespace}/{facts.name}", set()) if kind == _CLAIM else set()
+        owners = {*_owners(facts), *(_owners(before) if before is not None else ())}  # (users: mounting it)
+        return Change({(facts.namespace, o) for o in owners} | users, freed)
 
     def child(self, kind: str, namespace: str, name: str) -> ChildFacts | None:
         with self._lock:
@@ -370,7 +378,7 @@ class ClusterView:
             before = self._mds.get(key)
             self._mds[key] = body
             cache = (body.get("status") or {}).get("weightsCache") or {}
-            staged, idle = cache.get("prestaged") or (), _times(cache.get("idleSince"))
+            staged, idle = cache.get("prestaged") or (), node_times(cache.get("idleSince"))
             self._staged.pop(key, None)
             self._idle.pop(key, None)
             if staged:
@@ -485,13 +493,6 @@ def _healthy(node: NodeFacts) -> bool:
 
 def _pod_stub(p: PodFacts) -> Obj:
     return {"metadata": {"namespace": p.namespace, "name": p.name, "labels": dict(p.labels)}}
-
-
-def _times(stamps: object) -> dict[str, float]:
-    """node -> unix time, from a status map of RFC 3339 times (what cannot be read is left out)."""
-    if not isinstance(stamps, dict):
-        return {}
-    return {str(n): t for n, ts in stamps.items() if (t := parse_time(str(ts))) is not None}
 
 
 def _cache_capacity(node: NodeFacts) -> str | None:
