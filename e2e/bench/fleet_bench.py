@@ -239,6 +239,20 @@ def table(traces: dict[str, dict[str, Any]], title: str) -> str:
     return "\n".join(rows)
 
 
+def add_scale_down_window(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument(
+        "--scale-down-window",
+        type=int,
+        default=None,
+        help="the tokenfab policies' scaleDownStabilizationSeconds (default: scenario.Config's, 60)",
+    )
+
+
+def scale_down_window(a: argparse.Namespace) -> dict[str, Any]:
+    """The configs' keyword for --scale-down-window (none: scenario.Config's default)."""
+    return {} if a.scale_down_window is None else {"scale_down_window": a.scale_down_window}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -251,12 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cold-start", type=float, default=COLD_START_S, help="seconds; 0: skip that variant")
     ap.add_argument("--repeat", type=int, default=1, help="run everything this many times")
     ap.add_argument("--cold-start-only", action="store_true", help="skip the plain variant")
-    ap.add_argument(
-        "--scale-down-window",
-        type=int,
-        default=None,
-        help="the tokenfab policies' scaleDownStabilizationSeconds (default: scenario.Config's, 60)",
-    )
+    add_scale_down_window(ap)
     a = ap.parse_args(argv)
     started = time.time()
     traces = tuple(t for t in a.traces.split(",") if t)
@@ -278,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
                 fleet.start_runner(
                     f, tools, namespaces=tuple(namespace(p) for p in policies), start_delay=delay
                 )
-                kw = {} if a.scale_down_window is None else {"scale_down_window": a.scale_down_window}
+                kw = scale_down_window(a)
                 work = f.run / "fleet-bench" / f"{i}-{variant}"
                 bench = run(f, tools, work, traces, policies, a.batch, **kw)
                 f.stop_extra(fleet.RUNNER)

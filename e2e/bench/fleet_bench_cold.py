@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--prestage", type=int, default=3, help="model.cache.prestageGroups of the policies with a cache"
     )
+    fleet_bench.add_scale_down_window(ap)
     a = ap.parse_args(argv)
     started = time.time()
     traces = tuple(t for t in a.traces.split(",") if t)
@@ -134,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                 a.batch,
                 cache_class=STORAGE_CLASS,
                 prestage_groups=a.prestage,
+                **fleet_bench.scale_down_window(a),
             )
             f.stop_extra(fleet.RUNNER)
             runs.append(
@@ -175,6 +177,9 @@ def save(
             "warm_s": round(weights_model.warm_seconds(a.cold_start), 1),
             "published_s": weights_model.PUBLISHED_S,
         },
+        "scale_down_window_s": scenario.Config.scale_down_window
+        if a.scale_down_window is None
+        else a.scale_down_window,
         "batches": [r["batches"] for r in runs],
         "errors": errors,
         "wall_seconds": round(wall, 1),
