@@ -384,7 +384,8 @@ def _submit_creates(
     """Every object of every new group at once (a pod naming a PodGroup that does not exist yet waits for
     it). A group with a ComputeDomain is the exception: its pods are written once NVIDIA's DRA driver has
     made the domain's IMEX channel template (a pod naming a missing template gets a Warning from the
-    claim controller, and its claim comes late); until then only the ComputeDomain is written."""
+    claim controller, and its claim comes late); until then only the ComputeDomain is written, once (the
+    template is looked for from the pass that sees it: the driver makes it after the domain)."""
     pending: list[tuple[RolePlan, Create, str, list[Obj]]] = []
     futures: list[tuple[Future[Any], Any]] = []
     waits: list[tuple[RolePlan, str]] = []
@@ -393,7 +394,11 @@ def _submit_creates(
             group = b.group_name(owner, cr.role, cr.slot)
             cd = b.compute_domain(owner, spec, cr.role, cr.slot)
             if cd is not None:
-                futures.append((ctx.kube.pool.submit(ctx.kube.apply, cd), None))
+                # Written once: seen, it is not written again, and only then can its template exist.
+                if ctx.view.child("ComputeDomain", owner.namespace, cd["metadata"]["name"]) is None:
+                    futures.append((ctx.kube.pool.submit(ctx.kube.apply, cd), None))
+                    waits.append((plan, group))
+                    continue
                 if not channel_ready(ctx, owner.namespace, b.compute_domain_name(group)):
                     waits.append((plan, group))
                     continue

@@ -1,0 +1,88 @@
+"""A new multi-node group's IMEX channel: its ComputeDomain is written once, and its pods only once NVIDIA's
+DRA driver has made the domain's claim template (execute._submit_creates, with a fake API)."""
+
+from __future__ import annotations
+
+import copy
+from concurrent.futures import Future
+from types import SimpleNamespace
+from typing import Any
+
+from tests.cases import load_example
+from tokenfab.api.errors import parse_model_deployment
+from tokenfab.api.models import ModelDeploymentSpec
+from tokenfab.execute import _submit_creates
+from tokenfab.fleet.view import ClusterView
+from tokenfab.planning import builders as b
+from tokenfab.planning.role_plan import Create, RolePlan
+
+OWNER = b.Owner(name="r1", namespace="ns", uid="uid-1")
+
+
+class Api:
+    """Counts what a pass asks of the API server; `templates` are the claim templates that exist."""
+
+    def __init__(self, templates: set[str]) -> None:
+        self.templates, self.calls = templates, []
+        self.pool = self
+
+    def submit(self, fn: Any, *args: Any) -> Future[Any]:
+        done: Future[Any] = Future()
+        done.set_result(fn(*args))
+        return done
+
+    def apply(self, manifest: dict[str, Any], manager: str = "") -> dict[str, Any]:
+        self.calls.append(("apply", manifest["kind"], manifest["metadata"]["name"]))
+        return manifest
+
+    def get(self, api: str, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
+        self.calls.append(("get", kind, name))
+        return {"metadata": {"name": name}} if name in self.templates else None
+
+
+def _spec() -> ModelDeploymentSpec:
+    doc: dict[str, Any] = copy.deepcopy(load_example("deepseek-r1-disaggregated.yaml"))
+    doc["metadata"].update(name="r1", namespace="ns", uid="uid-1", generation=1)
+    doc["spec"]["decode"]["parallelism"] = {"tensor": 8, "expert": 8, "attentionDataParallel": True}
+    doc["spec"]["topology"]["computeDomain"] = True
+    return parse_model_deployment(doc).spec
+
+
+def _pass(view: ClusterView, api: Api, spec: ModelDeploymentSpec) -> tuple[list[str], list[str]]:
+    """One pass's creates for a new two-node decode group: (the groups whose pods are written, the groups
+    that wait for their channel)."""
+    shape = b.group_shape(spec, "decode")
+    assert shape.nodes == 2, "a multi-node group"
+    plan = RolePlan(role="decode", desired=1, revision="rev1", shape=shape)
+    plan.create.append(Create("decode", 0, "rack-a", "rev1", "Missing", nodes=("a-0", "a-1")))
+    ctx = SimpleNamespace(view=view, kube=api)
+    _, pending, waits = _submit_creates(ctx, OWNER, spec, [plan], "podgroup")  # type: ignore[arg-type]
+    return [group for _, _, group, _ in pending], [group for _, group in waits]
+
+
+def test_a_compute_domain_is_written_once_and_its_template_looked_for_once_it_is_seen():
+    spec = _spec()
+    group = b.group_name(OWNER, "decode", 0)
+    domain = b.compute_domain(OWNER, spec, "decode", 0)
+    assert domain is not None
+    name = domain["metadata"]["name"]
+    view = ClusterView()
+    # first pass: the domain is written; its template cannot exist yet, so it is not looked for
+    api = Api(templates=set())
+    assert _pass(view, api, spec) == ([], [group])
+    assert api.calls == [("apply", "ComputeDomain", name)]
+    # once seen (its watch event), it is not written again; its template is looked for
+    view.on_child("ComputeDomain", "ADDED", domain)
+    api = Api(templates=set())
+    assert _pass(view, api, spec) == ([], [group])
+    assert api.calls == [("get", "ResourceClaimTemplate", b.compute_domain_name(group))]
+    # the driver made it: the group's pods are written, the domain still not again
+    api = Api(templates={b.compute_domain_name(group)})
+    assert _pass(view, api, spec) == ([group], [])
+    assert ("apply", "ComputeDomain", name) not in api.calls
+    assert sum(1 for verb, kind, _ in api.calls if verb == "apply" and kind == "Pod") == 2
+    # a domain deleted meanwhile (its watch event) is written again
+    view.on_child("ComputeDomain", "DELETED", domain)
+    api = Api(templates={b.compute_domain_name(group)})
+    assert _pass(view, api, spec) == ([], [group])
+    assert api.calls == [("apply", "ComputeDomain", name)]
