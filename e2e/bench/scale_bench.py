@@ -15,7 +15,7 @@ The baseline operator runs with its own CRDs, and the run fails loudly when it d
 deployment Ready (a baseline that cannot run measures nothing). Saved (e2e/bench/record.py) to
 e2e/bench/results/scale.json and its history copy (or --out DIR); nothing passes or fails on a time.
 
-    python -m e2e.bench.scale_bench                      # 64 racks, 200 deployments (about 15 minutes)
+    python -m e2e.bench.scale_bench                      # 64 racks, 200 deployments (about 5 minutes)
     python -m e2e.bench.scale_bench --racks 8 --deployments 25 --no-baseline-ref   # a smoke run
 """
 
