@@ -67,6 +67,7 @@ def test_a_compute_domain_is_written_once_and_its_template_looked_for_once_it_is
     assert domain is not None
     name = domain["metadata"]["name"]
     view = ClusterView()
+    view.replace("ComputeDomain", [])  # (the kind is watched: served when the operator started)
     # first pass: the domain is written; its template cannot exist yet, so it is not looked for
     api = Api(templates=set())
     assert _pass(view, api, spec) == ([], [group])
@@ -86,3 +87,16 @@ def test_a_compute_domain_is_written_once_and_its_template_looked_for_once_it_is
     api = Api(templates={b.compute_domain_name(group)})
     assert _pass(view, api, spec) == ([], [group])
     assert api.calls == [("apply", "ComputeDomain", name)]
+
+
+def test_where_compute_domains_are_not_watched_the_domain_is_written_and_its_template_looked_for():
+    """(The kind came after the operator started: no watch tells that the domain exists.)"""
+    spec = _spec()
+    group = b.group_name(OWNER, "decode", 0)
+    name = b.compute_domain_name(group)
+    api = Api(templates=set())
+    assert _pass(ClusterView(), api, spec) == ([], [group])
+    assert api.calls == [("apply", "ComputeDomain", name), ("get", "ResourceClaimTemplate", name)]
+    api = Api(templates={name})
+    assert _pass(ClusterView(), api, spec) == ([group], [])
+    assert api.calls[0] == ("apply", "ComputeDomain", name)

@@ -394,12 +394,14 @@ def _submit_creates(
             group = b.group_name(owner, cr.role, cr.slot)
             cd = b.compute_domain(owner, spec, cr.role, cr.slot)
             if cd is not None:
-                # Written once: seen, it is not written again, and only then can its template exist.
-                if ctx.view.child("ComputeDomain", owner.namespace, cd["metadata"]["name"]) is None:
+                # Written until seen (watched: the kind was served when the operator started); its
+                # template, which the driver makes after it, is looked for once it is seen.
+                seen = ctx.view.child("ComputeDomain", owner.namespace, cd["metadata"]["name"]) is not None
+                if not seen:
                     futures.append((ctx.kube.pool.submit(ctx.kube.apply, cd), None))
-                    waits.append((plan, group))
-                    continue
-                if not channel_ready(ctx, owner.namespace, b.compute_domain_name(group)):
+                if (not seen and ctx.view.synced.get("ComputeDomain")) or not channel_ready(
+                    ctx, owner.namespace, b.compute_domain_name(group)
+                ):
                     waits.append((plan, group))
                     continue
             pods = b.group_pods(
