@@ -384,8 +384,9 @@ def _submit_creates(
     """Every object of every new group at once (a pod naming a PodGroup that does not exist yet waits for
     it). A group with a ComputeDomain is the exception: its pods are written once NVIDIA's DRA driver has
     made the domain's IMEX channel template (a pod naming a missing template gets a Warning from the
-    claim controller, and its claim comes late); until then only the ComputeDomain is written, once (the
-    template is looked for from the pass that sees it: the driver makes it after the domain)."""
+    claim controller, and its claim comes late); until then only the ComputeDomain is written: once where
+    the kind is watched (the template is looked for from the pass that sees it: the driver makes it after
+    the domain), else in every pass, with the template looked for too."""
     pending: list[tuple[RolePlan, Create, str, list[Obj]]] = []
     futures: list[tuple[Future[Any], Any]] = []
     waits: list[tuple[RolePlan, str]] = []
@@ -399,9 +400,8 @@ def _submit_creates(
                 seen = ctx.view.child("ComputeDomain", owner.namespace, cd["metadata"]["name"]) is not None
                 if not seen:
                     futures.append((ctx.kube.pool.submit(ctx.kube.apply, cd), None))
-                if (not seen and ctx.view.synced.get("ComputeDomain")) or not channel_ready(
-                    ctx, owner.namespace, b.compute_domain_name(group)
-                ):
+                unseen_yet = not seen and ctx.view.synced.get("ComputeDomain", False)
+                if unseen_yet or not channel_ready(ctx, owner.namespace, b.compute_domain_name(group)):
                     waits.append((plan, group))
                     continue
             pods = b.group_pods(

@@ -333,8 +333,9 @@ class ClusterView:
                 if before == facts:
                     return Change()  # nothing a pass reads has changed (e.g. a PDB's status)
             freed = before is not None and before.state == "NotReady" and facts.state != "NotReady"
-            users = self._by_claim.get(f"{facts.namespace}/{facts.name}", set()) if kind == _CLAIM else set()
-        owners = {*_owners(facts), *(_owners(before) if before is not None else ())}  # (users: mounting it)
+            claim = f"{facts.namespace}/{facts.name}" if kind == _CLAIM else ""
+            users = set(self._by_claim.get(claim, ()))  # (a claim's users: its pods' deployments; a copy)
+        owners = {*_owners(facts), *(_owners(before) if before is not None else ())}
         return Change({(facts.namespace, o) for o in owners} | users, freed)
 
     def child(self, kind: str, namespace: str, name: str) -> ChildFacts | None:
