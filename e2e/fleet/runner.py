@@ -55,7 +55,7 @@ from kubernetes import client as kclient
 from kubernetes import config as kconfig
 from urllib3.util.retry import Retry
 
-from e2e.fleet import pods, weights_model
+from e2e.fleet import fabric, pods, weights_model
 from tokenfab.planning import contract as c
 from tokenfab_factory import process
 
@@ -331,6 +331,8 @@ class Runner:
         self.stop_event = threading.Event()
         self.errors = 0
         self.foreign: list[dict[str, str]] = []  # connections outside loopback seen (must stay empty)
+        self.cliques: dict[str, str] = {}  # node -> its NVLink domain (the simulated fabric)
+        self.refused: list[dict[str, Any]] = []  # engines the simulated fabric failed at NCCL init
         self.logs = opts.state_dir / "logs"
         for d in (opts.state_dir, opts.file_sd_dir, self.logs):
             d.mkdir(parents=True, exist_ok=True)
@@ -350,9 +352,15 @@ class Runner:
             return None
 
     def node_names(self) -> set[str] | None:
-        """The Nodes that exist (a pod bound to one that does not is on a machine that died)."""
+        """The Nodes that exist (a pod bound to one that does not is on a machine that died); their NVLink
+        domains are kept for the simulated fabric."""
         try:
-            return {n["metadata"]["name"] for n in self.api("GET", "/api/v1/nodes")["items"]}
+            items = self.api("GET", "/api/v1/nodes")["items"]
+            self.cliques = {
+                n["metadata"]["name"]: (n["metadata"].get("labels") or {}).get(fabric.CLIQUE_LABEL, "")
+                for n in items
+            }
+            return set(self.cliques)
         except (pods.PodError, ValueError, KeyError, TypeError) as exc:
             self.errors += 1
             print(f"runner: listing nodes failed: {exc}", file=sys.stderr, flush=True)
@@ -404,6 +412,45 @@ class Runner:
         proc.health_url = f"http://127.0.0.1:{ports['system']}{c.HEALTH_PATH}"
         proc.target = pods.target_labels(pod, "metrics")
         return argv, penv, proc
+
+    def refuse(self, pod: dict[str, Any], running: list[dict[str, Any]]) -> bool:
+        """Whether the simulated fabric fails this engine at NCCL init (e2e/fleet/fabric.py): then, as a
+        kubelet reports a container that exited 1 under restartPolicy Never, its pod is Failed with the
+        error as its termination message, and nothing is started."""
+        if not fabric.asks_mnnvl(pod):
+            return False
+        ns = pod["metadata"]["namespace"]
+        group = fabric.group_of(pod, [p for p in running if p["metadata"]["namespace"] == ns])
+        claims = {
+            str(cl["metadata"]["name"]): cl
+            for cl in self.api("GET", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims")["items"]
+        }
+        why = fabric.nccl_refusal(group, claims, self.cliques)
+        if why is None:
+            return False
+        key = f"{ns}/{pod['metadata']['name']}"
+        (self.logs / f"{key.replace('/', '_')}.log").write_text(f"NCCL WARN {why}\n")
+        self.patch_status(
+            pod,
+            {
+                "status": {
+                    "phase": "Failed",
+                    "containerStatuses": [
+                        {
+                            "name": pods.container(pod)["name"],
+                            "image": pods.container(pod).get("image", ""),
+                            "imageID": "",
+                            "ready": False,
+                            "restartCount": 0,
+                            "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": why}},
+                        }
+                    ],
+                }
+            },
+        )
+        self.refused.append({"key": key, "at": time.time(), "why": why})
+        print(f"runner: engine of {key} failed at NCCL init: {why}", flush=True)
+        return True
 
     def pod_dir(self, pod: dict[str, Any]) -> Path:
         meta = pod["metadata"]
@@ -569,6 +616,8 @@ class Runner:
                     if now < self.pending[key]:
                         continue
                 try:
+                    if kind == "mocker" and self.refuse(pod, list(by_key.values())):
+                        continue
                     self.start(kind, pod)
                     self.pending.pop(key, None)
                 except Exception as exc:
@@ -790,6 +839,7 @@ class Runner:
             "terminating": {uid: asdict(p) for uid, p in sorted(self.terminating.items())},
             "history": self.history,
             "fetches": self.fetches,
+            "refused": self.refused,  # engines the simulated fabric failed at NCCL init
         }
         path = self.opts.state_dir / "state.json"
         tmp = path.with_name(".state.json.tmp")

@@ -83,6 +83,8 @@ ENV_DYNAMO_NAMESPACE = "DYN_NAMESPACE"
 ENV_DYN_SYSTEM_PORT = "DYN_SYSTEM_PORT"  # Dynamo's system server (/health, /metrics) on rank 0
 ENV_DYN_SYSTEM_HOST = "DYN_SYSTEM_HOST"  # its bind address (not set on pods: all interfaces)
 ENV_DYN_HEALTH_ENDPOINTS = "DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS"
+# NCCL's multi-node NVLink (MNNVL) and its cuMem allocations: set only on pods that claim an IMEX channel.
+NCCL_MNNVL_ENV = ("NCCL_MNNVL_ENABLE", "NCCL_CUMEM_ENABLE")
 ENV_DYN_SHUTDOWN_TIMEOUT = "DYN_RUNTIME_GRACEFUL_SHUTDOWN_TIMEOUT_SECS"  # Dynamo's bound on its SIGTERM drain
 
 # Dynamo's discovery (how workers and frontends find each other) and its planes. The kubernetes backend:

@@ -28,6 +28,8 @@ from tokenfab.api.models import (
 from tokenfab.planning import builders as b
 from tokenfab.planning import fault_report, recovery, weights_cache
 from tokenfab.planning.eviction import NodeCaches
+from tokenfab.planning.fabric import CONDITION as FABRIC
+from tokenfab.planning.fabric import condition as fabric_condition
 from tokenfab.planning.frontend import FrontendPod, gone
 from tokenfab.planning.frontend import move as move_frontend
 from tokenfab.planning.groups import DrainPolicy, RolePlan, plan_role
@@ -469,6 +471,7 @@ def settle(s: Snapshot, p: Plan, written: Written) -> tuple[ModelDeploymentStatu
         recovery.summary({r: _failures(f) for r, f in held.items()}, s.now) if held else "",
     )
     outcome = p.autoscaling
+    fabric = fabric_condition(p.spec)
     faults = fault_report.records(
         s.md.status.faults if s.md.status else [],
         p.roles,
@@ -485,7 +488,7 @@ def settle(s: Snapshot, p: Plan, written: Written) -> tuple[ModelDeploymentStatu
         autoscaling=outcome.status if outcome else None,
         extra=[
             *(outcome.conditions if outcome else ()),
-            *filter(None, [s.planned, s.source]),
+            *filter(None, [s.planned, s.source, fabric]),
             fault_report.condition(faults, fault_report.avoided(faults, s.now)),
         ],
     )
@@ -493,6 +496,7 @@ def settle(s: Snapshot, p: Plan, written: Written) -> tuple[ModelDeploymentStatu
     status.failures = p.failures
     status.faults = faults
     status.weights_cache = p.weights_cache
-    dropped = {kind for kind, cd in (("Planned", s.planned), ("ModelSource", s.source)) if cd is None}
+    said = (("Planned", s.planned), ("ModelSource", s.source), (FABRIC, fabric))
+    dropped = {kind for kind, cd in said if cd is None}
     status.conditions = [cd for cd in status.conditions if cd.type not in dropped]
     return status, changed

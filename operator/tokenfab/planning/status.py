@@ -337,7 +337,7 @@ def event_for(cond: Condition, before: Condition | None) -> str | None:
         return "Normal" if cond.status == "True" and cond.reason in wanted else None
     if cond.type == "Planned":
         return "Normal" if cond.status != "False" else "Warning"
-    if cond.type == "ModelSource":  # (said when it goes wrong, and when it is put right)
+    if cond.type in ("ModelSource", "Fabric"):  # (said when it goes wrong, and when it is put right)
         if cond.status != "True":
             return "Warning"
         return "Normal" if before is not None else None

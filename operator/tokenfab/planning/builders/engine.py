@@ -15,6 +15,7 @@ from tokenfab.planning.builders.common import (
     engine_configmap_name,
     worker_address,
 )
+from tokenfab.planning.builders.placement import uses_compute_domain
 from tokenfab.planning.builders.security import discovery_env
 from tokenfab.planning.builders.volumes import fetches_weights
 from tokenfab.planning.engine import content_hash, disaggregation_mode, engine_config, render
@@ -88,11 +89,20 @@ def worker_env(
         *([{"name": c.ENV_DYN_SHUTDOWN_TIMEOUT, "value": str(drain)}] if drain else []),
         {"name": c.ENV_DYN_HEALTH_ENDPOINTS, "value": '["generate"]'},
         *discovery_env(spec),
-        {"name": "NCCL_MNNVL_ENABLE", "value": "1"},
-        {"name": "NCCL_CUMEM_ENABLE", "value": "1"},
+        *nccl_env(spec, role),
         *([{"name": c.ENV_MPI_SSH_DIR, "value": c.MPI_SSH_DIR}] if shape.nodes > 1 else []),
         *[e.model_dump(by_alias=True, exclude_none=True) for e in spec.runtime.env],
     ]
+
+
+def nccl_env(spec: ModelDeploymentSpec, role: RoleName) -> list[dict[str, Any]]:
+    """NCCL's multi-node NVLink settings, only for a pod that holds an IMEX channel (its group's
+    ComputeDomain claim): with NCCL_MNNVL_ENABLE=1 and no channel NCCL fails at communicator init, so a
+    one-pod group or a group without a ComputeDomain (topology.computeDomain false) gets none, and NCCL
+    keeps its own defaults (NVLink inside the tray, the network between trays)."""
+    if not uses_compute_domain(spec, role):
+        return []
+    return [{"name": name, "value": "1"} for name in c.NCCL_MNNVL_ENV]
 
 
 def engine_configmap(owner: Owner, spec: ModelDeploymentSpec, role: RoleName) -> Manifest:
@@ -113,7 +123,7 @@ def engine_configmap(owner: Owner, spec: ModelDeploymentSpec, role: RoleName) ->
 # Bumped when the worker pods tokenfab builds change in a way running groups must adopt (a new security
 # context, say): the revision of every role changes, so an operator upgrade rolls every group once, one
 # group at a time, like a Deployment whose template changed.
-POD_TEMPLATE_VERSION = 3
+POD_TEMPLATE_VERSION = 4  # 4: NCCL's MNNVL settings only with an IMEX channel
 
 
 def role_revision(spec: ModelDeploymentSpec, role: RoleName) -> str:

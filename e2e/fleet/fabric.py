@@ -1,0 +1,93 @@
+"""The simulated fabric of the factory's NVL72 racks, as NCCL meets it at communicator init (hardware,
+simulated; the pods' own settings are what is checked).
+
+On a GB200 tray, NCCL's multi-node NVLink (NCCL_MNNVL_ENABLE=1) imports the other ranks' memory through
+fabric handles, which the IMEX daemons of one IMEX domain exchange; a container sees its IMEX channel
+(/dev/nvidia-caps-imex-channels/channelN) only when NVIDIA's DRA driver prepared its ComputeDomain claim.
+So a rank that asks for MNNVL fails at init:
+- when its pod holds no IMEX channel (no allocated claim of the ComputeDomain driver);
+- when the group's pods hold channels of different ComputeDomains (two IMEX domains cannot import each
+  other's handles);
+- when the group's nodes are not in one NVLink domain (nvidia.com/gpu.clique): no NVLink joins them.
+
+Real NCCL's words differ by version (an "unhandled system error" or "unhandled cuda error" from
+ncclCommInitRank, after a WARN naming the failed cuMem call); the message here says it is the factory's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from e2e.fleet.pods import resolve_env
+from tokenfab.planning import contract as c
+
+Obj = dict[str, Any]
+IMEX_DRIVER = "compute-domain.nvidia.com"  # NVIDIA's DRA driver for ComputeDomains
+CLIQUE_LABEL = "nvidia.com/gpu.clique"
+
+
+def claim_names(pod: Obj) -> list[str]:
+    """The ResourceClaims made for the pod (status.resourceClaimStatuses), by the claim controller."""
+    return [
+        str(s["resourceClaimName"])
+        for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+        if s.get("resourceClaimName")
+    ]
+
+
+def imex_domain(pod: Obj, claims: Mapping[str, Obj]) -> str | None:
+    """The ComputeDomain (its uid) whose IMEX channel the pod holds: one of its claims allocated a device
+    of the ComputeDomain driver, and carries the domain's id in its opaque config; None when it holds
+    none (`claims`: the namespace's claims by name, as read)."""
+    for name in claim_names(pod):
+        claim = claims.get(name) or {}
+        results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")
+        if not any(r.get("driver") == IMEX_DRIVER for r in results or []):
+            continue
+        for cfg in ((claim.get("spec") or {}).get("devices") or {}).get("config") or []:
+            opaque = cfg.get("opaque") or {}
+            if opaque.get("driver") == IMEX_DRIVER:
+                return str((opaque.get("parameters") or {}).get("domainID") or name)
+        return name
+    return None
+
+
+def asks_mnnvl(pod: Obj) -> bool:
+    return resolve_env(pod).get("NCCL_MNNVL_ENABLE") == "1"
+
+
+def nccl_refusal(group: Sequence[Obj], claims: Mapping[str, Obj], cliques: Mapping[str, str]) -> str | None:
+    """Why NCCL's communicator init fails for this group's engine, or None when it comes up. `group`: the
+    group's pods (rank 0 first), `claims`: their namespace's ResourceClaims by name, `cliques`: node ->
+    its NVLink domain."""
+    if not group or not asks_mnnvl(group[0]):
+        return None
+    where = "ncclCommInitRank: unhandled system error (the factory's simulated NCCL, NCCL_MNNVL_ENABLE=1)"
+    held = {str(p["metadata"]["name"]): imex_domain(p, claims) for p in group}
+    missing = sorted(name for name, domain in held.items() if domain is None)
+    if missing:
+        return f"{where}: pod {', '.join(missing)} holds no IMEX channel (no ComputeDomain claim allocated)"
+    if len(set(held.values())) > 1:
+        return f"{where}: the group's pods hold IMEX channels of {len(set(held.values()))} ComputeDomains"
+    nodes = {str(p["spec"].get("nodeName") or "") for p in group}
+    domains = {cliques.get(n, "") for n in nodes}
+    if len(domains) > 1 or "" in domains:
+        return f"{where}: the group's nodes {', '.join(sorted(nodes))} are not in one NVLink domain"
+    return None
+
+
+def group_of(pod: Obj, pods: Sequence[Obj]) -> list[Obj]:
+    """The pods of `pod`'s group in rank order (the pod alone when it names no group)."""
+    meta = pod["metadata"]
+    name = (meta.get("labels") or {}).get(c.LABEL_GROUP)
+    if not name:
+        return [pod]
+    same = [
+        p
+        for p in pods
+        if p["metadata"]["namespace"] == meta["namespace"]
+        and (p["metadata"].get("labels") or {}).get(c.LABEL_GROUP) == name
+        and not p["metadata"].get("deletionTimestamp")
+    ]
+    return sorted(same, key=lambda p: int(resolve_env(p).get(c.ENV_RANK, "0") or 0))
