@@ -327,14 +327,20 @@ def test_a_compute_domain_gone_not_ready_loses_its_group_and_it_is_re_placed(dep
     f = deployed
     wait_for("Ready before the fault", lambda: is_ready(f), timeout=120)
     victim, pods = decode_group(f)
-    faults.break_domain(f, NS, f"{victim}-imex")
+    # (its prefill-decode unit's ComputeDomain: every group of the unit holds a channel of it)
+    domain = f"{NAME}-unit-{pods[0]['metadata']['labels'][c.LABEL_UNIT]}-imex"
+    faults.break_domain(f, NS, domain)
     try:
         took = replaced(f, pods, "the group re-placed with its IMEX domain", 120, {})
         print(f"\nComputeDomain NotReady: serving again in {took:.1f} s")
         records = [r for r in md(f)["status"]["faults"] if r["kind"] == "ComputeDomainNotReady"]
         assert records, md(f)["status"]["faults"]
-        assert records[-1]["group"] == victim
-        assert f"{victim}-imex" in records[-1]["message"]
+        assert victim in {r["group"] for r in records}
+        assert any(domain in r["message"] for r in records if r["group"] == victim)
+        # the unit's replacements claim a new unit's ComputeDomain: the broken one is not reused
+        gs = groups(f)
+        relabelled = {gs[g][0]["metadata"]["labels"].get(c.LABEL_UNIT) for g in serving(gs, "decode")}
+        assert pods[0]["metadata"]["labels"][c.LABEL_UNIT] not in relabelled
         assert "ComputeDomainNotReady" in {e["reason"] for e in events(f)}
     finally:
         faults.heal(f)

@@ -12,6 +12,7 @@ directory; `python -m e2e.fleet.scenario` saves them to e2e/bench/results/.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -21,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from e2e.fleet import fleet, load, plot, scenario
-from e2e.helpers import get_json, wait_for
+from e2e.helpers import apply_yaml, get_json, wait_for
+from tokenfab.planning import contract as c
 from tokenfab.planning import signals
 from tokenfab_factory import process
 from tokenfab_factory.factory import Factory
@@ -151,6 +153,62 @@ def assert_real_discovery(f: Factory, namespace: str) -> None:
     workers = {p["key"].split("/", 1)[1] for p in procs if p["kind"] == "mocker"}
     metadata = get_json(f, "dynamoworkermetadatas", "-n", namespace)["items"]
     assert workers <= {m["metadata"]["name"] for m in metadata}, "each engine registered as its pod"
+    assert_no_shared_filesystem(f, state, procs)
+
+
+def assert_no_shared_filesystem(f: Factory, state: dict, procs: list[dict]) -> None:
+    """Each process saw its own pod directory only, and the frontend no model files: it served the model
+    with the card files the workers serve on their system ports, as on a cluster."""
+    assert state["isolated"], "the runner gave each pod a mount namespace of its own (it runs as root)"
+    pods_dir = fleet.state_dir(f) / "pods"
+    for p in procs:
+        root = Path(f"/proc/{p['pid']}/root")
+        assert len(os.listdir(f"{root}{pods_dir}")) == 1, f"{p['key']} sees other pods' directories"
+        model = os.listdir(f"{root}{state['model_dir']}")
+        if p["kind"] == "frontend":
+            assert model == [], f"the frontend {p['key']} sees the model files: {model}"
+        else:
+            assert "tokenizer.json" in model, f"the engine {p['key']} lost the model it mounts"
+
+
+def test_the_simulated_fabric_serves_a_group_on_its_imex_channel_and_fails_mnnvl_without_one(live):
+    """NCCL's multi-node NVLink as the factory simulates it (e2e/fleet/fabric.py): a decode group over two
+    trays asks for MNNVL and holds its ComputeDomain's channel on both pods, so its engine comes up and
+    serves; a one-pod group whose user env asks for MNNVL holds none, so its engine fails at NCCL init
+    and the user reads why in the deployment's Event, as a crash on a cluster would show."""
+    f, _ = live
+    doc = fleet.manifest(f, NS, "fabric", autoscaling=False)
+    doc["spec"]["decode"]["parallelism"] = {"tensor": 8}  # two trays: one ComputeDomain, NCCL's MNNVL
+    apply_yaml(f, doc)
+    fleet.serving(f, NS, "fabric", timeout=240)
+    sel = f"{c.LABEL_DEPLOYMENT}=fabric,{c.LABEL_ROLE}=decode"
+    decode = get_json(f, "pods", "-n", NS, "-l", sel)["items"]
+    assert len(decode) == 2
+    for pod in decode:
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        assert env.get("NCCL_MNNVL_ENABLE") == "1"
+        assert pod["status"].get("resourceClaimStatuses"), "each rank holds its IMEX channel claim"
+    refused = [r for r in fleet.runner_state(f).get("refused", []) if r["key"].startswith(f"{NS}/fabric-")]
+    assert not refused, refused
+    fleet.delete_deployment(f, NS, "fabric")
+
+    bad = fleet.manifest(f, NS, "mnnvl", autoscaling=False)
+    bad["spec"]["runtime"] = {"env": [{"name": "NCCL_MNNVL_ENABLE", "value": "1"}]}  # one-pod groups
+    apply_yaml(f, bad)
+
+    def told() -> list[str]:
+        events = get_json(f, "events", "-n", NS, "--field-selector", "involvedObject.name=mnnvl")["items"]
+        return [
+            e["message"]
+            for e in events
+            if e["reason"] == "GroupDeletedBroken" and "holds no IMEX channel" in e["message"]
+        ]
+
+    said = wait_for("an Event naming the engine NCCL failed without an IMEX channel", told, timeout=150)
+    assert "simulated NCCL" in said[0]
+    refused = [r for r in fleet.runner_state(f)["refused"] if r["key"].startswith(f"{NS}/mnnvl-")]
+    assert refused, "the runner started no engine for it"
+    fleet.delete_deployment(f, NS, "mnnvl")
 
 
 def test_runner_stops_every_process_it_started(live):

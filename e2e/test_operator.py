@@ -91,12 +91,24 @@ def test_deepseek_becomes_ready_with_every_group_in_one_clique(operator):
         assert sorted(int(p["metadata"]["labels"][c.LABEL_RANK]) for p in members) == list(
             range(len(members))
         )
-    # Every pod of a multi-node group holds an IMEX channel of its group's ComputeDomain, allocated by the
-    # scheduler on its own node (the factory's simulated NVIDIA DRA driver publishes one per node), and
-    # mounts its node's model cache claim, bound to a volume on that node.
+    # Two prefill-decode units (a decode group and the prefill group that feeds it), each in one NVLink
+    # domain with one ComputeDomain over its 10 pods. Every pod holds an IMEX channel of its unit's
+    # ComputeDomain, allocated by the scheduler on its own node (the factory's simulated NVIDIA DRA driver
+    # publishes one per node), and mounts its node's model cache claim, bound to a volume on that node.
     claims = {rc["metadata"]["name"]: rc for rc in get_json(f, "resourceclaims", "-n", NS)["items"]}
     domains = {cd["metadata"]["name"] for cd in get_json(f, "computedomains", "-n", NS)["items"]}
-    assert domains == {f"{g}-imex" for g in by_group}
+    assert domains == {"deepseek-r1-unit-0-imex", "deepseek-r1-unit-1-imex"}
+    units = {int(u["unit"]): u for u in obj["status"]["units"]}
+    assert sorted(units) == [0, 1]
+    for n, unit in units.items():
+        members = [p for g in unit["groups"] for p in by_group[g]]
+        assert len(members) == 10
+        assert len({cliques[p["spec"]["nodeName"]] for p in members}) == 1, f"unit {n} split: {unit}"
+        assert unit["path"] == "nvlink"
+        for p in members:
+            assert p["metadata"]["labels"][c.LABEL_UNIT] == str(n)
+            assert p["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] == f"deepseek-r1-unit-{n}-imex"
+    assert obj["status"]["kvPath"] == "2 nvlink"
     for members in by_group.values():
         for p in members:
             (status,) = p["status"].get("resourceClaimStatuses") or [{}]

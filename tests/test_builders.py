@@ -31,6 +31,7 @@ from tokenfab.planning import builders as b
 from tokenfab.planning import contract as c
 from tokenfab.planning.builders.engine import _revision_inputs
 from tokenfab.planning.engine import content_hash, engine_config, render
+from tokenfab.planning.units import rule
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 UPDATE = os.environ.get("TOKENFAB_UPDATE_GOLDEN") == "1"
@@ -94,15 +95,17 @@ def render_children(example: str, patch: dict[str, Any]) -> list[dict[str, Any]]
     docs = [b.engine_configmap(own, spec, role) for role, _ in spec.roles()]
     docs += [b.workers_service(own, spec), b.frontend_deployment(own, spec), b.frontend_service(own)]
     docs += b.discovery_rbac(own, spec)
+    unit = 0 if rule(spec) is not None else None  # (slot 0 of each role: the first prefill-decode unit)
     for role, _ in spec.roles():
-        cd = b.compute_domain(own, spec, role, 0)
-        if cd is not None:
+        cd = b.compute_domain(own, spec, role, 0, unit)
+        if cd is not None and cd not in docs:
             docs.append(cd)
         if b.gang_of(spec, role, "podgroup"):
             docs.append(b.pod_group(own, spec, role, 0))
         nodes = [f"gb200-r00-t{i:02d}" for i in range(b.group_shape(spec, role).nodes)]
         # Multi-node groups: the PodGroup gang path (the gate path is tested below).
-        docs += b.group_pods(own, spec, role, 0, DOMAIN, b.role_revision(spec, role), nodes, gang="podgroup")
+        rev = b.role_revision(spec, role)
+        docs += b.group_pods(own, spec, role, 0, DOMAIN, rev, nodes, gang="podgroup", unit=unit)
     return docs
 
 
@@ -162,23 +165,34 @@ def test_there_is_a_golden_file_for_every_variant_and_no_stale_one():
     assert sorted(p.stem for p in GOLDEN.glob("*.yaml")) == sorted(VARIANTS)
 
 
-def test_multi_node_groups_get_a_compute_domain_and_claim_it_unless_turned_off():
+def test_a_units_groups_share_one_compute_domain_and_claim_it_unless_turned_off():
     plain = render_children(*VARIANTS["deepseek-r1-disaggregated-no-compute-domain"])
     with_cd = render_children("deepseek-r1-disaggregated.yaml", {})
     assert not [d for d in plain if d["kind"] == "ComputeDomain"]
     assert not [p for p in plain if p["kind"] == "Pod" and "resourceClaims" in p["spec"]]
-    assert [d["metadata"]["name"] for d in with_cd if d["kind"] == "ComputeDomain"] == [
-        "deepseek-r1-prefill-0-imex",
-        "deepseek-r1-decode-0-imex",
-    ]
+    # the first prefill-decode unit: prefill 0 and decode 0, one ComputeDomain over all their pods
+    [cd] = [d for d in with_cd if d["kind"] == "ComputeDomain"]
+    assert cd["metadata"]["name"] == "deepseek-r1-unit-0-imex"
+    assert cd["metadata"]["labels"][c.LABEL_UNIT] == "0"
     pods = [d for d in with_cd if d["kind"] == "Pod"]
     assert len(pods) == 2 + 8
     for pod in pods:
-        group = pod["metadata"]["labels"][c.LABEL_GROUP]
+        assert pod["metadata"]["labels"][c.LABEL_UNIT] == "0"
         assert pod["spec"]["resourceClaims"] == [
-            {"name": "imex", "resourceClaimTemplateName": f"{group}-imex"}
+            {"name": "imex", "resourceClaimTemplateName": "deepseek-r1-unit-0-imex"}
         ]
         assert pod["spec"]["containers"][0]["resources"]["claims"] == [{"name": "imex"}]
+
+
+def test_an_aggregated_multi_node_group_claims_a_compute_domain_of_its_own():
+    docs = render_children("llama-405b-multinode-tp.yaml", {})
+    [cd] = [d for d in docs if d["kind"] == "ComputeDomain"]
+    assert cd["metadata"]["name"] == "llama-405b-worker-0-imex"
+    assert cd["metadata"]["labels"][c.LABEL_GROUP] == "llama-405b-worker-0"
+    for pod in (d for d in docs if d["kind"] == "Pod"):
+        assert c.LABEL_UNIT not in pod["metadata"]["labels"]
+        assert pod["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] == "llama-405b-worker-0-imex"
+    with_cd = [*docs, *render_children("deepseek-r1-disaggregated.yaml", {})]
     for cd in (d for d in with_cd if d["kind"] == "ComputeDomain"):
         # numNodes is deprecated and the spec immutable: 0 is valid on every driver release
         assert cd["apiVersion"] == "resource.nvidia.com/v1beta1"

@@ -10,10 +10,12 @@ import pytest
 
 from tests.cases import example_paths
 from tests.test_builders import owner, spec_of
+from tokenfab.api.models import UnitStatus
 from tokenfab.planning import builders as b
 from tokenfab.planning import contract as c
-from tokenfab.planning.fabric import condition
+from tokenfab.planning.fabric import condition, kv_path_summary
 from tokenfab.planning.status import event_for
+from tokenfab.planning.units import Member, path, rule
 
 DOMAIN = "clique-a.0"
 
@@ -26,9 +28,11 @@ def _pods(example: str, patch: dict[str, Any] | None = None) -> list[dict[str, A
     spec = _spec(example, patch)
     own = owner("md")
     out: list[dict[str, Any]] = []
+    unit = 0 if rule(spec) is not None else None  # (slot 0 of each role: unit 0)
     for role, _ in spec.roles():
         nodes = [f"gb200-r00-t{i:02d}" for i in range(b.group_shape(spec, role).nodes)]
-        out += b.group_pods(own, spec, role, 0, DOMAIN, b.role_revision(spec, role), nodes, gang="podgroup")
+        rev = b.role_revision(spec, role)
+        out += b.group_pods(own, spec, role, 0, DOMAIN, rev, nodes, gang="podgroup", unit=unit)
     return out
 
 
@@ -51,30 +55,41 @@ VARIANTS = [(p.name, {}) for p in example_paths()] + [
 
 
 @pytest.mark.parametrize(("example", "patch"), VARIANTS, ids=lambda v: str(v))
-def test_every_rendered_pod_asks_nccl_for_mnnvl_exactly_when_it_holds_an_imex_channel(example, patch):
+def test_every_rendered_pod_asks_for_the_fabric_only_when_it_holds_an_imex_channel(example, patch):
+    """NCCL's MNNVL exactly on the multi-node groups' pods that hold a channel; the KV transfer's fabric
+    settings exactly on the unit members' pods that hold one."""
     pods = _pods(example, patch)
     assert pods
     for pod in pods:
-        env = _env(pod)
-        asks = {name for name in c.NCCL_MNNVL_ENV if env.get(name) == "1"}
+        env, name = _env(pod), pod["metadata"]["name"]
+        asks = {n for n in c.NCCL_MNNVL_ENV if env.get(n) == "1"}
+        kv = {n for n, v in c.KV_FABRIC_ENV if env.get(n) == v}
+        multi_node = int(pod["metadata"]["annotations"][c.ANN_GROUP_SIZE]) > 1
+        unit = c.LABEL_UNIT in pod["metadata"]["labels"]
         if _holds_channel(pod):
-            assert asks == set(c.NCCL_MNNVL_ENV), pod["metadata"]["name"]
+            assert asks == (set(c.NCCL_MNNVL_ENV) if multi_node else set()), name
+            assert kv == ({n for n, _ in c.KV_FABRIC_ENV} if unit else set()), name
         else:
-            assert not asks, f"{pod['metadata']['name']} asks NCCL for {asks} without an IMEX channel"
+            assert not asks, f"{name} asks NCCL for {asks} without an IMEX channel"
+            assert not kv, f"{name} asks for {kv} without an IMEX channel"
 
 
 def test_the_qwen3_examples_one_pod_prefill_group_asks_for_no_mnnvl_and_its_decode_group_does():
     pods = {p["metadata"]["labels"][c.LABEL_ROLE]: p for p in _pods("qwen3-235b-autoscaled.yaml")}
-    assert "NCCL_MNNVL_ENABLE" not in _env(pods["prefill"])  # TP4: one tray, one pod
-    assert not _holds_channel(pods["prefill"])
+    # TP4: one tray, one pod: NCCL never leaves it, but the pod holds its unit's channel for KV transfers
+    assert "NCCL_MNNVL_ENABLE" not in _env(pods["prefill"])
+    assert _holds_channel(pods["prefill"])
+    assert _env(pods["prefill"])["TRTLLM_KVCACHE_POOL_USE_FABRIC_MEMORY"] == "1"
     assert _env(pods["decode"])["NCCL_MNNVL_ENABLE"] == "1"  # TP8: two trays, one ComputeDomain
     assert _holds_channel(pods["decode"])
+    claims = {r["resourceClaimTemplateName"] for p in pods.values() for r in p["spec"]["resourceClaims"]}
+    assert claims == {"md-unit-0-imex"}, "prefill and decode of one unit share one ComputeDomain"
 
 
 def test_fabric_condition_is_true_when_every_spanning_group_claims_a_channel():
     cond = condition(_spec("deepseek-r1-disaggregated.yaml"))
     assert cond is not None
-    assert (cond.type, cond.status, cond.reason) == ("Fabric", "True", "IMEXChannel")
+    assert (cond.type, cond.status, cond.reason) == ("Fabric", "True", "NVLink")
     assert "decode (8 nodes)" in cond.message
     assert "prefill (2 nodes)" in cond.message
 
@@ -94,3 +109,41 @@ def test_fabric_condition_names_the_groups_that_span_trays_without_a_channel_and
 
 def test_fabric_condition_is_absent_when_no_group_spans_trays():
     assert condition(_spec("aggregated-small.yaml")) is None
+
+
+def _unit(n: int, path: str, *domains: str) -> UnitStatus:
+    return UnitStatus(unit=n, groups=[f"md-decode-{n}", f"md-prefill-{n}"], domains=list(domains), path=path)
+
+
+def test_fabric_condition_names_the_units_whose_kv_crosses_the_network():
+    spec = _spec("deepseek-r1-disaggregated.yaml")
+    units = [_unit(0, "nvlink", "r0"), _unit(1, "tcp", "r1", "r2")]
+    cond = condition(spec, units)
+    assert cond is not None
+    assert (cond.status, cond.reason) == ("False", "KVOverNetwork")
+    assert "1 of 2 prefill-decode units" in cond.message
+    assert "unit 1 (r1, r2): tcp" in cond.message
+    assert event_for(cond, None) == "Warning"
+    assert kv_path_summary(units) == "1 nvlink, 1 tcp"
+    whole = condition(spec, [_unit(0, "nvlink", "r0"), _unit(1, "nvlink", "r1")])
+    assert whole is not None
+    assert (whole.status, whole.reason) == ("True", "NVLink")
+    assert kv_path_summary([]) is None
+
+
+def _member(role: str, domain: str, *nodes: str, labelled: bool = True) -> Member:
+    return Member("", role, domain, 0, nodes, labelled)  # type: ignore[arg-type]
+
+
+def test_a_units_path_is_nvlink_only_inside_one_domain_with_every_pod_holding_its_channel():
+    both = {"decode": True, "prefill": True}
+    one_rack = [_member("decode", "r0", "n1", "n2"), _member("prefill", "r0", "n3")]
+    assert path(one_rack, both, rdma=False) == "nvlink"
+    assert path(one_rack, {"decode": True, "prefill": False}, rdma=False) == "tcp"  # prefill shares a node
+    split = [_member("decode", "r0", "n1"), _member("prefill", "r1", "m1")]
+    assert path(split, both, rdma=False) == "tcp"
+    assert path(split, both, rdma=True) == "rdma"
+    same_node = [_member("decode", "r0", "n1"), _member("prefill", "r0", "n1")]
+    assert path(same_node, {}, rdma=False) == "nvlink"  # (cuda_ipc inside one tray: no fabric needed)
+    legacy = [_member("decode", "r0", "n1", "n2", labelled=False), _member("prefill", "r0", "n3")]
+    assert path(legacy, both, rdma=False) == "tcp"  # (its own ComputeDomain: not the unit's)

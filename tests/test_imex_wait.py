@@ -57,7 +57,7 @@ def _pass(view: ClusterView, api: Api, spec: ModelDeploymentSpec) -> tuple[list[
     plan.create.append(Create("decode", 0, "rack-a", "rev1", "Missing", nodes=("a-0", "a-1")))
     ctx = SimpleNamespace(view=view, kube=api)
     _, pending, waits = _submit_creates(ctx, OWNER, spec, [plan], "podgroup")  # type: ignore[arg-type]
-    return [group for _, _, group, _ in pending], [group for _, group in waits]
+    return [group for _, _, group, _ in pending], [group for _, group, _ in waits]
 
 
 def test_a_compute_domain_is_written_once_and_its_template_looked_for_once_it_is_seen():

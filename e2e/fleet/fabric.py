@@ -10,8 +10,10 @@ So a rank that asks for MNNVL fails at init:
   other's handles);
 - when the group's nodes are not in one NVLink domain (nvidia.com/gpu.clique): no NVLink joins them.
 
-Real NCCL's words differ by version (an "unhandled system error" or "unhandled cuda error" from
-ncclCommInitRank, after a WARN naming the failed cuMem call); the message here says it is the factory's.
+NCCL_MNNVL_ENABLE=1 means "fail if MNNVL cannot be enabled" (2, NCCL's default, detects and falls
+back): NCCL warns "MNNVL is not supported on this system" and init returns ncclSystemError, "unhandled
+system error" (NVIDIA/nccl src/init.cc; Dynamo's docs/backends/trtllm/trtllm-kv-cache-transfer.md shows
+the same words when a GB200 worker has no ComputeDomain). The message here says it is the factory's.
 """
 
 from __future__ import annotations
@@ -63,7 +65,10 @@ def nccl_refusal(group: Sequence[Obj], claims: Mapping[str, Obj], cliques: Mappi
     its NVLink domain."""
     if not group or not asks_mnnvl(group[0]):
         return None
-    where = "ncclCommInitRank: unhandled system error (the factory's simulated NCCL, NCCL_MNNVL_ENABLE=1)"
+    where = (
+        "MNNVL is not supported on this system; ncclCommInitRank: unhandled system error (the factory's "
+        "simulated NCCL, NCCL_MNNVL_ENABLE=1)"
+    )
     held = {str(p["metadata"]["name"]): imex_domain(p, claims) for p in group}
     missing = sorted(name for name, domain in held.items() if domain is None)
     if missing:

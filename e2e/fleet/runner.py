@@ -55,7 +55,7 @@ from kubernetes import client as kclient
 from kubernetes import config as kconfig
 from urllib3.util.retry import Retry
 
-from e2e.fleet import fabric, pods, weights_model
+from e2e.fleet import fabric, isolation, pods, weights_model
 from tokenfab.planning import contract as c
 from tokenfab_factory import process
 
@@ -333,6 +333,12 @@ class Runner:
         self.foreign: list[dict[str, str]] = []  # connections outside loopback seen (must stay empty)
         self.cliques: dict[str, str] = {}  # node -> its NVLink domain (the simulated fabric)
         self.refused: list[dict[str, Any]] = []  # engines the simulated fabric failed at NCCL init
+        # every process in a mount namespace of its own, seeing its own pod directory and volumes only
+        self.isolate = isolation.available()
+        if not self.isolate:
+            print("runner: not root (or no unshare): pods share one filesystem", file=sys.stderr, flush=True)
+        (opts.state_dir / "pods").mkdir(parents=True, exist_ok=True)
+        (opts.state_dir / ".stage").mkdir(parents=True, exist_ok=True)
         self.logs = opts.state_dir / "logs"
         for d in (opts.state_dir, opts.file_sd_dir, self.logs):
             d.mkdir(parents=True, exist_ok=True)
@@ -516,6 +522,10 @@ class Runner:
         argv, env, proc = self.argv_for(kind, pod)
         proc.grace, proc.prestop = _grace(pod)
         name = proc.key.replace("/", "_")
+        if self.isolate:  # (the pod's own directory only; a frontend mounts no model: isolation.py)
+            hide = [self.opts.model_dir] if kind == "frontend" else []
+            pods_dir, stage = self.opts.state_dir / "pods", self.opts.state_dir / ".stage"
+            argv = isolation.isolated(argv, own=self.pod_dir(pod), pods=pods_dir, stage=stage, hide=hide)
         proc.pid = spawn(argv, self.logs / f"{name}.log", env)
         proc.argv = argv
         self.procs[proc.key] = proc
@@ -840,6 +850,7 @@ class Runner:
             "history": self.history,
             "fetches": self.fetches,
             "refused": self.refused,  # engines the simulated fabric failed at NCCL init
+            "isolated": self.isolate,  # each process in a mount namespace of its own
         }
         path = self.opts.state_dir / "state.json"
         tmp = path.with_name(".state.json.tmp")

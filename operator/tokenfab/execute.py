@@ -65,7 +65,7 @@ class Submitted:
     pending: list[tuple[RolePlan, Create, str, list[Obj]]]
     gang: b.GangMode
     # new groups whose ComputeDomain has no IMEX channel template yet: only the ComputeDomain was written
-    channel_waits: list[tuple[RolePlan, str]] = field(default_factory=list)
+    channel_waits: list[tuple[RolePlan, str, str]] = field(default_factory=list)  # (plan, group, domain)
 
     def futures(self) -> list[Future[Any]]:
         return [f for f, _ in (*self.shared, *self.deletes, *self.creates)]
@@ -104,6 +104,10 @@ def submit(ctx: Context, key: Key, owner: b.Owner, plan: Plan, now: float) -> Su
     ]
     shared += [
         (ctx.kube.pool.submit(ctx.kube.delete, "v1", "Pod", pod, key[0]), None) for pod in plan.fetch_deletes
+    ]
+    shared += [  # (the ComputeDomains of units left without a group: planning.units)
+        (ctx.kube.pool.submit(ctx.kube.delete, c.COMPUTE_DOMAIN_API, "ComputeDomain", cd, key[0]), None)
+        for cd in plan.domain_deletes
     ]
     shared += [  # (model caches evicted to make room on their node: planning.eviction)
         (ctx.kube.pool.submit(ctx.kube.delete, "v1", "PersistentVolumeClaim", claim, key[0]), None)
@@ -177,13 +181,13 @@ def _replacing(plan: RolePlan, group: str) -> str:
 
 
 def _channel_waits(ctx: Context, key: Key, sub: Submitted, result: Result) -> None:
-    for plan, group in sub.channel_waits:
+    for plan, group, domain in sub.channel_waits:
         # (its room is promised again by the next pass, a second from now, which writes the pods)
         ctx.ledger.release(key, group)
         plan.unbound.setdefault(
             group,
-            f"waiting for the IMEX channel of ComputeDomain {b.compute_domain_name(group)} (its resource "
-            "claim template, made by NVIDIA's DRA driver)",
+            f"waiting for the IMEX channel of ComputeDomain {domain} (its resource claim template, made by "
+            "NVIDIA's DRA driver)",
         )
         result.channel_waits.append(group)
 
@@ -379,7 +383,9 @@ def _submit_deletes(
 def _submit_creates(
     ctx: Context, owner: b.Owner, spec: ModelDeploymentSpec, plans: list[RolePlan], gang: b.GangMode
 ) -> tuple[
-    list[tuple[Future[Any], Any]], list[tuple[RolePlan, Create, str, list[Obj]]], list[tuple[RolePlan, str]]
+    list[tuple[Future[Any], Any]],
+    list[tuple[RolePlan, Create, str, list[Obj]]],
+    list[tuple[RolePlan, str, str]],
 ]:
     """Every object of every new group at once (a pod naming a PodGroup that does not exist yet waits for
     it). A group with a ComputeDomain is the exception: its pods are written once NVIDIA's DRA driver has
@@ -389,24 +395,28 @@ def _submit_creates(
     the domain), else in every pass, with the template looked for too."""
     pending: list[tuple[RolePlan, Create, str, list[Obj]]] = []
     futures: list[tuple[Future[Any], Any]] = []
-    waits: list[tuple[RolePlan, str]] = []
+    waits: list[tuple[RolePlan, str, str]] = []
+    written: set[str] = set()  # (a unit's ComputeDomain is written once for all its new groups)
     for plan in plans:
         for cr in plan.create:
             group = b.group_name(owner, cr.role, cr.slot)
-            cd = b.compute_domain(owner, spec, cr.role, cr.slot)
+            cd = b.compute_domain(owner, spec, cr.role, cr.slot, cr.unit)
             if cd is not None:
                 # Written until seen (watched: the kind was served when the operator started); its
                 # template, which the driver makes after it, is looked for once it is seen.
-                seen = ctx.view.child("ComputeDomain", owner.namespace, cd["metadata"]["name"]) is not None
-                if not seen:
+                name = cd["metadata"]["name"]
+                seen = ctx.view.child("ComputeDomain", owner.namespace, name) is not None
+                if not seen and name not in written:
+                    written.add(name)
                     futures.append((ctx.kube.pool.submit(ctx.kube.apply, cd), None))
                 unseen_yet = not seen and ctx.view.synced.get("ComputeDomain", False)
-                if unseen_yet or not channel_ready(ctx, owner.namespace, b.compute_domain_name(group)):
-                    waits.append((plan, group))
+                if unseen_yet or not channel_ready(ctx, owner.namespace, name):
+                    waits.append((plan, group, name))
                     continue
             pods = b.group_pods(
-                owner, spec, cr.role, cr.slot, cr.domain, cr.revision, cr.nodes, cr.ranks, gang, cr.path
-            )
+                owner, spec, cr.role, cr.slot, cr.domain, cr.revision, cr.nodes, cr.ranks, gang, cr.path,
+                cr.unit,
+            )  # fmt: skip
             objs: list[Obj] = []
             if b.gang_of(spec, cr.role, gang) == "podgroup" and not b.admits_late(spec, cr.role, gang):
                 objs.append(b.pod_group(owner, spec, cr.role, cr.slot))

@@ -68,6 +68,7 @@ def group_views(pods: list[PodFacts], recorded: set[str]) -> dict[RoleName, list
                 draining_since=min(draining) if draining else None,
                 created_at=min((m.created for m in members if m.created is not None), default=None),
                 start_path=ann.get(c.ANN_START_PATH, ""),
+                unit=int(labels[c.LABEL_UNIT]) if labels.get(c.LABEL_UNIT, "").isdigit() else None,
             )
         )
     return out

@@ -264,6 +264,7 @@ def observe(ctx: Context, key: Key, now: float) -> tuple[Obj, Snapshot] | Result
     frontend = ctx.view.child("Deployment", key[0], b.frontend_name(owner))
     claims = usable_claims(ctx.view, owner, md.spec)
     logs = pod_logs.read(ctx, key, md.spec, pods, now)
+    unit_domains = [ch for ch in ctx.view.children("ComputeDomain", key) if ch.unit.isdigit()]
     return body, Snapshot(
         owner=owner,
         md=md,
@@ -290,6 +291,8 @@ def observe(ctx: Context, key: Key, now: float) -> tuple[Obj, Snapshot] | Result
         loading=logs.loading,
         caches=node_caches(ctx.view, key, [p.node for p in claims]),
         reaction=fault_reaction(ctx, md),
+        unit_domains={ch.name: int(ch.unit) for ch in unit_domains},
+        units_down=frozenset(int(ch.unit) for ch in unit_domains if ch.state == "NotReady"),
     )
 
 

@@ -154,6 +154,13 @@ def _wide_columns(ready: str) -> list[JSON]:
             "description": "OpenAI-compatible endpoint",
         },
         {
+            "name": "KV-Path",
+            "type": "string",
+            "jsonPath": ".status.kvPath",
+            "priority": 1,
+            "description": "how the prefill-decode units move KV caches: nvlink, rdma or tcp, with counts",
+        },
+        {
             "name": "Weights",
             "type": "string",
             "jsonPath": ".status.weightsCache.summary",

@@ -266,7 +266,8 @@ class ChildFacts:
     role: str = ""
     revision: str = ""
     node: str = ""  # a model cache claim's node
-    group: str = ""  # a ComputeDomain's group
+    group: str = ""  # a ComputeDomain's group (one made for a group alone)
+    unit: str = ""  # a ComputeDomain's prefill-decode unit (one made for a unit)
     state: str = ""  # a ComputeDomain's status.status (Ready | NotReady)
     holds: tuple[str, ...] = ()  # a model cache claim: the weights it holds (contract.ANN_HOLDS_PREFIX)
     size: int = 0  # a model cache claim: the bytes it asks for
@@ -293,6 +294,7 @@ def child_facts(kind: str, obj: Obj) -> ChildFacts:
         revision=labels.get(c.LABEL_REVISION, ""),
         node=(meta.get("annotations") or {}).get(c.ANN_NODE, ""),
         group=labels.get(c.LABEL_GROUP, "") if kind == "ComputeDomain" else "",
+        unit=labels.get(c.LABEL_UNIT, "") if kind == "ComputeDomain" else "",
         state=str(status.get("status") or "") if kind == "ComputeDomain" else "",
         holds=_holds(meta) if kind == "PersistentVolumeClaim" else (),
         size=_claim_size(obj) if kind == "PersistentVolumeClaim" else 0,

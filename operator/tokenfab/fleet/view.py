@@ -174,9 +174,10 @@ class ClusterView:
         for key in self._domains_down:
             ch = self._children[key]
             _, ns, name = key
-            if not ch.group or not ch.deployment:
+            if not (ch.group or ch.unit) or not ch.deployment:
                 continue
-            pods = [p for p in self._pods_of((ns, ch.deployment)) if p.labels.get(c.LABEL_GROUP) == ch.group]
+            label, value = (c.LABEL_UNIT, ch.unit) if ch.unit else (c.LABEL_GROUP, ch.group)
+            pods = [p for p in self._pods_of((ns, ch.deployment)) if p.labels.get(label) == value]
             if not any(p.ready_since is not None or p.ready for p in pods):
                 continue  # (a group still starting: its ComputeDomain is not Ready yet)
             fault = NodeFault("ComputeDomainNotReady", f"ComputeDomain {ns}/{name} is NotReady", sudden=True)

@@ -23,6 +23,7 @@ LABEL_SLOT = f"{DOMAIN}/slot"
 LABEL_RANK = f"{DOMAIN}/rank"
 LABEL_REVISION = f"{DOMAIN}/revision"
 LABEL_DOMAIN = f"{DOMAIN}/nvlink-domain"
+LABEL_UNIT = f"{DOMAIN}/unit"  # a disaggregated group's prefill-decode unit (planning.units)
 LABEL_PEERS = (
     f"{DOMAIN}/peers"  # "true" on pods of multi-node groups (the headless workers Service selects them)
 )
@@ -85,6 +86,10 @@ ENV_DYN_SYSTEM_HOST = "DYN_SYSTEM_HOST"  # its bind address (not set on pods: al
 ENV_DYN_HEALTH_ENDPOINTS = "DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS"
 # NCCL's multi-node NVLink (MNNVL) and its cuMem allocations: set only on pods that claim an IMEX channel.
 NCCL_MNNVL_ENV = ("NCCL_MNNVL_ENABLE", "NCCL_CUMEM_ENABLE")
+# KV transfers over multi-node NVLink, on a prefill-decode unit's pods that hold its IMEX channel: UCX's
+# cuda_ipc across trays (its default, "try", already attempts it; said outright) on a KV pool TensorRT-LLM
+# allocates with CUDA fabric handles (off by default: legacy allocations cannot leave the tray).
+KV_FABRIC_ENV = (("UCX_CUDA_IPC_ENABLE_MNNVL", "y"), ("TRTLLM_KVCACHE_POOL_USE_FABRIC_MEMORY", "1"))
 ENV_DYN_SHUTDOWN_TIMEOUT = "DYN_RUNTIME_GRACEFUL_SHUTDOWN_TIMEOUT_SECS"  # Dynamo's bound on its SIGTERM drain
 
 # Dynamo's discovery (how workers and frontends find each other) and its planes. The kubernetes backend:

@@ -1,27 +1,63 @@
-"""What the NVLink fabric gives a deployment's multi-node groups, pure: the Fabric condition.
+"""What the fabric gives a deployment, pure: its prefill-decode units' KV paths (status.units) and the
+Fabric condition.
 
 A group that spans trays moves its tensors over multi-node NVLink (NCCL's MNNVL) only when its pods hold
 an IMEX channel, which NVIDIA's DRA driver hands out through a ComputeDomain claim
 (topology.computeDomain). Without one NCCL falls back to the network between trays, and tokenfab does not
-ask it for MNNVL (`builders.nccl_env`): the group runs, slower, and this condition says so where a user
-looks instead of leaving it to be found in a profile.
+ask it for MNNVL (`builders.nccl_env`). A prefill-decode unit's KV caches move over NVLink only inside one
+NVLink domain with every pod holding the unit's channel (planning.units.path); else over the network.
+Either way the deployment runs, slower, and this condition says so where a user looks instead of leaving
+it to be found in a profile.
 """
 
 from __future__ import annotations
 
-from tokenfab.api.models import Condition, ModelDeploymentSpec
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+from tokenfab.api.models import Condition, ModelDeploymentSpec, RoleName, UnitStatus
 from tokenfab.planning.builders.placement import uses_compute_domain
 from tokenfab.planning.builders.roles import group_shape
+from tokenfab.planning.units import PATHS, UNIT_ROLES, Units, path
 
 CONDITION = "Fabric"
 
 
-def condition(spec: ModelDeploymentSpec) -> Condition | None:
-    """Fabric: True when every multi-node role's groups claim an IMEX channel; False (NoIMEXChannel) when
-    one spans trays without it. None when no group spans trays (nothing to say)."""
+def unit_statuses(
+    spec: ModelDeploymentSpec, units: Units | None, name: Callable[[RoleName, int], str]
+) -> list[UnitStatus]:
+    """status.units: each unit's groups (decode first), domains and KV path; `name`: a group's name from
+    its role and slot."""
+    if units is None:
+        return []
+    channel = {r: uses_compute_domain(spec, r) for r in UNIT_ROLES if spec.role(r) is not None}
+    out = []
+    for unit, members in sorted(units.members.items()):
+        ordered = sorted(members, key=lambda m: (m.role != "decode", m.slot))
+        out.append(
+            UnitStatus(
+                unit=unit,
+                groups=[m.group or name(m.role, m.slot) for m in ordered],
+                domains=sorted({m.domain for m in members if m.domain}),
+                path=path(members, channel, rdma=False),
+            )
+        )
+    return out
+
+
+def kv_path_summary(units: Sequence[UnitStatus]) -> str | None:
+    """The units' paths at a glance ('2 nvlink', '1 nvlink, 1 tcp'); None without units."""
+    count = Counter(u.path for u in units)
+    return ", ".join(f"{count[p]} {p}" for p in PATHS if count[p]) or None
+
+
+def condition(spec: ModelDeploymentSpec, units: Sequence[UnitStatus] = ()) -> Condition | None:
+    """Fabric: True when every multi-node group claims an IMEX channel and every unit's KV moves over
+    NVLink; False when a group spans trays without a channel (NoIMEXChannel) or a unit's KV crosses
+    the network (KVOverNetwork). None when there is nothing to say (no multi-node group, no unit)."""
     spanning = [(role, group_shape(spec, role).nodes) for role, _ in spec.roles()]
     spanning = [(role, nodes) for role, nodes in spanning if nodes > 1]
-    if not spanning:
+    if not spanning and not units:
         return None
     without = [(role, nodes) for role, nodes in spanning if not uses_compute_domain(spec, role)]
     if without:
@@ -31,14 +67,26 @@ def condition(spec: ModelDeploymentSpec) -> Condition | None:
             status="False",
             reason="NoIMEXChannel",
             message=f"the {roles} groups span trays without an IMEX channel (spec.topology.computeDomain "
-            "is false): NCCL runs between their trays over the network, not multi-node NVLink. Set "
-            "spec.topology.computeDomain to true, with NVIDIA's DRA driver installed, for NVLink.",
+            "is false): NCCL runs between their trays over the network, not multi-node NVLink, and so do "
+            "their KV transfers. Set spec.topology.computeDomain to true, with NVIDIA's DRA driver "
+            "installed, for NVLink.",
         )
-    roles = ", ".join(f"{role} ({nodes} nodes)" for role, nodes in spanning)
-    return Condition(
-        type=CONDITION,
-        status="True",
-        reason="IMEXChannel",
-        message=f"the {roles} groups each claim the IMEX channel of their own ComputeDomain: NCCL uses "
-        "multi-node NVLink between their trays",
-    )
+    slow = [u for u in units if u.path != "nvlink"]
+    if slow:
+        said = "; ".join(f"unit {u.unit} ({', '.join(u.domains) or 'not placed'}): {u.path}" for u in slow)
+        return Condition(
+            type=CONDITION,
+            status="False",
+            reason="KVOverNetwork",
+            message=f"{len(slow)} of {len(units)} prefill-decode units move their KV caches over the "
+            f"network, not NVLink: {said}. A unit is kept in one NVLink domain where it fits, with one "
+            "ComputeDomain over its pods that fill their nodes; one that spans domains, or whose groups "
+            "share nodes with others, crosses the network.",
+        )
+    parts = []
+    if spanning:
+        roles = ", ".join(f"{role} ({nodes} nodes)" for role, nodes in spanning)
+        parts.append(f"the {roles} groups claim an IMEX channel: NCCL uses multi-node NVLink")
+    if units:
+        parts.append(f"every prefill-decode unit ({len(units)}) moves its KV caches over NVLink")
+    return Condition(type=CONDITION, status="True", reason="NVLink", message="; ".join(parts))

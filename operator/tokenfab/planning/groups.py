@@ -50,6 +50,7 @@ from tokenfab.planning.topology import (
     largest_block,
     take,
 )
+from tokenfab.planning.units import Member, Units, fits_all
 
 __all__ = [
     "Create",
@@ -135,6 +136,42 @@ class _Placer:
     per_domain: dict[str, int]  # alive groups per domain (placement may spread them)
     avoid: frozenset[str] = frozenset()  # domains where this deployment's groups keep failing
     warmth: Mapping[str, int] = field(default_factory=dict)  # node -> its model cache's warmth
+    units: Units | None = None  # the deployment's prefill-decode units (None: it has none)
+    # room kept in a domain for the groups still to come beside a unit's first decode group (its prefill
+    # groups, planned after decode), so a later unit does not take it
+    kept: dict[str, list[GroupShape]] = field(default_factory=dict)
+
+    def unit(self, replaces: str) -> int | None:
+        """The unit of a new group: the one of the group it replaces, else the first short of the role."""
+        if self.units is None:
+            return None
+        unit = self.units.unit_of_group(replaces) if replaces else None
+        return (
+            unit
+            if unit is not None
+            else self.units.assign(self.plan.role, (d.name for d in self.plan.delete))
+        )
+
+    def choose(self, open_domains: Mapping[str, Domain], unit: int | None) -> str | None:
+        """The domain for a new group: beside its unit's other groups where that domain has room; for a
+        unit's first decode group, where the whole unit fits; else by the placement policy."""
+        shape, warm = self.plan.shape, self.warmth or None
+        if self.units is not None and unit is not None:
+            for name in self.units.domains(unit):
+                if name in open_domains and fits_all(open_domains[name], (shape, *self.kept.get(name, ()))):
+                    return name
+            companions = self.units.companions(self.plan.role, unit)
+            whole = {
+                k: d
+                for k, d in open_domains.items()
+                if fits_all(d, (shape, *companions, *self.kept.get(k, ())))
+            }
+            if companions and whole:
+                chosen = choose_domain(whole, shape, self.policy, self.per_domain, warm)
+                if chosen is not None:
+                    self.kept.setdefault(chosen, []).extend(companions)
+                return chosen
+        return choose_domain(open_domains, shape, self.policy, self.per_domain, warm)
 
     def place(self, reason: str, replaces: str = "") -> bool:
         plan, shape = self.plan, self.plan.shape
@@ -142,7 +179,9 @@ class _Placer:
             return False
         open_domains = {k: v for k, v in self.domains.items() if k not in self.avoid}
         warm = self.warmth or None
-        chosen = choose_domain(open_domains, shape, self.policy, self.per_domain, warm)
+        slot = next(i for i in range(len(self.used_slots) + 1) if i not in self.used_slots)
+        unit = self.unit(replaces)
+        chosen = self.choose(open_domains, unit)
         targets = (
             None
             if chosen is None
@@ -152,14 +191,15 @@ class _Placer:
             plan.unplaced = 1  # the caller counts the rest
             plan.largest_block = largest_block(open_domains, shape)
             return False
-        slot = next(i for i in range(len(self.used_slots) + 1) if i not in self.used_slots)
         self.used_slots.add(slot)
         self.domains = {**self.domains, chosen: take(self.domains[chosen], targets, shape.pod_gpus)}
         self.per_domain[chosen] = self.per_domain.get(chosen, 0) + 1
         path = PATHS[min(COLD, max(self.warmth.get(n, COLD) for n in targets))] if self.warmth else ""
         plan.create.append(
-            Create(plan.role, slot, chosen, plan.revision, reason, tuple(targets), (), replaces, path)
+            Create(plan.role, slot, chosen, plan.revision, reason, tuple(targets), (), replaces, path, unit)
         )
+        if self.units is not None and unit is not None:
+            self.units.add(unit, Member("", plan.role, chosen, slot, tuple(targets)))
         return True
 
     def place_up_to(self, count: int, reason: str, replacing: Sequence[str] = ()) -> None:
@@ -191,6 +231,7 @@ def plan_role(
     reaction: FaultReaction | None = None,
     avoid: frozenset[str] = frozenset(),
     warmth: Mapping[str, int] | None = None,
+    units: Units | None = None,
 ) -> tuple[RolePlan, dict[str, Domain]]:
     """Plan one role. Returns the plan and the domains with this plan's new pods taken out.
 
@@ -205,14 +246,17 @@ def plan_role(
 
     A `retired` role (left the spec) serves until every spec role has a serving group; while the spec's new
     groups find no room (`others_short`) it gives up one group at a time while another still serves. New
-    groups stay out of the `avoid` domains (fault_report.avoided), on the warmest nodes (weights_cache)."""
+    groups stay out of the `avoid` domains (fault_report.avoided), on the warmest nodes (weights_cache),
+    and beside their prefill-decode unit's other groups (`units`, planning.units) where it has room."""
     leave = drain or DrainPolicy()
     judge = _Judge(nodes, now, toleration, bind_timeout, reaction or FaultReaction())
     plan = RolePlan(role=role, desired=desired, revision=revision, shape=shape)
     alive, domains = _classify_groups(plan, groups, domains, judge)
     hold = hold_seconds(list(plan.broken_reasons.values())) if callable(hold_seconds) else hold_seconds
     plan.backoff = max(0.0, hold)
-    placer = _Placer(plan, domains, policy, {g.slot for g in groups}, _per_domain(alive), avoid, warmth or {})
+    placer = _Placer(
+        plan, domains, policy, {g.slot for g in groups}, _per_domain(alive), avoid, warmth or {}, units
+    )
     counted = [g for g in alive if plan.states[g.name] != "draining"]
     _note_moving(plan, groups, alive, judge)
     _settle_draining(plan, alive, counted, judge, leave)
@@ -288,7 +332,9 @@ def _reserved(plan: RolePlan, g: GroupView, domains: dict[str, Domain]) -> dict[
         plan.delete.append(Delete(plan.role, g.name, "Broken"))
         return None
     plan.create.append(
-        Create(plan.role, g.slot, g.domain, g.revision, "Complete", tuple(targets), tuple(missing))
+        Create(
+            plan.role, g.slot, g.domain, g.revision, "Complete", tuple(targets), tuple(missing), unit=g.unit
+        )
     )
     plan.unbound[g.name] = f"creating ranks {missing}"
     return {**domains, g.domain: take(domains[g.domain], targets, shape.pod_gpus)}

@@ -123,6 +123,7 @@ class GroupView:
     draining_since: float | None = None  # when its drain started (None: not draining)
     created_at: float | None = None  # when its first pod was created (None: unknown)
     start_path: str = ""  # warm | fetching | cold: how its nodes' model caches stood when it was placed
+    unit: int | None = None  # its prefill-decode unit, as written on its pods (None: none written)
 
 
 def missing_ranks(group: GroupView) -> list[int]:

@@ -30,6 +30,7 @@ from tokenfab.planning import fault_report, recovery, weights_cache
 from tokenfab.planning.eviction import NodeCaches
 from tokenfab.planning.fabric import CONDITION as FABRIC
 from tokenfab.planning.fabric import condition as fabric_condition
+from tokenfab.planning.fabric import kv_path_summary, unit_statuses
 from tokenfab.planning.frontend import FrontendPod, gone
 from tokenfab.planning.frontend import move as move_frontend
 from tokenfab.planning.groups import DrainPolicy, RolePlan, plan_role
@@ -42,6 +43,7 @@ from tokenfab.planning.scaler.memory import parse
 from tokenfab.planning.signals import Reading
 from tokenfab.planning.status import Observed, build_status, placement, rfc3339
 from tokenfab.planning.topology import Domain, GroupShape
+from tokenfab.planning.units import UNIT_ROLES, Units, units_of
 
 Manifest = b.Manifest
 Event = tuple[str, str, str]  # (type, reason, message)
@@ -82,6 +84,8 @@ class Snapshot:
     weights_sources: Mapping[str, str] = field(default_factory=dict)  # group -> how it got its weights
     loading: tuple[tuple[str, Progress], ...] = ()  # (node, bytes so far) of workers still downloading
     reaction: FaultReaction = field(default_factory=FaultReaction)  # tokenfab's, or a fault bench's baseline
+    unit_domains: Mapping[str, int] = field(default_factory=dict)  # its units' ComputeDomains: name -> unit
+    units_down: frozenset[int] = frozenset()  # the units whose ComputeDomain is NotReady
 
     @property
     def spec(self) -> ModelDeploymentSpec:
@@ -106,6 +110,8 @@ class Plan:
     force_delete: tuple[str, ...] = ()
     fetch_deletes: tuple[str, ...] = ()  # weights-fetch pods done or no longer wanted (weights_cache)
     claim_deletes: tuple[str, ...] = ()  # model cache claims evicted (planning.eviction)
+    domain_deletes: tuple[str, ...] = ()  # ComputeDomains of units left without a group (planning.units)
+    units: Units | None = None  # the prefill-decode units once this plan is done (None: it has none)
     weights_cache: WeightsCacheStatus | None = None  # status.weightsCache
 
     @property
@@ -235,6 +241,7 @@ class RoleInputs:
     reaction: FaultReaction = field(default_factory=FaultReaction)
     avoid: frozenset[str] = frozenset()  # NVLink domains where the deployment's groups keep failing
     warmth: Mapping[str, int] = field(default_factory=dict)  # node -> how warm its model cache is
+    units_down: frozenset[int] = frozenset()  # units whose ComputeDomain is NotReady (planning.units)
 
 
 def _plan_one(
@@ -243,6 +250,7 @@ def _plan_one(
     capacity: Callable[[RoleName], Mapping[str, Domain]],
     ready: set[RoleName],
     others_short: bool,
+    units: Units | None = None,
 ) -> RolePlan:
     spec = x.spec
     in_spec = spec.role(role) is not None
@@ -268,6 +276,7 @@ def _plan_one(
         reaction=x.reaction,
         avoid=x.avoid,
         warmth=x.warmth,
+        units=units if in_spec else None,
     )
     why = x.blocked.get(role, "") if in_spec and plan.create else ""
     if why:
@@ -290,11 +299,20 @@ def plan_roles(
     for role in sorted(PLAN_ORDER, key=lambda r: x.spec.role(r) is None):
         if role not in x.desired and role not in x.groups:
             continue
-        plan = _plan_one(x, role, capacity, ready, any(p.unplaced or p.rollout_blocked for p in plans))
+        short = any(p.unplaced or p.rollout_blocked for p in plans)
+        plan = _plan_one(x, role, capacity, ready, short, role_units(x, plans))
         if commit is not None:
             commit(plan)
         plans.append(plan)
     return plans
+
+
+def role_units(x: RoleInputs, plans: list[RolePlan]) -> Units | None:
+    """The deployment's prefill-decode units as the next role's plan sees them: the groups that stay and
+    those the roles planned so far create (decode is planned before prefill)."""
+    spec = x.spec
+    shapes = {r: b.group_shape(spec, r) for r in UNIT_ROLES if spec.role(r) is not None}
+    return units_of(spec, x.groups, plans, x.desired.get("decode", 0), shapes, x.units_down)
 
 
 # ------------------------------------------------------------------------------------------ the plan
@@ -378,9 +396,11 @@ def plan(s: Snapshot) -> Plan:
         spec, desired, s.groups, s.health, s.now, s.bind_timeout, s.blocked,
         {role: _hold(old.get(role), s.now) for role in PLAN_ORDER}, s.drain, s.reaction,
         frozenset(fault_report.avoided(s.md.status.faults if s.md.status else [], s.now)),
-        weights_cache.node_warmth(spec, s.claims, s.caches.staged_elsewhere),
+        weights_cache.node_warmth(spec, s.claims, s.caches.staged_elsewhere), s.units_down,
     )  # fmt: skip
     roles = plan_roles(inputs, capacity, commit=capacity.reserve)
+    units = role_units(inputs, roles)
+    live = set(units.members) if units is not None else set()
     placed = {n for r in roles for cr in r.create for n in cr.nodes} | s.pod_nodes
     observed, idle = (s.claims, s.groups, s.fetch_pods), weights_cache.idle_before(s.md.status)
     staged = weights_cache.staging(
@@ -403,6 +423,8 @@ def plan(s: Snapshot) -> Plan:
         force_delete=orphans(s) + lost if s.reaction.mode == "replace" else (),
         fetch_deletes=staged.delete,
         claim_deletes=tuple(b.model_cache_claim_name(s.owner, spec, n) for n in staged.evict),
+        domain_deletes=tuple(sorted(n for n, unit in s.unit_domains.items() if unit not in live)),
+        units=units,
         weights_cache=weights_cache.report(spec, staged, s.fetch_pods, s.md.status, s.loading),
     )
 
@@ -471,7 +493,8 @@ def settle(s: Snapshot, p: Plan, written: Written) -> tuple[ModelDeploymentStatu
         recovery.summary({r: _failures(f) for r, f in held.items()}, s.now) if held else "",
     )
     outcome = p.autoscaling
-    fabric = fabric_condition(p.spec)
+    units = unit_statuses(p.spec, p.units, lambda role, slot: b.group_name(s.owner, role, slot))
+    fabric = fabric_condition(p.spec, units)
     faults = fault_report.records(
         s.md.status.faults if s.md.status else [],
         p.roles,
@@ -496,6 +519,8 @@ def settle(s: Snapshot, p: Plan, written: Written) -> tuple[ModelDeploymentStatu
     status.failures = p.failures
     status.faults = faults
     status.weights_cache = p.weights_cache
+    status.units = units
+    status.kv_path = kv_path_summary(units)
     said = (("Planned", s.planned), ("ModelSource", s.source), (FABRIC, fabric))
     dropped = {kind for kind, cd in said if cd is None}
     status.conditions = [cd for cd in status.conditions if cd.type not in dropped]

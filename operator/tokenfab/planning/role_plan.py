@@ -23,6 +23,7 @@ class Create:
     ranks: tuple[int, ...] = ()  # the ranks to create (empty: all of them)
     replaces: str = ""  # the group lost to, or moving off, a fault that this one replaces
     path: str = ""  # how it starts: warm | fetching | cold (its nodes' model caches; "" none kept)
+    unit: int | None = None  # its prefill-decode unit (planning.units; None: the deployment has none)
 
 
 @dataclass(frozen=True)

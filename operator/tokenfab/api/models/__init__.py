@@ -101,6 +101,7 @@ from tokenfab.api.models.status import (
     FaultRecord,
     FetchProgress,
     GroupPlacement,
+    KvPath,
     ModelDeploymentStatus,
     PlannedRole,
     PlanPrediction,
@@ -109,6 +110,7 @@ from tokenfab.api.models.status import (
     RoleStatus,
     ScalingDecision,
     StagedWeights,
+    UnitStatus,
     WeightsCacheStatus,
 )
 from tokenfab.api.models.topology import (
@@ -160,6 +162,7 @@ __all__ = [
     "FrontendScaling",
     "GroupPlacement",
     "KeySelector",
+    "KvPath",
     "Mode",
     "ModelCache",
     "ModelDeployment",
@@ -195,6 +198,7 @@ __all__ = [
     "StagedWeights",
     "Toleration",
     "Topology",
+    "UnitStatus",
     "WeightsCacheStatus",
     "engine_args_bytes",
     "violations",

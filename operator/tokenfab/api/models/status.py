@@ -56,6 +56,22 @@ class GroupPlacement(StatusModel):
     )
 
 
+KvPath = Literal["nvlink", "rdma", "tcp"]
+
+
+class UnitStatus(StatusModel):
+    """One prefill-decode unit: the decode groups and the prefill groups that feed them, and how KV
+    caches move between them."""
+
+    unit: int = Field(description="The unit's number (the pods' tokenfab.dev/unit label).")
+    groups: list[str] = Field(default_factory=list, description="Its groups, decode first.")
+    domains: list[str] = Field(default_factory=list, description="The NVLink domains its groups are in.")
+    path: KvPath = Field(
+        description="How its KV caches move from prefill to decode: nvlink (one NVLink domain, every pod "
+        "holding the unit's IMEX channel, or all on one node), rdma (RDMA devices on its pods) or tcp."
+    )
+
+
 class ScalingDecision(StatusModel):
     """One autoscaling decision."""
 
@@ -287,6 +303,14 @@ class ModelDeploymentStatus(StatusModel):
         default=0, description="Groups draining over all roles (out of routing, finishing their requests)."
     )
     placement: list[GroupPlacement] = Field(default_factory=list, description="Group to NVLink domain.")
+    units: list[UnitStatus] = Field(
+        default_factory=list, description="The prefill-decode units of a disaggregated deployment."
+    )
+    kv_path: str | None = Field(
+        default=None,
+        description="The units' KV paths at a glance, for kubectl get -o wide (e.g. '2 nvlink', "
+        "'1 nvlink, 1 tcp').",
+    )
     endpoint: str | None = Field(default=None, description="In-cluster URL of the OpenAI-compatible API.")
     autoscaling: AutoscalingStatus | None = Field(default=None, description="Autoscaler state.")
     profile: ProfileStatus | None = Field(default=None, description="The plan made for spec.profile.")

@@ -40,6 +40,7 @@ from tokenfab.planning.builders.common import (
     owner_reference,
     pod_name,
     selector_labels,
+    unit_domain_name,
     worker_address,
     workers_service_name,
 )
@@ -55,8 +56,10 @@ from tokenfab.planning.builders.fetch import weights_fetch_pod, weights_fetch_po
 from tokenfab.planning.builders.placement import (
     GangMode,
     admits_late,
+    channel_domain,
     compute_domain,
     gang_of,
+    nccl_mnnvl,
     pod_group,
     uses_compute_domain,
 )
@@ -122,6 +125,7 @@ __all__ = [
     "applied_annotation",
     "applied_hash",
     "cache_field_manager",
+    "channel_domain",
     "child_meta",
     "compute_domain",
     "compute_domain_name",
@@ -149,6 +153,7 @@ __all__ = [
     "model_cache_claim_name",
     "model_cache_claims",
     "model_path",
+    "nccl_mnnvl",
     "owner_reference",
     "pinned_nodes",
     "placement_constraints",
@@ -162,6 +167,7 @@ __all__ = [
     "role_revision",
     "selector_labels",
     "spec_groups",
+    "unit_domain_name",
     "uses_compute_domain",
     "uses_kubernetes_discovery",
     "uses_model_cache_claims",

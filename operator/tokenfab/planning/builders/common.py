@@ -91,6 +91,11 @@ def compute_domain_name(group: str) -> str:
     return f"{group}-imex"
 
 
+def unit_domain_name(owner: Owner, unit: int) -> str:
+    """The ComputeDomain of a prefill-decode unit (planning.units), shared by its groups."""
+    return f"{owner.name}-unit-{unit}-imex"
+
+
 def dynamo_namespace_prefix(owner: Owner) -> str:
     """The frontend routes to every Dynamo namespace starting with this (one per generation). A hash of
     the deployment's namespace and name follows them: Dynamo matches a plain string prefix, and the

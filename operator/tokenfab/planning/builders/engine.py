@@ -15,11 +15,12 @@ from tokenfab.planning.builders.common import (
     engine_configmap_name,
     worker_address,
 )
-from tokenfab.planning.builders.placement import uses_compute_domain
+from tokenfab.planning.builders.placement import nccl_mnnvl, uses_compute_domain
 from tokenfab.planning.builders.security import discovery_env
 from tokenfab.planning.builders.volumes import fetches_weights
 from tokenfab.planning.engine import content_hash, disaggregation_mode, engine_config, render
 from tokenfab.planning.topology import GroupShape
+from tokenfab.planning.units import UNIT_ROLES, rule
 
 
 def model_path(spec: ModelDeploymentSpec) -> str:
@@ -90,19 +91,30 @@ def worker_env(
         {"name": c.ENV_DYN_HEALTH_ENDPOINTS, "value": '["generate"]'},
         *discovery_env(spec),
         *nccl_env(spec, role),
+        *kv_fabric_env(spec, role),
         *([{"name": c.ENV_MPI_SSH_DIR, "value": c.MPI_SSH_DIR}] if shape.nodes > 1 else []),
         *[e.model_dump(by_alias=True, exclude_none=True) for e in spec.runtime.env],
     ]
 
 
 def nccl_env(spec: ModelDeploymentSpec, role: RoleName) -> list[dict[str, Any]]:
-    """NCCL's multi-node NVLink settings, only for a pod that holds an IMEX channel (its group's
-    ComputeDomain claim): with NCCL_MNNVL_ENABLE=1 and no channel NCCL fails at communicator init, so a
-    one-pod group or a group without a ComputeDomain (topology.computeDomain false) gets none, and NCCL
-    keeps its own defaults (NVLink inside the tray, the network between trays)."""
-    if not uses_compute_domain(spec, role):
+    """NCCL's multi-node NVLink settings, only for a pod of a multi-node group that holds an IMEX channel
+    (a ComputeDomain claim): with NCCL_MNNVL_ENABLE=1 and no channel NCCL fails at communicator init, so
+    a one-pod group (whose NCCL never leaves its tray; a unit member's channel is for its KV transfers) or
+    a group without a ComputeDomain (topology.computeDomain false) gets none, and NCCL keeps its own
+    default (2: MNNVL where it finds it, else NVLink inside the tray and the network between trays)."""
+    if not nccl_mnnvl(spec, role):
         return []
     return [{"name": name, "value": "1"} for name in c.NCCL_MNNVL_ENV]
+
+
+def kv_fabric_env(spec: ModelDeploymentSpec, role: RoleName) -> list[dict[str, Any]]:
+    """The KV transfer's multi-node NVLink settings, for a prefill-decode unit's pod that holds the unit's
+    IMEX channel (none without one: a fabric allocation needs the channel, and UCX would look for a fabric
+    that is not there)."""
+    if role not in UNIT_ROLES or rule(spec) is None or not uses_compute_domain(spec, role):
+        return []
+    return [{"name": name, "value": value} for name, value in c.KV_FABRIC_ENV]
 
 
 def engine_configmap(owner: Owner, spec: ModelDeploymentSpec, role: RoleName) -> Manifest:

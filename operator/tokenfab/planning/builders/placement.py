@@ -1,6 +1,9 @@
 """Where a group's pods run and how they bind: node affinity to the group's NVLink domain (and to the
 node reserved for each rank), tolerations and the spec's scheduling fields, the all-or-nothing gang (a
-scheduling gate or a PodGroup) and the NVIDIA ComputeDomain whose IMEX channel a multi-node group claims."""
+scheduling gate or a PodGroup) and the NVIDIA ComputeDomain whose IMEX channel the pods claim: one per
+prefill-decode unit of a disaggregated deployment (planning.units: every pod of the unit that fills its
+nodes claims it, prefill and decode alike, as Dynamo's GB200 recipes share one), else one per multi-node
+group."""
 
 from __future__ import annotations
 
@@ -8,14 +11,39 @@ from typing import Any, Literal
 
 from tokenfab.api.models import ModelDeploymentSpec, RoleName
 from tokenfab.planning import contract as c
-from tokenfab.planning.builders.common import Manifest, Owner, child_meta, compute_domain_name, group_name
+from tokenfab.planning.builders.common import (
+    Manifest,
+    Owner,
+    child_meta,
+    compute_domain_name,
+    group_name,
+    unit_domain_name,
+)
 from tokenfab.planning.builders.roles import group_shape
+from tokenfab.planning.units import UNIT_ROLES, rule
 
 GangMode = Literal["podgroup", "gates"]
 
 
 def uses_compute_domain(spec: ModelDeploymentSpec, role: RoleName) -> bool:
-    return spec.topology.compute_domain and group_shape(spec, role).nodes > 1
+    """Whether the role's pods claim an IMEX channel: a multi-node group's, or a unit member's that fills
+    its node (each node offers one channel, so a pod that shares its node claims none)."""
+    if not spec.topology.compute_domain:
+        return False
+    shape = group_shape(spec, role)
+    return shape.nodes > 1 or (
+        role in UNIT_ROLES and rule(spec) is not None and shape.pod_gpus == spec.topology.gpus_per_node
+    )
+
+
+def nccl_mnnvl(spec: ModelDeploymentSpec, role: RoleName) -> bool:
+    """Whether NCCL is asked for multi-node NVLink: its communicator spans pods and they hold a channel."""
+    return uses_compute_domain(spec, role) and group_shape(spec, role).nodes > 1
+
+
+def channel_domain(owner: Owner, group: str, unit: int | None) -> str:
+    """The ComputeDomain a group's pods claim their channel from: their unit's, else the group's own."""
+    return unit_domain_name(owner, unit) if unit is not None else compute_domain_name(group)
 
 
 def gang_of(spec: ModelDeploymentSpec, role: RoleName, mode: GangMode) -> GangMode | None:
@@ -47,23 +75,26 @@ def pod_group(owner: Owner, spec: ModelDeploymentSpec, role: RoleName, slot: int
     }
 
 
-def compute_domain(owner: Owner, spec: ModelDeploymentSpec, role: RoleName, slot: int) -> Manifest | None:
-    """NVIDIA ComputeDomain (IMEX channel) for a multi-node group, if the spec asks for one."""
+def compute_domain(
+    owner: Owner, spec: ModelDeploymentSpec, role: RoleName, slot: int, unit: int | None = None
+) -> Manifest | None:
+    """NVIDIA ComputeDomain (IMEX channel) a new group's pods claim, if they claim one: its unit's (shared
+    by every group of the unit, and deleted once the unit has none), else the group's own."""
     if not uses_compute_domain(spec, role):
         return None
     group = group_name(owner, role, slot)
+    name = channel_domain(owner, group, unit)
+    labels = {c.LABEL_UNIT: str(unit)} if unit is not None else {c.LABEL_ROLE: role, c.LABEL_GROUP: group}
     return {
         "apiVersion": c.COMPUTE_DOMAIN_API,
         "kind": "ComputeDomain",
-        "metadata": child_meta(
-            owner, compute_domain_name(group), "worker", {c.LABEL_ROLE: role, c.LABEL_GROUP: group}
-        ),
+        "metadata": child_meta(owner, name, "worker", labels),
         "spec": {
             # Deprecated by the driver and immutable: 0 (its recommended value since IMEX daemons find each
             # other by DNS) is valid on every release; a count would only gate the object's own status.
             "numNodes": 0,
             "channel": {
-                "resourceClaimTemplate": {"name": compute_domain_name(group)},
+                "resourceClaimTemplate": {"name": name},
                 "allocationMode": "Single",
             },
         },
@@ -132,16 +163,16 @@ def gang_fields(gang: GangMode | None, group: str) -> dict[str, Any]:
     return {}
 
 
-def compute_domain_claims(spec: ModelDeploymentSpec, role: RoleName, group: str) -> dict[str, Any]:
-    """The pod-spec field that claims the group's IMEX channel from its ComputeDomain's template (none
-    without a ComputeDomain); the worker container names the claim (`container_claims`)."""
+def compute_domain_claims(
+    owner: Owner, spec: ModelDeploymentSpec, role: RoleName, group: str, unit: int | None = None
+) -> dict[str, Any]:
+    """The pod-spec field that claims an IMEX channel from its ComputeDomain's template (the unit's, else
+    the group's; none without a ComputeDomain); the worker container names the claim
+    (`container_claims`)."""
     if not uses_compute_domain(spec, role):
         return {}
-    return {
-        "resourceClaims": [
-            {"name": c.COMPUTE_DOMAIN_CLAIM, "resourceClaimTemplateName": compute_domain_name(group)}
-        ]
-    }
+    template = channel_domain(owner, group, unit)
+    return {"resourceClaims": [{"name": c.COMPUTE_DOMAIN_CLAIM, "resourceClaimTemplateName": template}]}
 
 
 def container_claims(spec: ModelDeploymentSpec, role: RoleName) -> dict[str, Any]:

@@ -8,7 +8,7 @@ its pod, and the operator recreates the whole group."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tokenfab.api.models import ModelDeploymentSpec, RoleName
@@ -72,6 +72,7 @@ class _Group:
     requests: dict[str, str]
     limits: dict[str, str]
     engine_hash: str
+    unit: int | None = None  # its prefill-decode unit (planning.units)
 
 
 def group_pods(
@@ -85,6 +86,7 @@ def group_pods(
     ranks: Sequence[int] = (),
     gang: GangMode = "gates",
     start_path: str = "",
+    unit: int | None = None,
 ) -> list[Manifest]:
     """Pods of one group (all ranks, or `ranks`), pinned to `domain` and, when `nodes` are given (one per
     rank of `ranks`, or per rank of the group), each to its node.
@@ -96,7 +98,8 @@ def group_pods(
     `admits_late`.) `start_path` (warm, fetching, cold: how its nodes' model caches stand) is noted on
     each pod of a deployment that fetches its weights, so the autoscaler learns each path's start time:
     none given is cold (no cache kept, or none there yet); a deployment whose weights are mounted from
-    a claim has no start path."""
+    a claim has no start path. `unit`: the group's prefill-decode unit (planning.units), written on its
+    pods; its pods claim the unit's IMEX channel."""
     r = spec.role(role)
     assert r is not None
     shape = group_shape(spec, role)
@@ -107,6 +110,7 @@ def group_pods(
         )
     assigned = dict(zip(wanted, nodes, strict=True)) if nodes else {}
     group = _group(owner, spec, role, slot, domain, revision, shape, assigned, gang_of(spec, role, gang))
+    group = replace(group, unit=unit)
     pods = [_pod(group, rank) for rank in wanted]
     path = (start_path or "cold") if fetches_weights(spec) else ""
     for p in pods if path else []:
@@ -164,7 +168,7 @@ def _pod(g: _Group, rank: int) -> Manifest:
         **scheduling_fields(g.spec),
         **readiness_gates(rank, drain),
         **gang_fields(g.gang, g.name),
-        **compute_domain_claims(g.spec, g.role, g.name),
+        **compute_domain_claims(g.owner, g.spec, g.role, g.name, g.unit),
     }
     return {"apiVersion": "v1", "kind": "Pod", "metadata": _pod_meta(g, rank, node), "spec": pod_spec}
 
@@ -203,6 +207,7 @@ def _pod_meta(g: _Group, rank: int, node: str | None) -> dict[str, Any]:
         c.LABEL_REVISION: g.revision,
         c.LABEL_DOMAIN: g.domain,
         **({c.LABEL_PEERS: "true"} if g.shape.nodes > 1 else {}),
+        **({c.LABEL_UNIT: str(g.unit)} if g.unit is not None else {}),
     }
     meta = child_meta(g.owner, pod_name(g.name, rank), "worker", labels)
     meta["annotations"] = {

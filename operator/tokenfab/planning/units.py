@@ -1,0 +1,187 @@
+"""Prefill-decode units, pure: which prefill and decode groups of a disaggregated deployment belong
+together, where a new group of a unit goes, and which path the unit's KV transfers take.
+
+A unit is a set of decode groups with the prefill groups that feed them. With ratioPolicy fixed and
+prefillDecodeRatio P:D (reduced), unit k holds decode slots kD..kD+D-1 and prefill slots kP..kP+P-1,
+so prefill = ceil(decode x P / D) fills units in order; with ratioPolicy independent (or no ratio) each
+decode group is a unit and prefill slot j joins unit j mod (decode groups) when it is created. A group's
+unit is written on its pods (`tokenfab.dev/unit`) when it is created and never changes.
+
+Placement keeps a unit in one NVLink domain where it fits, as Dynamo's GB200 recipes do (one
+ComputeDomain over the prefill and decode workers): a new group goes where its unit's other groups are
+when that domain has room, and the first decode group of a unit goes where the whole unit fits (its
+prefill groups beside it). Where it cannot, the unit spans domains and its KV crosses the network.
+
+A unit's path (`path`): `nvlink` when every group of it is in one NVLink domain and its pods share the
+unit's IMEX channel (multi-node NVLink: UCX's cuda_ipc with fabric handles); `rdma` when it spans domains
+(or has no channel) and the workers hold RDMA devices; else `tcp`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from tokenfab.api.models import KvPath, ModelDeploymentSpec, RoleName
+from tokenfab.planning.lifecycle import GroupView
+from tokenfab.planning.role_plan import RolePlan
+from tokenfab.planning.topology import Domain, GroupShape, reserve
+
+UNIT_ROLES: tuple[RoleName, ...] = ("decode", "prefill")
+Path = KvPath  # nvlink | rdma | tcp
+PATHS: tuple[Path, ...] = ("nvlink", "rdma", "tcp")  # fastest first
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How groups form units: `prefill` prefill groups and `decode` decode groups per unit; `fixed`: by
+    slot (ratioPolicy fixed), else prefill groups are dealt over the decode groups."""
+
+    prefill: int
+    decode: int
+    fixed: bool
+
+
+def rule(spec: ModelDeploymentSpec) -> Rule | None:
+    """The deployment's unit rule; None when it has no units (aggregated, or one role only)."""
+    if spec.serving.mode != "disaggregated" or not all(spec.role(r) for r in UNIT_ROLES):
+        return None
+    ratio = spec.serving.prefill_decode_ratio
+    if spec.serving.ratio_policy == "fixed" and ratio:
+        p, d = (int(x) for x in ratio.split(":"))
+        g = math.gcd(p, d)
+        return Rule(p // g, d // g, True)
+    return Rule(1, 1, False)
+
+
+def unit_of(r: Rule, role: RoleName, slot: int, decode_groups: int) -> int:
+    """The unit a new group of `role` in `slot` joins (`decode_groups`: the decode groups wanted)."""
+    if role == "decode":
+        return slot // r.decode
+    if r.fixed:
+        return slot // r.prefill
+    return slot % max(1, decode_groups)
+
+
+def group_unit(r: Rule, g: GroupView, decode_groups: int) -> int:
+    """A group's unit: as written on its pods, else (a group made before units) from its slot."""
+    return g.unit if g.unit is not None else unit_of(r, g.role, g.slot, decode_groups)
+
+
+@dataclass(frozen=True)
+class Member:
+    """A group of a unit, where it is (or is being created)."""
+
+    group: str  # its name ("" for one this plan creates: see slot)
+    role: RoleName
+    domain: str
+    slot: int = 0
+    nodes: tuple[str, ...] = ()  # the nodes of its pods (bound, or placed)
+    labelled: bool = True  # its pods carry the unit (a group made before units claims its own channel)
+
+
+@dataclass
+class Units:
+    """The deployment's units as one plan sees them: their members, kept or being created."""
+
+    rule: Rule
+    decode_groups: int
+    shapes: Mapping[RoleName, GroupShape]
+    members: dict[int, list[Member]] = field(default_factory=dict)
+    # units whose ComputeDomain is NotReady (its IMEX daemons failed): no new group joins them, so their
+    # replacements form a new unit with a new ComputeDomain, and theirs goes with their last group
+    down: frozenset[int] = frozenset()
+
+    def add(self, unit: int, member: Member) -> None:
+        self.members.setdefault(unit, []).append(member)
+
+    def unit_of_group(self, group: str) -> int | None:
+        """The unit a kept group belongs to (None: not one of the units' groups, or its unit is down)."""
+        unit = next((u for u, ms in self.members.items() for m in ms if m.group == group), None)
+        return None if unit in self.down else unit
+
+    def assign(self, role: RoleName, gone: Iterable[str] = ()) -> int:
+        """The unit a new group of `role` joins: the first one short of the role's groups (decode: D per
+        unit; prefill with a fixed ratio: P per unit), or, with prefill dealt over decode groups, the
+        unit with the fewest prefill groups; `gone`: groups this plan deletes (no longer members)."""
+        out = set(gone)
+        count = Counter(
+            u for u, ms in self.members.items() for m in ms if m.role == role and m.group not in out
+        )
+        if role == "decode" or self.rule.fixed:
+            quota = self.rule.decode if role == "decode" else self.rule.prefill
+            last = max([*self.members, *self.down], default=-1) + 1
+            return next(u for u in range(last + 1) if count[u] < quota and u not in self.down)
+        decode_units = sorted(
+            u
+            for u, ms in self.members.items()
+            if u not in self.down and any(m.role == "decode" and m.group not in out for m in ms)
+        )
+        fresh = next(u for u in range(len(self.members) + len(self.down) + 1) if u not in self.down)
+        return min(decode_units or [fresh], key=lambda u: (count[u], u))
+
+    def domains(self, unit: int) -> list[str]:
+        """The domains the unit's groups are in, the most used first (ties by name)."""
+        count = Counter(m.domain for m in self.members.get(unit, []) if m.domain)
+        return [d for d, _ in sorted(count.items(), key=lambda kv: (-kv[1], kv[0]))]
+
+    def companions(self, role: RoleName, unit: int) -> tuple[GroupShape, ...]:
+        """The groups still to come beside a first decode group of a unit: its prefill groups, when the
+        unit has none yet (so the decode group goes where the whole unit fits)."""
+        if role != "decode" or any(m.role == "prefill" for m in self.members.get(unit, [])):
+            return ()
+        return (self.shapes["prefill"],) * self.rule.prefill
+
+
+def units_of(
+    spec: ModelDeploymentSpec,
+    groups: Mapping[RoleName, Sequence[GroupView]],
+    plans: Iterable[RolePlan],
+    decode_groups: int,
+    shapes: Mapping[RoleName, GroupShape],
+    down: Iterable[int] = (),
+) -> Units | None:
+    """The units of the groups that stay (not deleted by `plans`) and of the groups `plans` create;
+    `down`: the units whose ComputeDomain is NotReady."""
+    r = rule(spec)
+    if r is None:
+        return None
+    out = Units(r, decode_groups, shapes, down=frozenset(down))
+    plans = list(plans)
+    gone = {d.name for p in plans for d in p.delete}
+    for role in UNIT_ROLES:
+        for g in groups.get(role, []):
+            if g.name not in gone:
+                nodes = tuple(n for p in g.pods if (n := p.node or p.pinned)) or g.nodes
+                member = Member(g.name, role, g.domain, g.slot, nodes, g.unit is not None)
+                out.add(group_unit(r, g, decode_groups), member)
+    for p in plans:
+        for cr in p.create:
+            if cr.reason != "Complete" and cr.unit is not None:
+                out.add(cr.unit, Member("", p.role, cr.domain, cr.slot, cr.nodes))
+    return out
+
+
+def fits_all(domain: Domain, shapes: Sequence[GroupShape]) -> bool:
+    """Whether the groups fit in the domain together (taken one after another, best fit)."""
+    try:
+        for shape in shapes:
+            domain = reserve(domain, shape)
+    except ValueError:
+        return False
+    return True
+
+
+def path(members: Sequence[Member], channel: Mapping[RoleName, bool], rdma: bool) -> Path:
+    """A unit's KV path: NVLink when its groups are all on one node (cuda_ipc, no fabric needed) or all
+    in one domain with every pod holding the unit's IMEX channel (`channel`: per role), else RDMA when
+    the workers hold RDMA devices, else TCP."""
+    nodes = {n for m in members for n in m.nodes}
+    if len(nodes) == 1:
+        return "nvlink"
+    whole = len({m.domain for m in members}) == 1
+    if whole and all(channel.get(m.role, False) and m.labelled for m in members):
+        return "nvlink"
+    return "rdma" if rdma else "tcp"

@@ -1,0 +1,206 @@
+"""Prefill-decode units (tokenfab.planning.units) and how a pass places them: the unit rule from the ratio,
+each unit kept in one NVLink domain where it fits (the DeepSeek-R1 example on four racks, against the
+placement that ignores units), a lost decode group re-placed beside its prefill groups, a unit that fits
+nowhere whole spread rather than left unplaced, and a unit's ComputeDomain deleted once it has no group."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from tests.cases import load_example
+from tests.test_one_pass import materialize, nodes_of, snapshot, used_by
+from tokenfab.api.errors import parse_model_deployment
+from tokenfab.api.models import ModelDeployment
+from tokenfab.planning import builders as b
+from tokenfab.planning import units
+from tokenfab.planning.faults import NodeFault
+from tokenfab.planning.one_pass import Plan, Snapshot, Written, plan, settle
+
+
+def deepseek(**spec: Any) -> ModelDeployment:
+    """The DeepSeek-R1 example as it is (decode 32 GPUs on 8 trays, prefill 8 on 2, 1:1, 2 decode
+    groups), with `spec` merged into its spec."""
+    doc: dict[str, Any] = copy.deepcopy(load_example("deepseek-r1-disaggregated.yaml"))
+    doc["metadata"].update(namespace="ns", uid="uid-1", generation=1)
+    for key, value in spec.items():
+        doc["spec"][key] = {**doc["spec"].get(key, {}), **value}
+    return parse_model_deployment(doc)
+
+
+def unit_domains(snap: Snapshot, p: Plan) -> dict[int, set[str]]:
+    """Each unit's NVLink domains once the plan's creates are made."""
+    out: dict[int, set[str]] = {}
+    for rp in p.roles:
+        for cr in rp.create:
+            assert cr.unit is not None
+            out.setdefault(cr.unit, set()).add(cr.domain)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("ratio", "policy", "expected"),
+    [
+        ("1:1", "fixed", units.Rule(1, 1, True)),
+        ("2:4", "fixed", units.Rule(1, 2, True)),
+        ("2:1", "fixed", units.Rule(2, 1, True)),
+        ("1:1", "independent", units.Rule(1, 1, False)),
+    ],
+)
+def test_the_unit_rule_comes_from_the_reduced_ratio(ratio, policy, expected):
+    md = deepseek(serving={"prefillDecodeRatio": ratio, "ratioPolicy": policy})
+    if policy == "independent":
+        md = deepseek(serving={"ratioPolicy": policy}, prefill={"replicas": 3})
+    assert units.rule(md.spec) == expected
+
+
+def test_an_aggregated_deployment_has_no_units():
+    doc = load_example("aggregated-small.yaml")
+    assert units.rule(parse_model_deployment(doc).spec) is None
+
+
+def test_slots_fill_units_in_order_and_independent_prefill_is_dealt_over_the_decode_groups():
+    one_two = units.Rule(1, 2, True)
+    assert [units.unit_of(one_two, "decode", s, 3) for s in range(4)] == [0, 0, 1, 1]
+    assert [units.unit_of(one_two, "prefill", s, 3) for s in range(2)] == [0, 1]
+    two_one = units.Rule(2, 1, True)
+    assert [units.unit_of(two_one, "prefill", s, 2) for s in range(4)] == [0, 0, 1, 1]
+    dealt = units.Rule(1, 1, False)
+    assert [units.unit_of(dealt, "prefill", s, 2) for s in range(5)] == [0, 1, 0, 1, 0]
+
+
+def test_the_deepseek_example_places_each_unit_inside_one_nvlink_domain():
+    """Two units of 40 GPUs on four empty 72-GPU racks: best fit alone packs both 32-GPU decode groups
+    into one rack and leaves room for one prefill group beside them, so one unit spans two racks."""
+    md = deepseek()
+    snap = snapshot(md, nodes_of({"r0": 18, "r1": 18, "r2": 18, "r3": 18}), {}, {})
+    p = plan(snap)
+    per_unit = unit_domains(snap, p)
+    assert sorted(per_unit) == [0, 1]
+    assert all(len(d) == 1 for d in per_unit.values()), per_unit
+
+
+def units_ignored(snap: Snapshot) -> Plan:
+    """The plan made with units turned off (what tokenfab did before them)."""
+    from tokenfab.planning import one_pass
+
+    saved = one_pass.role_units
+    one_pass.role_units = lambda x, plans: None  # type: ignore[assignment]
+    try:
+        return plan(snap)
+    finally:
+        one_pass.role_units = saved
+
+
+def test_best_fit_alone_splits_a_deepseek_unit_across_racks():
+    """The baseline the test above improves on: it must show the split, or that test proves nothing."""
+    md = deepseek()
+    snap = snapshot(md, nodes_of({"r0": 18, "r1": 18, "r2": 18, "r3": 18}), {}, {})
+    p = units_ignored(snap)
+    by_role = {rp.role: {cr.slot: cr.domain for cr in rp.create} for rp in p.roles}
+    pairs = [(by_role["decode"][s], by_role["prefill"][s]) for s in (0, 1)]
+    assert any(d != pf for d, pf in pairs), pairs
+
+
+def test_a_lost_decode_group_is_replaced_beside_its_units_prefill_group():
+    md = deepseek()
+    nodes = nodes_of({"r0": 18, "r1": 18, "r2": 18, "r3": 18})
+    first = snapshot(md, nodes, {}, {})
+    groups = materialize(first, plan(first))
+    decode0 = next(g for g in groups["decode"] if g.slot == 0)
+    prefill0 = next(g for g in groups["prefill"] if g.slot == 0)
+    assert decode0.domain == prefill0.domain
+    # decode 0's first node is lost: the group is broken, deleted and replaced in the same pass
+    down = frozenset({decode0.pods[0].node or ""})
+    lost = nodes_of({"r0": 18, "r1": 18, "r2": 18, "r3": 18}, down)
+    snap = snapshot(md, lost, used_by(groups, md), groups)
+    p = plan(snap)
+    [new] = [cr for rp in p.roles if rp.role == "decode" for cr in rp.create]
+    assert new.reason == "Replace"
+    assert new.unit == 0
+    assert new.domain == prefill0.domain, "re-placed beside the prefill group it serves"
+
+
+def test_a_unit_that_fits_no_domain_whole_still_places_its_groups():
+    """Racks of 9 trays (36 GPUs): a 32-GPU decode group and its 8-GPU prefill group cannot share one,
+    so the unit spans two racks rather than wait."""
+    md = deepseek(decode={"replicas": 1})
+    snap = snapshot(md, nodes_of({"r0": 9, "r1": 9}), {}, {})
+    p = plan(snap)
+    assert not any(rp.unplaced for rp in p.roles)
+    assert unit_domains(snap, p) == {0: {"r0", "r1"}}
+
+
+def test_a_units_compute_domain_is_deleted_once_the_unit_has_no_group():
+    md = deepseek(decode={"replicas": 1})
+    nodes = nodes_of({"r0": 18, "r1": 18})
+    first = snapshot(md, nodes, {}, {})
+    groups = materialize(first, plan(first))
+    snap = snapshot(md, nodes, used_by(groups, md), groups)
+    owner = snap.owner
+    stale = {b.unit_domain_name(owner, 0): 0, b.unit_domain_name(owner, 7): 7}
+    p = plan(replace(snap, unit_domains=stale))
+    assert p.domain_deletes == (b.unit_domain_name(owner, 7),)
+    assert p.units is not None
+    assert sorted(p.units.members) == [0]
+
+
+def test_ratio_one_to_two_keeps_two_decode_groups_and_their_prefill_group_together():
+    md = deepseek(
+        serving={"prefillDecodeRatio": "1:2"},
+        decode={"replicas": 4, "parallelism": {"tensor": 8, "expert": 8, "attentionDataParallel": True}},
+    )
+    snap = snapshot(md, nodes_of({"r0": 18, "r1": 18, "r2": 18}), {}, {})
+    p = plan(snap)
+    per_unit = unit_domains(snap, p)
+    assert sorted(per_unit) == [0, 1]
+    assert all(len(d) == 1 for d in per_unit.values()), per_unit
+
+
+def test_status_names_each_units_groups_domain_and_path():
+    md = deepseek()
+    snap = snapshot(md, nodes_of({"r0": 18, "r1": 18, "r2": 18, "r3": 18}), {}, {})
+    p = plan(snap)
+    created = frozenset(b.group_name(snap.owner, cr.role, cr.slot) for rp in p.roles for cr in rp.create)
+    status, _ = settle(snap, p, Written(created=created))
+    assert [(u.unit, u.groups, u.path) for u in status.units] == [
+        (0, ["deepseek-r1-decode-0", "deepseek-r1-prefill-0"], "nvlink"),
+        (1, ["deepseek-r1-decode-1", "deepseek-r1-prefill-1"], "nvlink"),
+    ]
+    assert all(len(u.domains) == 1 for u in status.units)
+    assert status.kv_path == "2 nvlink"
+    fabric = next(cd for cd in status.conditions if cd.type == "Fabric")
+    assert (fabric.status, fabric.reason) == ("True", "NVLink")
+
+
+def test_status_says_a_split_unit_crosses_the_network():
+    md = deepseek(decode={"replicas": 1})
+    snap = snapshot(md, nodes_of({"r0": 9, "r1": 9}), {}, {})
+    p = plan(snap)
+    status, changed = settle(snap, p, Written())
+    [unit] = status.units
+    assert (unit.domains, unit.path) == (["r0", "r1"], "tcp")
+    fabric = next(cd for cd in changed if cd.type == "Fabric")
+    assert (fabric.status, fabric.reason) == ("False", "KVOverNetwork")
+
+
+def test_a_unit_whose_compute_domain_failed_is_replaced_as_a_new_unit_and_its_domain_deleted():
+    """A ComputeDomain gone NotReady loses every group of its unit (the view faults all their nodes): the
+    replacements form a new unit, with a new ComputeDomain, and the broken one goes with its groups."""
+    md = deepseek()
+    nodes = nodes_of({"r0": 18, "r1": 18, "r2": 18, "r3": 18})
+    first = snapshot(md, nodes, {}, {})
+    groups = materialize(first, plan(first))
+    lost = {n for gs in groups.values() for g in gs if g.slot == 0 for p in g.pods if (n := p.node)}
+    fault = NodeFault("ComputeDomainNotReady", "ComputeDomain ns/deepseek-r1-unit-0-imex is NotReady", True)
+    snap = snapshot(md, nodes, used_by(groups, md), groups)
+    health = {n: replace(h, faults=(fault,)) if n in lost else h for n, h in snap.health.items()}
+    names = {b.unit_domain_name(snap.owner, u): u for u in (0, 1)}
+    p = plan(replace(snap, health=health, unit_domains=names, units_down=frozenset({0})))
+    creates = [cr for rp in p.roles for cr in rp.create]
+    assert sorted((cr.role, cr.unit) for cr in creates) == [("decode", 2), ("prefill", 2)]
+    assert len({cr.domain for cr in creates}) == 1
+    assert p.domain_deletes == (b.unit_domain_name(snap.owner, 0),)
