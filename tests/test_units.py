@@ -85,14 +85,7 @@ def test_the_deepseek_example_places_each_unit_inside_one_nvlink_domain():
 
 def units_ignored(snap: Snapshot) -> Plan:
     """The plan made with units turned off (what tokenfab did before them)."""
-    from tokenfab.planning import one_pass
-
-    saved = one_pass.role_units
-    one_pass.role_units = lambda x, plans: None  # type: ignore[assignment]
-    try:
-        return plan(snap)
-    finally:
-        one_pass.role_units = saved
+    return plan(replace(snap, units=False))
 
 
 def test_best_fit_alone_splits_a_deepseek_unit_across_racks():

@@ -139,7 +139,7 @@ class _Placer:
     units: Units | None = None  # the deployment's prefill-decode units (None: it has none)
     # room kept in a domain for the groups still to come beside a unit's first decode group (its prefill
     # groups, planned after decode), so a later unit does not take it
-    kept: dict[str, list[GroupShape]] = field(default_factory=dict)
+    kept: dict[str, list[tuple[int, GroupShape]]] = field(default_factory=dict)  # domain -> (unit, shape)
 
     def unit(self, replaces: str) -> int | None:
         """The unit of a new group: the one of the group it replaces, else the first short of the role."""
@@ -152,24 +152,37 @@ class _Placer:
             else self.units.assign(self.plan.role, (d.name for d in self.plan.delete))
         )
 
+    def _kept(self, domain: str, unit: int, shape: GroupShape) -> tuple[list[GroupShape], bool]:
+        """The room kept in `domain` for groups still to come, less one kept for this unit's group of
+        this shape (which this group is); and whether there was one."""
+        kept = self.kept.get(domain, [])
+        mine = (unit, shape) in kept
+        rest = list(kept)
+        if mine:
+            rest.remove((unit, shape))
+        return [s for _, s in rest], mine
+
     def choose(self, open_domains: Mapping[str, Domain], unit: int | None) -> str | None:
         """The domain for a new group: beside its unit's other groups where that domain has room; for a
         unit's first decode group, where the whole unit fits; else by the placement policy."""
         shape, warm = self.plan.shape, self.warmth or None
         if self.units is not None and unit is not None:
             for name in self.units.domains(unit):
-                if name in open_domains and fits_all(open_domains[name], (shape, *self.kept.get(name, ()))):
+                others, mine = self._kept(name, unit, shape)
+                if name in open_domains and fits_all(open_domains[name], (shape, *others)):
+                    if mine:
+                        self.kept[name].remove((unit, shape))
                     return name
             companions = self.units.companions(self.plan.role, unit)
             whole = {
                 k: d
                 for k, d in open_domains.items()
-                if fits_all(d, (shape, *companions, *self.kept.get(k, ())))
+                if fits_all(d, (shape, *companions, *(s for _, s in self.kept.get(k, ()))))
             }
             if companions and whole:
                 chosen = choose_domain(whole, shape, self.policy, self.per_domain, warm)
                 if chosen is not None:
-                    self.kept.setdefault(chosen, []).extend(companions)
+                    self.kept.setdefault(chosen, []).extend((unit, c) for c in companions)
                 return chosen
         return choose_domain(open_domains, shape, self.policy, self.per_domain, warm)
 

@@ -86,6 +86,7 @@ class Snapshot:
     reaction: FaultReaction = field(default_factory=FaultReaction)  # tokenfab's, or a fault bench's baseline
     unit_domains: Mapping[str, int] = field(default_factory=dict)  # its units' ComputeDomains: name -> unit
     units_down: frozenset[int] = frozenset()  # the units whose ComputeDomain is NotReady
+    units: bool = True  # prefill-decode units (False: each group placed alone, a benchmark's baseline)
 
     @property
     def spec(self) -> ModelDeploymentSpec:
@@ -242,6 +243,7 @@ class RoleInputs:
     avoid: frozenset[str] = frozenset()  # NVLink domains where the deployment's groups keep failing
     warmth: Mapping[str, int] = field(default_factory=dict)  # node -> how warm its model cache is
     units_down: frozenset[int] = frozenset()  # units whose ComputeDomain is NotReady (planning.units)
+    units: bool = True  # (False: no units, each group placed alone: a benchmark's baseline)
 
 
 def _plan_one(
@@ -311,6 +313,8 @@ def role_units(x: RoleInputs, plans: list[RolePlan]) -> Units | None:
     """The deployment's prefill-decode units as the next role's plan sees them: the groups that stay and
     those the roles planned so far create (decode is planned before prefill)."""
     spec = x.spec
+    if not x.units:
+        return None
     shapes = {r: b.group_shape(spec, r) for r in UNIT_ROLES if spec.role(r) is not None}
     return units_of(spec, x.groups, plans, x.desired.get("decode", 0), shapes, x.units_down)
 
@@ -396,7 +400,7 @@ def plan(s: Snapshot) -> Plan:
         spec, desired, s.groups, s.health, s.now, s.bind_timeout, s.blocked,
         {role: _hold(old.get(role), s.now) for role in PLAN_ORDER}, s.drain, s.reaction,
         frozenset(fault_report.avoided(s.md.status.faults if s.md.status else [], s.now)),
-        weights_cache.node_warmth(spec, s.claims, s.caches.staged_elsewhere), s.units_down,
+        weights_cache.node_warmth(spec, s.claims, s.caches.staged_elsewhere), s.units_down, s.units,
     )  # fmt: skip
     roles = plan_roles(inputs, capacity, commit=capacity.reserve)
     units = role_units(inputs, roles)

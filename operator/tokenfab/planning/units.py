@@ -128,11 +128,13 @@ class Units:
         return [d for d, _ in sorted(count.items(), key=lambda kv: (-kv[1], kv[0]))]
 
     def companions(self, role: RoleName, unit: int) -> tuple[GroupShape, ...]:
-        """The groups still to come beside a first decode group of a unit: its prefill groups, when the
-        unit has none yet (so the decode group goes where the whole unit fits)."""
-        if role != "decode" or any(m.role == "prefill" for m in self.members.get(unit, [])):
+        """The groups still to come beside a unit's first decode group: its other decode groups and its
+        prefill groups (so the first goes where the whole unit fits); none once the unit has a group."""
+        if role != "decode" or self.members.get(unit):
             return ()
-        return (self.shapes["prefill"],) * self.rule.prefill
+        return (self.shapes["decode"],) * (self.rule.decode - 1) + (
+            self.shapes["prefill"],
+        ) * self.rule.prefill
 
 
 def units_of(
