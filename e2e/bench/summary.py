@@ -105,7 +105,14 @@ def _figures(r: dict[str, Any]) -> str:
     return json.dumps({k: v for k, v in r.items() if k != "run"}, indent=1)
 
 
+def _fabric(r: dict[str, Any]) -> str:
+    from e2e.bench.fabric_bench import table
+
+    return f"fabric placement ({r.get('modeled')}):\n" + table(r.get("runs") or [])
+
+
 REPORTS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "fabric": _fabric,
     "autoscaler": _autoscaler,
     "operator": _operator,
     "operator_compare": _figures,  # operator_bench --compare-ref
