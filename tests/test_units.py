@@ -197,3 +197,15 @@ def test_a_unit_whose_compute_domain_failed_is_replaced_as_a_new_unit_and_its_do
     assert sorted((cr.role, cr.unit) for cr in creates) == [("decode", 2), ("prefill", 2)]
     assert len({cr.domain for cr in creates}) == 1
     assert p.domain_deletes == (b.unit_domain_name(snap.owner, 0),)
+
+
+def test_independent_prefill_groups_are_dealt_over_the_decode_groups_and_placed_beside_them():
+    """The qwen3 example's policy (independent): 3 prefill groups over 2 decode groups, each prefill
+    group in the unit with the fewest, in its decode group's domain."""
+    md = deepseek(serving={"ratioPolicy": "independent"}, prefill={"replicas": 3})
+    snap = snapshot(md, nodes_of({"r0": 18, "r1": 18, "r2": 18, "r3": 18}), {}, {})
+    p = plan(snap)
+    by_role = {rp.role: {cr.slot: cr for cr in rp.create} for rp in p.roles}
+    assert sorted(cr.unit for cr in by_role["prefill"].values()) == [0, 0, 1]
+    for cr in by_role["prefill"].values():
+        assert cr.domain == by_role["decode"][cr.unit].domain
