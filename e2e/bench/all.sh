@@ -3,7 +3,7 @@
 # nothing else meanwhile: they share the cores with what they measure). Each writes its result file and
 # its history copy under e2e/bench/results/ (e2e/bench/record.py) and starts and stops its own factory.
 # Usage: bash e2e/bench/all.sh [name ...]   (names: autoscaler operator factory scale drain faults closed_loop fleet
-# fleet_cold)
+# fleet_cold fabric)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=../lib/bootstrap.sh
@@ -19,7 +19,7 @@ run() {
 }
 
 wanted=("$@")
-[ ${#wanted[@]} -gt 0 ] || wanted=(autoscaler operator factory scale drain faults closed_loop fleet fleet_cold)
+[ ${#wanted[@]} -gt 0 ] || wanted=(autoscaler operator factory scale drain faults closed_loop fleet fleet_cold fabric)
 for name in "${wanted[@]}"; do
   work="$(mktemp -d -t tokenfab-bench-XXXXXX)"
   case "$name" in
@@ -35,6 +35,7 @@ for name in "${wanted[@]}"; do
         --policies tokenfab,tokenfab_kv_only,static,threshold,planner_baseline,oracle
       ;;
     fleet_cold) run e2e.bench.fleet_bench_cold --run-dir "$work/run" --port-base 31300 ;;
+    fabric) run e2e.bench.fabric_bench ;;
     *) echo "unknown benchmark: $name" >&2; exit 2 ;;
   esac
   rm -rf "$work"
