@@ -1,6 +1,10 @@
-"""The operator's shape, checked: no function in operator/ over 60 lines, no source file over 500 lines, a
-docstring opening every module, and every package's docstring saying what lives there and what may import
-it. (The layers themselves are import-linter's contracts in pyproject.toml, run by the test command.)"""
+"""The operator's shape, checked: sizes as a report with a wall far above it, a docstring opening every
+module, and every package's docstring saying what lives there and what may import it. (The layers
+themselves are import-linter's contracts in pyproject.toml, run by the test command.)
+
+Files are cut by concept, not by count (docs/architecture.md; LWS and Grove keep 800-970-line controllers
+whole): a file over REPORT_FILE_LINES or a function over REPORT_FUNCTION_LINES is listed in the report
+(`pytest -s tests/test_shape.py`, and the suite's output), and only one past the wall fails."""
 
 from __future__ import annotations
 
@@ -11,35 +15,48 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = sorted((ROOT / "operator" / "tokenfab").rglob("*.py"))
-MAX_FUNCTION_LINES = 60
-MAX_FILE_LINES = 500
+REPORT_FUNCTION_LINES = 60
+REPORT_FILE_LINES = 500
+MAX_FUNCTION_LINES = 120
+MAX_FILE_LINES = 1000
 
 
 def _name(path: Path) -> str:
     return str(path.relative_to(ROOT))
 
 
+def _functions(path: Path) -> list[tuple[str, int, int]]:
+    """(name, first line, lines) of every function in the file."""
+    return [
+        (node.name, node.lineno, node.end_lineno - node.lineno + 1)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno is not None
+    ]
+
+
 def test_the_sources_are_found():
     assert len(SOURCES) > 40
 
 
-@pytest.mark.parametrize("path", SOURCES, ids=_name)
-def test_no_source_file_is_over_the_limit(path: Path):
-    lines = len(path.read_text().splitlines())
-    assert lines <= MAX_FILE_LINES, f"{_name(path)} has {lines} lines (at most {MAX_FILE_LINES})"
-
-
-@pytest.mark.parametrize("path", SOURCES, ids=_name)
-def test_no_function_is_over_the_limit(path: Path):
-    tree = ast.parse(path.read_text())
-    long = [
-        f"{node.name} (line {node.lineno}): {node.end_lineno - node.lineno + 1} lines"
-        for node in ast.walk(tree)
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-        and node.end_lineno is not None
-        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
-    ]
-    assert not long, f"{_name(path)}: functions over {MAX_FUNCTION_LINES} lines: {long}"
+def test_the_size_report(capsys: pytest.CaptureFixture[str]) -> None:
+    """Files and functions past the report's sizes, largest first (a report: read it, cut by concept)."""
+    files = sorted(((len(p.read_text().splitlines()), _name(p)) for p in SOURCES), reverse=True)
+    big = [f"{name}: {n} lines" for n, name in files if n > REPORT_FILE_LINES]
+    funcs = sorted(
+        ((n, f"{_name(p)}:{line} {fn}") for p in SOURCES for fn, line, n in _functions(p)), reverse=True
+    )
+    long = [f"{where}: {n} lines" for n, where in funcs if n > REPORT_FUNCTION_LINES]
+    with capsys.disabled():
+        print(f"\nshape report: {len(big)} files over {REPORT_FILE_LINES} lines, {len(long)} functions over "
+              f"{REPORT_FUNCTION_LINES}")  # fmt: skip
+        for line in big + long:
+            print(f"  {line}")
+    assert files[0][0] <= MAX_FILE_LINES, (
+        f"{files[0][1]} has {files[0][0]} lines (the wall: {MAX_FILE_LINES})"
+    )
+    assert funcs[0][0] <= MAX_FUNCTION_LINES, (
+        f"{funcs[0][1]}: {funcs[0][0]} lines (the wall: {MAX_FUNCTION_LINES})"
+    )
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=_name)

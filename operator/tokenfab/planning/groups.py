@@ -50,7 +50,7 @@ from tokenfab.planning.topology import (
     largest_block,
     take,
 )
-from tokenfab.planning.units import Member, Units, fits_all
+from tokenfab.planning.units import Member, Units
 
 __all__ = [
     "Create",
@@ -137,54 +137,17 @@ class _Placer:
     avoid: frozenset[str] = frozenset()  # domains where this deployment's groups keep failing
     warmth: Mapping[str, int] = field(default_factory=dict)  # node -> its model cache's warmth
     units: Units | None = None  # the deployment's prefill-decode units (None: it has none)
-    # room kept in a domain for the groups still to come beside a unit's first decode group (its prefill
-    # groups, planned after decode), so a later unit does not take it
-    kept: dict[str, list[tuple[int, GroupShape]]] = field(default_factory=dict)  # domain -> (unit, shape)
-
-    def unit(self, replaces: str) -> int | None:
-        """The unit of a new group: the one of the group it replaces, else the first short of the role."""
-        if self.units is None:
-            return None
-        unit = self.units.unit_of_group(replaces) if replaces else None
-        return (
-            unit
-            if unit is not None
-            else self.units.assign(self.plan.role, (d.name for d in self.plan.delete))
-        )
-
-    def _kept(self, domain: str, unit: int, shape: GroupShape) -> tuple[list[GroupShape], bool]:
-        """The room kept in `domain` for groups still to come, less one kept for this unit's group of
-        this shape (which this group is); and whether there was one."""
-        kept = self.kept.get(domain, [])
-        mine = (unit, shape) in kept
-        rest = list(kept)
-        if mine:
-            rest.remove((unit, shape))
-        return [s for _, s in rest], mine
 
     def choose(self, open_domains: Mapping[str, Domain], unit: int | None) -> str | None:
-        """The domain for a new group: beside its unit's other groups where that domain has room; for a
-        unit's first decode group, where the whole unit fits; else by the placement policy."""
+        """The domain for a new group: by its prefill-decode unit (planning.units), else the policy's."""
         shape, warm = self.plan.shape, self.warmth or None
+
+        def pick(domains: Mapping[str, Domain]) -> str | None:
+            return choose_domain(domains, shape, self.policy, self.per_domain, warm)
+
         if self.units is not None and unit is not None:
-            for name in self.units.domains(unit):
-                others, mine = self._kept(name, unit, shape)
-                if name in open_domains and fits_all(open_domains[name], (shape, *others)):
-                    if mine:
-                        self.kept[name].remove((unit, shape))
-                    return name
-            companions = self.units.companions(self.plan.role, unit)
-            whole = {
-                k: d
-                for k, d in open_domains.items()
-                if fits_all(d, (shape, *companions, *(s for _, s in self.kept.get(k, ()))))
-            }
-            if companions and whole:
-                chosen = choose_domain(whole, shape, self.policy, self.per_domain, warm)
-                if chosen is not None:
-                    self.kept.setdefault(chosen, []).extend((unit, c) for c in companions)
-                return chosen
-        return choose_domain(open_domains, shape, self.policy, self.per_domain, warm)
+            return self.units.choose(self.plan.role, shape, unit, open_domains, pick)
+        return pick(open_domains)
 
     def place(self, reason: str, replaces: str = "") -> bool:
         plan, shape = self.plan, self.plan.shape
@@ -193,7 +156,8 @@ class _Placer:
         open_domains = {k: v for k, v in self.domains.items() if k not in self.avoid}
         warm = self.warmth or None
         slot = next(i for i in range(len(self.used_slots) + 1) if i not in self.used_slots)
-        unit = self.unit(replaces)
+        gone = [d.name for d in plan.delete]
+        unit = self.units.new_member(plan.role, replaces, gone) if self.units is not None else None
         chosen = self.choose(open_domains, unit)
         targets = (
             None
@@ -260,16 +224,15 @@ def plan_role(
     A `retired` role (left the spec) serves until every spec role has a serving group; while the spec's new
     groups find no room (`others_short`) it gives up one group at a time while another still serves. New
     groups stay out of the `avoid` domains (fault_report.avoided), on the warmest nodes (weights_cache),
-    and beside their prefill-decode unit's other groups (`units`, planning.units) where it has room."""
+    beside their prefill-decode unit (`units`)."""
     leave = drain or DrainPolicy()
     judge = _Judge(nodes, now, toleration, bind_timeout, reaction or FaultReaction())
     plan = RolePlan(role=role, desired=desired, revision=revision, shape=shape)
     alive, domains = _classify_groups(plan, groups, domains, judge)
     hold = hold_seconds(list(plan.broken_reasons.values())) if callable(hold_seconds) else hold_seconds
     plan.backoff = max(0.0, hold)
-    placer = _Placer(
-        plan, domains, policy, {g.slot for g in groups}, _per_domain(alive), avoid, warmth or {}, units
-    )
+    slots = {g.slot for g in groups}
+    placer = _Placer(plan, domains, policy, slots, _per_domain(alive), avoid, warmth or {}, units)
     counted = [g for g in alive if plan.states[g.name] != "draining"]
     _note_moving(plan, groups, alive, judge)
     _settle_draining(plan, alive, counted, judge, leave)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tokenfab.api.models import KvPath, ModelDeploymentSpec, RoleName
@@ -96,6 +96,55 @@ class Units:
 
     def add(self, unit: int, member: Member) -> None:
         self.members.setdefault(unit, []).append(member)
+
+    # room kept in a domain for the groups still to come beside a unit's first decode group (its other
+    # decode groups, and its prefill groups, planned after decode), so a later unit does not take it
+    kept: dict[str, list[tuple[int, GroupShape]]] = field(default_factory=dict)  # domain -> (unit, shape)
+
+    def new_member(self, role: RoleName, replaces: str, gone: Iterable[str]) -> int:
+        """The unit of a new group: the one of the group it replaces (unless that unit is down), else the
+        first short of the role (`assign`)."""
+        unit = self.unit_of_group(replaces) if replaces else None
+        return unit if unit is not None else self.assign(role, gone)
+
+    def _kept_beside(self, domain: str, unit: int, shape: GroupShape) -> tuple[list[GroupShape], bool]:
+        """The room kept in `domain` for groups still to come, less one kept for this unit's group of
+        this shape (the group being placed); and whether there was one."""
+        rest = list(self.kept.get(domain, []))
+        mine = (unit, shape) in rest
+        if mine:
+            rest.remove((unit, shape))
+        return [s for _, s in rest], mine
+
+    def choose(
+        self,
+        role: RoleName,
+        shape: GroupShape,
+        unit: int,
+        open_domains: Mapping[str, Domain],
+        pick: Callable[[Mapping[str, Domain]], str | None],
+    ) -> str | None:
+        """The domain for a new group of `unit`: beside the unit's other groups where that domain has room
+        (beside the room kept for other units); for a unit's first decode group, where the whole unit fits
+        (its companions' room is then kept there); else `pick`'s (the placement policy) among all."""
+        for name in self.domains(unit):
+            others, mine = self._kept_beside(name, unit, shape)
+            if name in open_domains and fits_all(open_domains[name], (shape, *others)):
+                if mine:
+                    self.kept[name].remove((unit, shape))
+                return name
+        companions = self.companions(role, unit)
+        if companions:
+            whole = {
+                k: d
+                for k, d in open_domains.items()
+                if fits_all(d, (shape, *companions, *(s for _, s in self.kept.get(k, ()))))
+            }
+            chosen = pick(whole) if whole else None
+            if chosen is not None:
+                self.kept.setdefault(chosen, []).extend((unit, c) for c in companions)
+                return chosen
+        return pick(open_domains)
 
     def unit_of_group(self, group: str) -> int | None:
         """The unit a kept group belongs to (None: not one of the units' groups, or its unit is down)."""
