@@ -851,3 +851,18 @@ def test_runtime_env_may_set_the_discovery_backend_and_planes_itself():
     assert env(pod)["DYN_DISCOVERY_BACKEND"] == "etcd"
     assert env(pod)["ETCD_ENDPOINTS"] == "http://etcd:2379"
     assert len(names) == len(set(names)), "no variable defined twice"
+
+
+@pytest.mark.parametrize("example", [p.name for p in example_paths()])
+def test_every_worker_writes_its_compile_caches_under_a_writable_mount(example):
+    """The root filesystem is read-only: each cache that would default outside ~/.cache and /tmp
+    (contract.COMPILE_CACHE_ENV) is moved under a writable emptyDir the container mounts."""
+    spec = spec_of(example)
+    pods = [p for role, _ in spec.roles() for p in b.group_pods(owner("m"), spec, role, 0, DOMAIN, "rev")]
+    for pod in pods:
+        ctr = pod["spec"]["containers"][0]
+        assert ctr["securityContext"]["readOnlyRootFilesystem"] is True
+        values = env(pod)
+        writable = [m["mountPath"] for m in ctr["volumeMounts"] if not m.get("readOnly")]
+        for name, _ in c.COMPILE_CACHE_ENV:
+            assert any(values[name].startswith(f"{w}/") for w in writable), (name, values[name], writable)

@@ -172,7 +172,14 @@ def test_an_8_rank_group_runs_mpirun_on_rank_0_over_every_ranks_pod():
     )
     assert {"TOKENFAB_ROLE", "TOKENFAB_MODEL_PATH", "DYN_NAMESPACE", "NCCL_MNNVL_ENABLE"} <= set(forwarded)
     assert c.ENV_RANK not in forwarded
-    assert leader.env == {"OMPI_MCA_orte_keep_fqdn_hostnames": "1", "PRTE_MCA_prte_keep_fqdn_hostnames": "1"}
+    assert leader.env == {
+        "OMPI_MCA_orte_keep_fqdn_hostnames": "1",
+        "PRTE_MCA_prte_keep_fqdn_hostnames": "1",
+        "OMPI_MCA_btl_vader_single_copy_mechanism": "none",  # (no CMA without ptrace rights)
+        "OMPI_MCA_smsc": "^cma",
+        "PRTE_MCA_plm_ssh_args": f"-p {c.MPI_SSH_PORT} -i {key} -o StrictHostKeyChecking=no "
+        "-o UserKnownHostsFile=/dev/null -o BatchMode=yes -o LogLevel=ERROR",
+    }
     assert leader.copies == (lp.Copy(f"{c.MPI_SSH_DIR}/{c.MPI_SSH_PRIVATE_KEY}", key),)
     assert leader.wait_for == tuple(lp.Endpoint(h, c.MPI_SSH_PORT) for h in hosts[1:])
     assert leader.wait_seconds == lp.DEFAULT_PEER_WAIT_SECONDS

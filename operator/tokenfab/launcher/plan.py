@@ -123,7 +123,17 @@ NOT_FORWARDED = frozenset(
     }
 )
 NOT_FORWARDED_PREFIXES = ("OMPI_", "PMIX_", "PRTE_", "OPAL_", "ORTE_")
-MPI_ENV = {"OMPI_MCA_orte_keep_fqdn_hostnames": "1", "PRTE_MCA_prte_keep_fqdn_hostnames": "1"}
+MPI_ENV = {
+    "OMPI_MCA_orte_keep_fqdn_hostnames": "1",
+    "PRTE_MCA_prte_keep_fqdn_hostnames": "1",
+    # Open MPI's shared-memory single copy (CMA, process_vm_readv between a pod's ranks) needs ptrace rights
+    # the hardened pods do not have (every capability dropped; RuntimeDefault seccomp allows the call only
+    # on recent runtimes, and Yama may refuse siblings): "Read -1, expected ..., errno = 1" (open-mpi/ompi
+    # issue 4948). Off, as its help text says: Open MPI 4's vader BTL, and 5's smsc framework (the
+    # TensorRT-LLM image's default since 1.3.0rc27). An MCA variable one version does not know is ignored.
+    "OMPI_MCA_btl_vader_single_copy_mechanism": "none",
+    "OMPI_MCA_smsc": "^cma",
+}
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 Kind = Literal["single", "leader", "follower"]
@@ -200,15 +210,20 @@ def dynamo_command(dynamo_args: Sequence[str]) -> tuple[str, ...]:
     return (c.PYTHON, "-m", c.DYNAMO_WORKER_MODULE, *dynamo_args)
 
 
+def ssh_args(key: str) -> str:
+    """How mpirun reaches the followers' SSH daemons: their port, the Secret's key, no known_hosts."""
+    return (
+        f"-p {c.MPI_SSH_PORT} -i {key} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
+        "-o BatchMode=yes -o LogLevel=ERROR"
+    )
+
+
 def mpirun_command(
     identity: Identity, key: str, dynamo_args: Sequence[str], forwarded: Sequence[str], *, as_root: bool
 ) -> tuple[str, ...]:
     """rank 0's command for a multi-node group: one MPI process per GPU over every rank's pod."""
     slots = identity.gpus_per_pod
-    ssh = (
-        f"-p {c.MPI_SSH_PORT} -i {key} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
-        "-o BatchMode=yes -o LogLevel=ERROR"
-    )
+    ssh = ssh_args(key)
     cmd = [MPIRUN, *(["--allow-run-as-root"] if as_root else [])]
     cmd += ["-np", str(identity.world_size * slots)]
     cmd += ["-H", ",".join(f"{host}:{slots}" for host in identity.hosts)]
@@ -279,7 +294,8 @@ def _leader_plan(
     return LaunchPlan(
         kind="leader",
         command=mpirun_command(identity, key, dynamo_args, forwarded_names(environ), as_root=as_root),
-        env=dict(MPI_ENV),
+        # (Open MPI 5's launcher, PRRTE, reads its ssh arguments under this name; 4 reads plm_rsh_args)
+        env={**MPI_ENV, "PRTE_MCA_plm_ssh_args": ssh_args(key)},
         run_dir=run_dir,
         copies=(Copy(f"{identity.mpi_ssh_dir}/{c.MPI_SSH_PRIVATE_KEY}", key),),
         wait_for=tuple(Endpoint(host, c.MPI_SSH_PORT) for host in identity.hosts[1:]),

@@ -144,6 +144,17 @@ MODEL_MOUNT = "/models"
 # engine the snapshot's directory, so the engine and Dynamo (tokenizer, config) read only that.
 MODEL_CACHE_DIR = "/var/cache/tokenfab/models"
 CACHE_DIR = "/home/tokenfab/.cache"  # writable (an emptyDir): the images' HF_HOME and other caches live here
+# Compile caches whose defaults lie outside CACHE_DIR and /tmp, so a read-only root would refuse them: moved
+# under CACHE_DIR on every worker. Triton ~/.triton/cache (triton knobs.py), the CUDA JIT ~/.nv/ComputeCache,
+# DeepGEMM ~/.deep_gemm (its compiler.hpp; bundled in TensorRT-LLM), TensorRT-LLM's DeepGEMM dump
+# ~/.tensorrt_llm (compiler.cuh). Inductor (/tmp), FlashInfer, torch extensions and Hugging Face already
+# default under ~/.cache or /tmp.
+COMPILE_CACHE_ENV = (
+    ("TRITON_CACHE_DIR", f"{CACHE_DIR}/triton"),
+    ("CUDA_CACHE_PATH", f"{CACHE_DIR}/nv/ComputeCache"),
+    ("DG_JIT_CACHE_DIR", f"{CACHE_DIR}/deep_gemm"),
+    ("TRTLLM_DG_CACHE_DIR", f"{CACHE_DIR}/tensorrt_llm"),
+)
 HEALTH_PATH = "/health"  # readiness probe path, on the worker metrics port and the frontend port
 METRICS_PATH = "/metrics"
 

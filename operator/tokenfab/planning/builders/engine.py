@@ -92,6 +92,7 @@ def worker_env(
         *discovery_env(spec),
         *nccl_env(spec, role),
         *kv_fabric_env(spec, role),
+        *({"name": name, "value": value} for name, value in c.COMPILE_CACHE_ENV),
         *([{"name": c.ENV_MPI_SSH_DIR, "value": c.MPI_SSH_DIR}] if shape.nodes > 1 else []),
         *[e.model_dump(by_alias=True, exclude_none=True) for e in spec.runtime.env],
     ]
