@@ -147,3 +147,24 @@ def test_a_units_path_is_nvlink_only_inside_one_domain_with_every_pod_holding_it
     assert path(same_node, {}, rdma=False) == "nvlink"  # (cuda_ipc inside one tray: no fabric needed)
     legacy = [_member("decode", "r0", "n1", "n2", labelled=False), _member("prefill", "r0", "n3")]
     assert path(legacy, both, rdma=False) == "tcp"  # (its own ComputeDomain: not the unit's)
+
+
+def test_a_unit_member_publishes_its_unit_as_its_kv_transfer_domain_and_nothing_else_does():
+    """Dynamo 1.6.1's topology-aware KV transfer (dynamo/common/utils/topology.py): the router prefers,
+    after a prefill worker, a decode worker of the same unit; the value is the pod's unit label as a
+    downward-API file under the mount path, named by DYN_KV_TRANSFER_DOMAIN."""
+    for pod in _pods("deepseek-r1-disaggregated.yaml") + _pods("aggregated-small.yaml"):
+        env, labels = _env(pod), pod["metadata"]["labels"]
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        mounts = {m["name"]: m for m in pod["spec"]["containers"][0]["volumeMounts"]}
+        if c.LABEL_UNIT not in labels:
+            assert "topology" not in volumes
+            assert c.ENV_DYN_TOPOLOGY_ENABLED not in env
+            continue
+        assert env[c.ENV_DYN_TOPOLOGY_ENABLED] == "true"
+        assert env[c.ENV_DYN_KV_TRANSFER_ENFORCEMENT] in ("required", "preferred")
+        assert 0.0 <= float(env[c.ENV_DYN_KV_TRANSFER_PREFERRED_WEIGHT]) <= 1.0
+        assert mounts["topology"]["mountPath"] == env[c.ENV_DYN_TOPOLOGY_MOUNT_PATH]
+        [item] = volumes["topology"]["downwardAPI"]["items"]
+        assert item["path"] == env[c.ENV_DYN_KV_TRANSFER_DOMAIN]
+        assert item["fieldRef"]["fieldPath"] == f"metadata.labels['{c.LABEL_UNIT}']"

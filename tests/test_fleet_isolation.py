@@ -51,3 +51,19 @@ def test_a_pod_directory_outside_the_pods_directory_is_refused(tmp_path):
     pods, stage, _, _ = _tree(tmp_path)
     with pytest.raises(ValueError, match="is not under"):
         isolation.isolated(["true"], own=tmp_path, pods=pods, stage=stage)
+
+
+def test_a_projected_volume_is_mounted_where_the_pod_mounts_it_and_nowhere_else(tmp_path):
+    pods, stage, _, own = _tree(tmp_path)
+    projected = own / "volumes" / "topology"
+    projected.mkdir(parents=True)
+    (projected / "unit").write_text("3")
+    target = tmp_path / "etc" / "dynamo" / "topology"
+    script = f"cat {target}/unit; echo; touch {target}/x 2>/dev/null && echo writable || echo read-only"
+    argv = isolation.isolated(
+        ["sh", "-c", script], own=own, pods=pods, stage=stage, volumes=[(projected, str(target))]
+    )
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout
+    assert out.split() == ["3", "read-only"]
+    assert target.is_dir(), "the mount point is made"
+    assert not any(target.iterdir()), "the host's mount point stays empty"

@@ -187,3 +187,12 @@ def test_the_runners_port_ranges_lie_below_the_kernels_ephemeral_ports():
         assert 1024 <= lo <= hi < min(low, 32768), (lo, hi, low)
     a, b = sorted((runner.DEFAULT_PORTS, runner.DEFAULT_SYSTEM_PORTS))
     assert a[1] < b[0]  # (the two ranges apart)
+
+
+def test_downward_volumes_are_projected_from_the_pods_own_metadata():
+    spec = spec_of("deepseek-r1-disaggregated.yaml")
+    pod = live(b.group_pods(owner("ds"), spec, "prefill", 1, DOMAIN, "rev", unit=4)[0])
+    [(name, mount, files)] = pods.downward_volumes(pod)
+    assert (name, mount, files) == ("topology", c.TOPOLOGY_DIR, {c.KV_TRANSFER_DOMAIN: "4"})
+    plain = live(b.group_pods(owner("ds"), spec, "prefill", 1, DOMAIN, "rev")[0])
+    assert pods.downward_volumes(plain) == []

@@ -84,6 +84,36 @@ def resolve_env(pod: Pod) -> dict[str, str]:
     return out
 
 
+def _field(pod: Pod, path: str) -> str:
+    """A downward-API field of the pod, as a kubelet resolves it in a volume."""
+    meta = pod["metadata"]
+    for key in ("labels", "annotations"):
+        prefix = f"metadata.{key}['"
+        if path.startswith(prefix) and path.endswith("']"):
+            return str((meta.get(key) or {}).get(path[len(prefix) : -2], ""))
+    plain = {
+        "metadata.name": meta["name"],
+        "metadata.namespace": meta["namespace"],
+        "metadata.uid": meta["uid"],
+    }
+    if path not in plain:
+        raise PodError(f"a downward-API volume names {path}: the runner projects labels, annotations, name, "
+                       "namespace and uid only")  # fmt: skip
+    return str(plain[path])
+
+
+def downward_volumes(pod: Pod) -> list[tuple[str, str, dict[str, str]]]:
+    """The container's downward-API volumes as a kubelet projects them: (volume, mountPath, {file: value})."""
+    mounts = {m["name"]: m["mountPath"] for m in container(pod).get("volumeMounts") or []}
+    out = []
+    for v in (pod.get("spec") or {}).get("volumes") or []:
+        if "downwardAPI" in v and v["name"] in mounts:
+            items = v["downwardAPI"].get("items") or []
+            files = {i["path"]: _field(pod, i["fieldRef"]["fieldPath"]) for i in items if "fieldRef" in i}
+            out.append((v["name"], mounts[v["name"]], files))
+    return out
+
+
 def mounts_token(pod: Pod) -> bool:
     """Whether a kubelet would mount the ServiceAccount token (the pod's setting; unset means yes)."""
     return (pod.get("spec") or {}).get("automountServiceAccountToken") is not False

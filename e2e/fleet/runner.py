@@ -458,6 +458,18 @@ class Runner:
         print(f"runner: engine of {key} failed at NCCL init: {why}", flush=True)
         return True
 
+    def project(self, pod: dict[str, Any]) -> list[tuple[Path, str]]:
+        """The pod's downward-API volumes written into its directory, as a kubelet projects them: (the
+        directory, where the container mounts it)."""
+        out = []
+        for name, mount, files in pods.downward_volumes(pod):
+            where = self.pod_dir(pod) / "volumes" / name
+            where.mkdir(parents=True, exist_ok=True)
+            for path, value in files.items():
+                (where / path).write_text(value)
+            out.append((where, mount))
+        return out
+
     def pod_dir(self, pod: dict[str, Any]) -> Path:
         meta = pod["metadata"]
         return self.opts.state_dir / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}"
@@ -525,7 +537,9 @@ class Runner:
         if self.isolate:  # (the pod's own directory only; a frontend mounts no model: isolation.py)
             hide = [self.opts.model_dir] if kind == "frontend" else []
             pods_dir, stage = self.opts.state_dir / "pods", self.opts.state_dir / ".stage"
-            argv = isolation.isolated(argv, own=self.pod_dir(pod), pods=pods_dir, stage=stage, hide=hide)
+            argv = isolation.isolated(
+                argv, own=self.pod_dir(pod), pods=pods_dir, stage=stage, hide=hide, volumes=self.project(pod)
+            )
         proc.pid = spawn(argv, self.logs / f"{name}.log", env)
         proc.argv = argv
         self.procs[proc.key] = proc

@@ -90,6 +90,19 @@ NCCL_MNNVL_ENV = ("NCCL_MNNVL_ENABLE", "NCCL_CUMEM_ENABLE")
 # cuda_ipc across trays (its default, "try", already attempts it; said outright) on a KV pool TensorRT-LLM
 # allocates with CUDA fabric handles (off by default: legacy allocations cannot leave the tray).
 KV_FABRIC_ENV = (("UCX_CUDA_IPC_ENABLE_MNNVL", "y"), ("TRTLLM_KVCACHE_POOL_USE_FABRIC_MEMORY", "1"))
+# Dynamo's topology-aware KV transfer (dynamo/common/utils/topology.py in 1.6.1, read by dynamo.trtllm's
+# worker and by the mocker at registration): each file under the mount path is a topology domain, the one
+# DYN_KV_TRANSFER_DOMAIN names constrains (required) or biases (preferred) the decode worker the router
+# picks after a prefill worker. A unit's pods publish their unit there (a downward-API file of their label).
+ENV_DYN_TOPOLOGY_ENABLED = "DYN_TOPOLOGY_ENABLED"
+ENV_DYN_TOPOLOGY_MOUNT_PATH = "DYN_TOPOLOGY_MOUNT_PATH"
+ENV_DYN_KV_TRANSFER_DOMAIN = "DYN_KV_TRANSFER_DOMAIN"
+ENV_DYN_KV_TRANSFER_ENFORCEMENT = "DYN_KV_TRANSFER_ENFORCEMENT"
+ENV_DYN_KV_TRANSFER_PREFERRED_WEIGHT = "DYN_KV_TRANSFER_PREFERRED_WEIGHT"
+TOPOLOGY_DIR = "/etc/dynamo/topology"  # Dynamo's default mount path
+KV_TRANSFER_DOMAIN = "unit"  # the topology domain (a file under TOPOLOGY_DIR) holding the pod's unit
+KV_TRANSFER_ENFORCEMENT = "preferred"  # (required fails a request whose unit has no decode worker serving)
+KV_TRANSFER_PREFERRED_WEIGHT = "1.0"  # the strongest preference Dynamo accepts (0-1)
 ENV_DYN_SHUTDOWN_TIMEOUT = "DYN_RUNTIME_GRACEFUL_SHUTDOWN_TIMEOUT_SECS"  # Dynamo's bound on its SIGTERM drain
 
 # Dynamo's discovery (how workers and frontends find each other) and its planes. The kubernetes backend:

@@ -63,9 +63,10 @@ def worker_env(
     shape: GroupShape,
     revision: str,
     service: str,
+    unit: int | None = None,
 ) -> list[dict[str, Any]]:
     """The worker container's environment: the rank's place in its group, the model, the engine, Dynamo's
-    namespace and discovery, then runtime.env."""
+    namespace and discovery, its prefill-decode unit's KV-transfer domain, then runtime.env."""
     drain = spec.serving.drain_seconds
     mode = disaggregation_mode(spec, role) or c.MODE_AGGREGATED
     return [
@@ -92,6 +93,7 @@ def worker_env(
         *discovery_env(spec),
         *nccl_env(spec, role),
         *kv_fabric_env(spec, role),
+        *kv_transfer_domain_env(unit),
         *({"name": name, "value": value} for name, value in c.COMPILE_CACHE_ENV),
         *([{"name": c.ENV_MPI_SSH_DIR, "value": c.MPI_SSH_DIR}] if shape.nodes > 1 else []),
         *[e.model_dump(by_alias=True, exclude_none=True) for e in spec.runtime.env],
@@ -116,6 +118,22 @@ def kv_fabric_env(spec: ModelDeploymentSpec, role: RoleName) -> list[dict[str, A
     if role not in UNIT_ROLES or rule(spec) is None or not uses_compute_domain(spec, role):
         return []
     return [{"name": name, "value": value} for name, value in c.KV_FABRIC_ENV]
+
+
+def kv_transfer_domain_env(unit: int | None) -> list[dict[str, Any]]:
+    """A unit member's KV-transfer domain: Dynamo's router prefers, after it picks a prefill worker, a
+    decode worker of the same unit (the file `contract.KV_TRANSFER_DOMAIN` in the topology volume holds
+    the pod's unit). Preferred, not required: a unit whose decode group is lost keeps serving through
+    another unit's while it is replaced (required would fail those requests: Dynamo does not fall back)."""
+    if unit is None:
+        return []
+    return [
+        {"name": c.ENV_DYN_TOPOLOGY_ENABLED, "value": "true"},
+        {"name": c.ENV_DYN_TOPOLOGY_MOUNT_PATH, "value": c.TOPOLOGY_DIR},
+        {"name": c.ENV_DYN_KV_TRANSFER_DOMAIN, "value": c.KV_TRANSFER_DOMAIN},
+        {"name": c.ENV_DYN_KV_TRANSFER_ENFORCEMENT, "value": c.KV_TRANSFER_ENFORCEMENT},
+        {"name": c.ENV_DYN_KV_TRANSFER_PREFERRED_WEIGHT, "value": c.KV_TRANSFER_PREFERRED_WEIGHT},
+    ]
 
 
 def engine_configmap(owner: Owner, spec: ModelDeploymentSpec, role: RoleName) -> Manifest:

@@ -47,6 +47,7 @@ from tokenfab.planning.builders.volumes import (
     group_volumes,
     pod_mounts,
     pod_volumes,
+    topology_volume,
 )
 from tokenfab.planning.engine import content_hash, engine_config
 from tokenfab.planning.topology import GroupShape
@@ -164,7 +165,7 @@ def _pod(g: _Group, rank: int) -> Manifest:
         "affinity": node_affinity(g.spec, g.domain, node),
         "tolerations": worker_tolerations(g.spec),
         "containers": [_container(g, rank)],
-        "volumes": pod_volumes(g.owner, g.spec, g.volumes, node),
+        "volumes": [*pod_volumes(g.owner, g.spec, g.volumes, node), *topology_volume(g.unit)[0]],
         **scheduling_fields(g.spec),
         **readiness_gates(rank, drain),
         **gang_fields(g.gang, g.name),
@@ -182,7 +183,7 @@ def _container(g: _Group, rank: int) -> dict[str, Any]:
         # multi-node group; an SSH daemon for mpirun on the other ranks): see tokenfab.launcher.
         "command": [c.PYTHON, "-m", c.LAUNCHER_MODULE],
         "args": worker_args(g.spec, g.role),
-        "env": worker_env(g.owner, g.spec, g.role, g.name, rank, g.shape, g.revision, g.service),
+        "env": worker_env(g.owner, g.spec, g.role, g.name, rank, g.shape, g.revision, g.service, g.unit),
         "ports": [
             {"name": "metrics", "containerPort": c.WORKER_METRICS_PORT},
             *([{"name": "mpi-ssh", "containerPort": c.MPI_SSH_PORT}] if multi_node else []),
@@ -191,7 +192,7 @@ def _container(g: _Group, rank: int) -> dict[str, Any]:
         "readinessProbe": worker_readiness_probe(),
         "resources": {"requests": g.requests, "limits": g.limits, **container_claims(g.spec, g.role)},
         "securityContext": container_security(g.spec),
-        "volumeMounts": pod_mounts(g.spec, g.mounts),
+        "volumeMounts": [*pod_mounts(g.spec, g.mounts), *topology_volume(g.unit)[1]],
         "lifecycle": worker_lifecycle(),
     }
 

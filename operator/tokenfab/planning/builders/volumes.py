@@ -154,6 +154,17 @@ def group_volumes(
     return volumes, mounts
 
 
+def topology_volume(unit: int | None) -> tuple[Volumes, Volumes]:
+    """A unit member's topology volume and mount: the pod's unit label as the file Dynamo reads its
+    KV-transfer domain from (a downward-API file: no other object, and it cannot disagree with the label)."""
+    if unit is None:
+        return [], []
+    field = f"metadata.labels['{c.LABEL_UNIT}']"
+    item = {"path": c.KV_TRANSFER_DOMAIN, "fieldRef": {"fieldPath": field}}
+    volume = {"name": "topology", "downwardAPI": {"items": [item]}}
+    return [volume], [{"name": "topology", "mountPath": c.TOPOLOGY_DIR, "readOnly": True}]
+
+
 def pod_volumes(owner: Owner, spec: ModelDeploymentSpec, volumes: Volumes, node: str | None) -> Volumes:
     """One pod's volumes: its group's, and the model cache when the pod downloads hf:// weights."""
     return [*volumes, _model_cache_volume(owner, spec, node)] if fetches_weights(spec) else volumes
