@@ -196,3 +196,19 @@ def test_downward_volumes_are_projected_from_the_pods_own_metadata():
     assert (name, mount, files) == ("topology", c.TOPOLOGY_DIR, {c.KV_TRANSFER_DOMAIN: "4"})
     plain = live(b.group_pods(owner("ds"), spec, "prefill", 1, DOMAIN, "rev")[0])
     assert pods.downward_volumes(plain) == []
+
+
+def test_a_prefill_engine_pays_its_units_kv_path_and_a_decode_engine_nothing():
+    spec = spec_of("deepseek-r1-disaggregated.yaml")
+    m = pods.Mocker("/m", 48, 16, 0.3, "vllm", 12.5, 35136)
+    for role, port in (("prefill", 27100), ("decode", None)):
+        pod = live(b.group_pods(owner("ds"), spec, role, 0, DOMAIN, "rev", unit=0)[0])
+        text = render(engine_config(spec, role))
+        engine = pods.engine_of(pod, pods.resolve_env(pod), text)
+        assert engine is not None
+        argv = pods.mocker_argv(engine, m, port)
+        if role == "prefill":
+            assert argv[argv.index("--kv-transfer-bandwidth") + 1] == "12.5"
+            assert argv[argv.index("--kv-bytes-per-token") + 1] == "35136"
+        else:
+            assert "--kv-transfer-bandwidth" not in argv

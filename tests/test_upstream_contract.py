@@ -237,7 +237,8 @@ def test_the_metric_names_the_autoscaler_reads_are_dynamos():
 
 @pytest.mark.slow
 def test_the_factorys_engine_swap_gives_the_mocker_arguments_it_takes():
-    m = fleet_pods.Mocker("/models/tiny", 48, 16, 0.3, "vllm")
+    # (with the simulated fabric's KV hand-over cost, which prefill engines get)
+    m = fleet_pods.Mocker("/models/tiny", 48, 16, 0.3, "vllm", 900.0, 35136)
     cases, engines = [], []
     for _variant, role, pod, spec in rendered():
         if role == "frontend":

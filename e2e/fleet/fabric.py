@@ -82,6 +82,41 @@ def nccl_refusal(group: Sequence[Obj], claims: Mapping[str, Obj], cliques: Mappi
     return None
 
 
+# The KV hand-over's cost per path, modeled (GB/s one way, per GPU; sources in docs/fabric-model.md): a
+# GB200 GPU's NVLink 5 (1.8 TB/s both ways), its ConnectX-7 NIC (400 Gb/s), and kernel TCP over the
+# network (an assumption: a 100 Gb/s line rate, no RDMA).
+PATH_GBPS = {"nvlink": 900.0, "rdma": 50.0, "tcp": 12.5}
+# DeepSeek-R1's KV cache per token with the example's fp8 cache: 61 layers x (512 + 64) MLA values x 1 byte
+# (its config.json: num_hidden_layers, kv_lora_rank, qk_rope_head_dim).
+KV_BYTES_PER_TOKEN = 61 * (512 + 64)
+
+
+def unit_path(pod: Obj, pods: Sequence[Obj], claims: Mapping[str, Obj], cliques: Mapping[str, str]) -> str:
+    """The KV path of the pod's prefill-decode unit as the simulated fabric has it (its hardware, not
+    what the operator reports): nvlink when the unit's pods all sit on one node, or in one NVLink domain
+    each holding an IMEX channel of one ComputeDomain; else tcp (the factory has no RDMA devices)."""
+    meta = pod["metadata"]
+    unit = (meta.get("labels") or {}).get(c.LABEL_UNIT)
+    deployment = (meta.get("labels") or {}).get(c.LABEL_DEPLOYMENT)
+    if unit is None:
+        return "tcp"
+    members = [
+        p
+        for p in pods
+        if p["metadata"]["namespace"] == meta["namespace"]
+        and (p["metadata"].get("labels") or {}).get(c.LABEL_UNIT) == unit
+        and (p["metadata"].get("labels") or {}).get(c.LABEL_DEPLOYMENT) == deployment
+        and not p["metadata"].get("deletionTimestamp")
+    ]
+    nodes = {str(p["spec"].get("nodeName") or "") for p in members}
+    if len(nodes) == 1 and "" not in nodes:
+        return "nvlink"
+    domains = {imex_domain(p, claims) for p in members}
+    if len({cliques.get(n, "") for n in nodes}) == 1 and len(domains) == 1 and None not in domains:
+        return "nvlink"
+    return "tcp"
+
+
 def group_of(pod: Obj, pods: Sequence[Obj]) -> list[Obj]:
     """The pods of `pod`'s group in rank order (the pod alone when it names no group)."""
     meta = pod["metadata"]

@@ -182,6 +182,10 @@ class Mocker:
     block_size: int
     speedup_ratio: float
     engine_type: str  # trtllm | vllm (1.6.1's mocker hands KV over between engines only as vllm)
+    # A prefill engine's KV hand-over cost: the modeled bandwidth of its unit's path, GB/s (None: the
+    # mocker's own default), and the KV bytes per token of the model the factory stands for
+    kv_transfer_gbps: float | None = None
+    kv_bytes_per_token: int | None = None
 
 
 # dynamo.trtllm flags with a value, and what becomes of them on the mocker.
@@ -229,6 +233,10 @@ def mocker_argv(engine: Engine, m: Mocker, bootstrap_port: int | None) -> list[s
         if bootstrap_port is None:
             raise PodError("a prefill engine needs a bootstrap port")
         out += ["--bootstrap-ports", str(bootstrap_port)]
+        if m.kv_transfer_gbps is not None:  # (the hand-over is charged on the prefill side)
+            out += ["--kv-transfer-bandwidth", str(m.kv_transfer_gbps)]
+        if m.kv_bytes_per_token is not None:
+            out += ["--kv-bytes-per-token", str(m.kv_bytes_per_token)]
     return out
 
 

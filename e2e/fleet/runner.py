@@ -332,6 +332,7 @@ class Runner:
         self.errors = 0
         self.foreign: list[dict[str, str]] = []  # connections outside loopback seen (must stay empty)
         self.cliques: dict[str, str] = {}  # node -> its NVLink domain (the simulated fabric)
+        self.listed: dict[str, list[dict[str, Any]]] = {}  # this pass's pods by namespace
         self.refused: list[dict[str, Any]] = []  # engines the simulated fabric failed at NCCL init
         # every process in a mount namespace of its own, seeing its own pod directory and volumes only
         self.isolate = isolation.available()
@@ -406,7 +407,11 @@ class Runner:
         ports["system"] = self.system_ports.take()
         if mode == "prefill":
             ports["bootstrap"] = self.ports.take()
-        mocker = pods.Mocker(str(o.model_dir), o.blocks_per_gpu, o.block_size, o.speedup_ratio, engine_type)
+        gbps = fabric.PATH_GBPS[self.kv_path(pod)] if mode == "prefill" else None
+        mocker = pods.Mocker(
+            str(o.model_dir), o.blocks_per_gpu, o.block_size, o.speedup_ratio, engine_type,
+            gbps, fabric.KV_BYTES_PER_TOKEN if mode == "prefill" else None,
+        )  # fmt: skip
         argv = [o.dynamo_python, *pods.mocker_argv(engine, mocker, ports.get("bootstrap"))]
         swapped = {c.ENV_DYN_SYSTEM_PORT: str(ports["system"])}
         penv = pods.process_env(env, path=path, home=str(home), kubeconfig=config, ports=swapped)
@@ -457,6 +462,16 @@ class Runner:
         self.refused.append({"key": key, "at": time.time(), "why": why})
         print(f"runner: engine of {key} failed at NCCL init: {why}", flush=True)
         return True
+
+    def kv_path(self, pod: dict[str, Any]) -> str:
+        """The simulated fabric's path for a prefill engine's KV hand-over (fabric.unit_path)."""
+        ns = pod["metadata"]["namespace"]
+        listed = self.listed.get(ns, [])
+        claims = {
+            str(cl["metadata"]["name"]): cl
+            for cl in self.api("GET", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims")["items"]
+        }
+        return fabric.unit_path(pod, listed, claims, self.cliques)
 
     def project(self, pod: dict[str, Any]) -> list[tuple[Path, str]]:
         """The pod's downward-API volumes written into its directory, as a kubelet projects them: (the
@@ -584,6 +599,9 @@ class Runner:
         if pods is None:
             return
         by_key = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": p for p in pods}
+        self.listed = {}  # (this pass's pods by namespace, for the simulated fabric)
+        for p in pods:
+            self.listed.setdefault(p["metadata"]["namespace"], []).append(p)
         nodes = self.node_names()
         lost = (
             set()
