@@ -209,3 +209,24 @@ def test_independent_prefill_groups_are_dealt_over_the_decode_groups_and_placed_
     assert sorted(cr.unit for cr in by_role["prefill"].values()) == [0, 0, 1]
     for cr in by_role["prefill"].values():
         assert cr.domain == by_role["decode"][cr.unit].domain
+
+
+def test_groups_leave_by_whole_units_when_slots_and_units_disagree():
+    """After a replacement the slots no longer follow the units (a new decode group of unit 0 took slot
+    2): a scale-down still empties the highest unit, prefill and decode alike."""
+    md = deepseek()
+    nodes = nodes_of({"r0": 18, "r1": 18, "r2": 18, "r3": 18})
+    first = snapshot(md, nodes, {}, {})
+    groups = materialize(first, plan(first))
+    units_of_group = {g.name: g.slot for gs in groups.values() for g in gs}  # (fresh: unit == slot)
+    relabelled = {role: [replace(g, unit=units_of_group[g.name]) for g in gs] for role, gs in groups.items()}
+    # decode 0 was replaced by a group in slot 2 of unit 0
+    d0 = next(g for g in relabelled["decode"] if g.slot == 0)
+    relabelled["decode"] = [g for g in relabelled["decode"] if g.slot != 0] + [
+        replace(d0, name="deepseek-r1-decode-2", slot=2, unit=0)
+    ]
+    down = deepseek(decode={"replicas": 1})
+    snap = snapshot(down, nodes, used_by(relabelled, down), relabelled)
+    p = plan(snap)
+    removed = sorted(d.name for rp in p.roles for d in [*rp.delete, *rp.drain])
+    assert removed == ["deepseek-r1-decode-1", "deepseek-r1-prefill-1"], removed

@@ -67,8 +67,12 @@ __all__ = [
 
 
 def _order_for_removal(groups: Sequence[GroupView], states: Mapping[str, GroupState]) -> list[GroupView]:
-    """Groups not serving first, then the highest slot."""
-    return sorted(groups, key=lambda g: (states[g.name] == "serving", -g.slot))
+    """Groups not serving first, then those of the highest prefill-decode unit (so prefill and decode
+    groups leave by whole units, as they came), then the highest slot."""
+    return sorted(
+        groups,
+        key=lambda g: (states[g.name] == "serving", -(g.unit if g.unit is not None else g.slot), -g.slot),
+    )
 
 
 def _completion_nodes(

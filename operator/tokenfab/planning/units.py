@@ -228,7 +228,10 @@ def fits_all(domain: Domain, shapes: Sequence[GroupShape]) -> bool:
 def path(members: Sequence[Member], channel: Mapping[RoleName, bool], rdma: bool) -> Path:
     """A unit's KV path: NVLink when its groups are all on one node (cuda_ipc, no fabric needed) or all
     in one domain with every pod holding the unit's IMEX channel (`channel`: per role), else RDMA when
-    the workers hold RDMA devices, else TCP."""
+    the workers hold RDMA devices, else TCP. A unit with prefill and no decode group hands its KV over to
+    other units': not NVLink."""
+    if not any(m.role == "decode" for m in members):
+        return "rdma" if rdma else "tcp"  # (its prefill hands KV over to another unit's decode)
     nodes = {n for m in members for n in m.nodes}
     if len(nodes) == 1:
         return "nvlink"
