@@ -81,7 +81,7 @@ def test_kubectl_get_shows_the_columns(factory):
         header = kubectl(factory, "get", "mdep").stdout.splitlines()[0].split()
         assert header == ["NAME", "MODE", "READY", "PREFILL", "DECODE", "WORKERS", "GPUS", "AGE"]
         wide = kubectl(factory, "get", "mdep", "-o", "wide").stdout.splitlines()
-        assert wide[0].split()[-6:] == ["RATIO", "MTP", "REASON", "ENDPOINT", "WEIGHTS", "AGE"]
+        assert wide[0].split()[-7:] == ["RATIO", "MTP", "REASON", "ENDPOINT", "KV-PATH", "WEIGHTS", "AGE"]
         assert "aggregated" in wide[1]
         names = kubectl(factory, "get", "tokenfab").stdout
         assert "llama-405b" in names
