@@ -102,8 +102,12 @@ def manifest(f: Factory, ns: str, plan: Plan) -> dict[str, Any]:
     doc = fleet.manifest(f, ns, NAME, autoscaling=False, decode_replicas=plan.decode)
     spec = doc["spec"]
     spec["serving"]["drainSeconds"], spec["serving"]["drainMode"] = 600, "routing"
-    spec["serving"]["prefillDecodeRatio"] = "1:4"
-    spec.setdefault("topology", {})["placement"] = "spread"  # (groups on several racks)
+    # One prefill group per decode group: each decode group is a prefill-decode unit of its own, kept whole
+    # in one rack, and spread puts the units on several racks, so a lost rack takes one unit and the
+    # others serve. (At 1:4, the deployment's decode groups and their prefill group are one unit in one
+    # rack: a rack loss takes everything, the frontend too when it shares that rack.)
+    spec["serving"]["prefillDecodeRatio"] = "1:1"
+    spec.setdefault("topology", {})["placement"] = "spread"  # (units on several racks)
     return doc
 
 
