@@ -329,6 +329,7 @@ def test_a_compute_domain_gone_not_ready_loses_its_group_and_it_is_re_placed(dep
     victim, pods = decode_group(f)
     # (its prefill-decode unit's ComputeDomain: every group of the unit holds a channel of it)
     domain = f"{NAME}-unit-{pods[0]['metadata']['labels'][c.LABEL_UNIT]}-imex"
+    broken = get_json(f, "computedomains", domain, "-n", NS)["metadata"]["uid"]
     faults.break_domain(f, NS, domain)
     try:
         took = replaced(f, pods, "the group re-placed with its IMEX domain", 120, {})
@@ -337,10 +338,13 @@ def test_a_compute_domain_gone_not_ready_loses_its_group_and_it_is_re_placed(dep
         assert records, md(f)["status"]["faults"]
         assert victim in {r["group"] for r in records}
         assert any(domain in r["message"] for r in records if r["group"] == victim)
-        # the unit's replacements claim a new unit's ComputeDomain: the broken one is not reused
+        # the replacements claim a ComputeDomain that is not the broken one: a new unit's while the broken
+        # one is still there, or their unit's made anew once it is gone
         gs = groups(f)
-        relabelled = {gs[g][0]["metadata"]["labels"].get(c.LABEL_UNIT) for g in serving(gs, "decode")}
-        assert pods[0]["metadata"]["labels"][c.LABEL_UNIT] not in relabelled
+        for g in serving(gs, "decode"):
+            unit = gs[g][0]["metadata"]["labels"][c.LABEL_UNIT]
+            cd = get_json(f, "computedomains", f"{NAME}-unit-{unit}-imex", "-n", NS)
+            assert cd["metadata"]["uid"] != broken, f"{g} holds the broken ComputeDomain's channel"
         assert "ComputeDomainNotReady" in {e["reason"] for e in events(f)}
     finally:
         faults.heal(f)
