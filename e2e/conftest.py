@@ -1,7 +1,7 @@
 """End-to-end fixtures: one local AI factory for the whole session, started and stopped by PID.
 
-The suite uses its own run directory and ports (TOKENFAB_E2E_PORT_BASE, default 32000), so a factory a
-user has up on the default ports is never touched.
+The suite uses its own run directory and ports (one lane of ports per pytest-xdist worker: see
+tokenfab_factory.lanes), so a factory a user has up on the default ports is never touched.
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from e2e import profile
 from e2e.helpers import install_crds, operator_up
+from tokenfab_factory import lanes
 from tokenfab_factory.factory import Factory, FactoryConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault(
     "TOKENFAB_PLAN_CACHE", os.path.join(tempfile.gettempdir(), f"tokenfab-plan-cache-{os.getpid()}")
 )  # made on first use
-E2E_PORT_BASE = int(os.environ.get("TOKENFAB_E2E_PORT_BASE", "32000"))
+E2E_PORT_BASE = lanes.port_base()
 LIVENESS = E2E_PORT_BASE + 20
 
 
@@ -29,6 +31,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if Path(str(item.fspath)).is_relative_to(ROOT / "e2e"):
             item.add_marker(pytest.mark.e2e)
+    # Lanes take whole modules (--dist loadfile) in this order: the longest first, so that no lane is
+    # left with a long one at the end (see profile.LONGEST_FIRST).
+    items.sort(key=lambda item: profile.rank(item.nodeid))
+
+
+pytest_runtest_logreport = profile.record
+pytest_terminal_summary = profile.summary
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from e2e.helpers import MetricsHandler, apply_yaml, gpu_deployment, kubectl, restore_node, wait_for
-from tokenfab_factory import process
+from tokenfab_factory import lanes, process
 from tokenfab_factory.factory import Factory, FactoryConfig, FactoryError
 from tokenfab_factory.racks import CLIQUE_LABEL, GPU_RESOURCE
 
@@ -204,9 +204,7 @@ def small_factory(tmp_path: Path):
 
 
 def factory_port_base() -> int:
-    import os
-
-    return int(os.environ.get("TOKENFAB_E2E_PORT_BASE", "32000")) + 100
+    return lanes.port_base() + 100
 
 
 def test_stale_run_and_dead_component_are_handled(small_factory):

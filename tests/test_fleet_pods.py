@@ -178,15 +178,23 @@ def test_a_wait_for_serving_says_the_last_answer_or_returns_once_served(tmp_path
 def test_the_runners_port_ranges_lie_below_the_kernels_ephemeral_ports():
     """A port the runner hands out is bound seconds later: in the ephemeral range, a socket bound to port 0
     meanwhile may take it first (a prefill mocker lost its bootstrap port so, and its worker answered 503)."""
+    from itertools import pairwise
     from pathlib import Path
 
     from e2e.fleet import runner
+    from tokenfab_factory import lanes
 
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    for lo, hi in (runner.DEFAULT_PORTS, runner.DEFAULT_SYSTEM_PORTS):
+    ranges = [runner.DEFAULT_PORTS, runner.DEFAULT_SYSTEM_PORTS]
+    ranges += [*lanes.RUNNER_PORTS, *lanes.RUNNER_SYSTEM_PORTS]
+    ranges += [(base, base + lanes.LANE_SPAN - 1) for base in lanes.LANE_BASES]  # (each lane's factories)
+    ranges += [(31000, 31499)]  # (the quick start's factory, never touched by the suite)
+    for lo, hi in ranges:
         assert 1024 <= lo <= hi < min(low, 32768), (lo, hi, low)
-    a, b = sorted((runner.DEFAULT_PORTS, runner.DEFAULT_SYSTEM_PORTS))
-    assert a[1] < b[0]  # (the two ranges apart)
+    assert lanes.RUNNER_PORTS[0] == runner.DEFAULT_PORTS
+    assert lanes.RUNNER_SYSTEM_PORTS[0] == runner.DEFAULT_SYSTEM_PORTS
+    for one, two in pairwise(sorted(set(ranges))):
+        assert one[1] < two[0], (one, two)  # (no two ranges meet: lanes side by side never share a port)
 
 
 def test_downward_volumes_are_projected_from_the_pods_own_metadata():

@@ -9,6 +9,7 @@ whole): a file over REPORT_FILE_LINES or a function over REPORT_FUNCTION_LINES i
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,7 @@ def test_the_sources_are_found():
     assert len(SOURCES) > 40
 
 
-def test_the_size_report(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_size_report(record_property: Callable[[str, object], None]) -> None:
     """Files and functions past the report's sizes, largest first (a report: read it, cut by concept)."""
     files = sorted(((len(p.read_text().splitlines()), _name(p)) for p in SOURCES), reverse=True)
     big = [f"{name}: {n} lines" for n, name in files if n > REPORT_FILE_LINES]
@@ -46,11 +47,9 @@ def test_the_size_report(capsys: pytest.CaptureFixture[str]) -> None:
         ((n, f"{_name(p)}:{line} {fn}") for p in SOURCES for fn, line, n in _functions(p)), reverse=True
     )
     long = [f"{where}: {n} lines" for n, where in funcs if n > REPORT_FUNCTION_LINES]
-    with capsys.disabled():
-        print(f"\nshape report: {len(big)} files over {REPORT_FILE_LINES} lines, {len(long)} functions over "
-              f"{REPORT_FUNCTION_LINES}")  # fmt: skip
-        for line in big + long:
-            print(f"  {line}")
+    head = f"shape report: {len(big)} files over {REPORT_FILE_LINES} lines"
+    head += f", {len(long)} functions over {REPORT_FUNCTION_LINES}"
+    record_property("shown", "\n".join([head, *(f"  {line}" for line in big + long)]))
     assert files[0][0] <= MAX_FILE_LINES, (
         f"{files[0][1]} has {files[0][0]} lines (the wall: {MAX_FILE_LINES})"
     )

@@ -29,11 +29,10 @@ from pathlib import Path
 from e2e.bench.autoscaler_bench import MAX_GROUPS, MIN_GROUPS, STEP, report, run, save
 
 
-def test_autoscaler_benchmark(tmp_path: Path, capsys):
+def test_autoscaler_benchmark(tmp_path: Path, record_property):
     result = run()
     paths = save(result, tmp_path, [], 0.0)
-    with capsys.disabled():
-        print("\n" + report(result))
+    record_property("shown", "\n" + report(result))
     saved = json.loads(paths["json"].read_text())
     assert saved["run"]["command"] == "python -m e2e.bench.autoscaler_bench"
     assert saved["policies"] == result["policies"]

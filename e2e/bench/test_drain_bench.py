@@ -28,7 +28,7 @@ from tokenfab_factory.factory import Factory
 pytestmark = pytest.mark.slow
 
 
-def test_drain_benchmark_smoke(operator: Factory, capsys):
+def test_drain_benchmark_smoke(operator: Factory, record_property):
     tools = fleet.tools()
     plan = drain_bench.SMOKE
     namespaces = drain_bench.namespaces(drain_bench.SMOKE_SCENARIOS, drain_bench.SMOKE_CONTESTANTS)
@@ -45,8 +45,8 @@ def test_drain_benchmark_smoke(operator: Factory, capsys):
     finally:
         operator.stop_extra(fleet.RUNNER)
     (operator.run / "drain-bench" / "smoke.json").write_text(json.dumps(result, indent=1))
-    with capsys.disabled():
-        print("\ndrain benchmark smoke (rollout of 3 decode groups)\n" + drain_bench.table(result))
+    title = "drain benchmark smoke (rollout of 3 decode groups)"
+    record_property("shown", f"\n{title}\n" + drain_bench.table(result))
     pair = result["scenarios"]["rollout"]
     for policy, r in pair.items():
         q = r["requests"]

@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 
 from e2e.bench.factory_bench import report, run
+from tokenfab_factory import lanes
 
 
 @pytest.mark.slow
-def test_factory_benchmark_64_racks_stays_healthy(capsys):
-    result = run([4, 64], hold=60)
-    with capsys.disabled():
-        print("\n" + report(result))
+def test_factory_benchmark_64_racks_stays_healthy(record_property):
+    result = run([4, 64], hold=60, port_base=lanes.port_base() + 250)
+    record_property("shown", "\n" + report(result))
     for start in result["starts"]:
         assert start["stayed_healthy"], (
             f"{start['racks']}-rack factory was not healthy: {start['samples'][-3:]}"

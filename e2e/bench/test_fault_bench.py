@@ -26,7 +26,7 @@ from tokenfab_factory.factory import Factory
 pytestmark = pytest.mark.slow
 
 
-def test_fault_benchmark_smoke(operator: Factory, capsys):
+def test_fault_benchmark_smoke(operator: Factory, record_property):
     tools = fleet.tools()
     plan = fault_bench.SMOKE
     names = fault_bench.namespaces(fault_bench.SMOKE_KINDS, fault_bench.SMOKE_CONTESTANTS, 1)
@@ -41,8 +41,7 @@ def test_fault_benchmark_smoke(operator: Factory, capsys):
         operator_up(operator, LIVENESS)  # (the suite's operator, as it was: tokenfab's reaction)
     result = {"runs": [one]}
     (operator.run / "fault-bench" / "smoke.json").write_text(json.dumps(result, indent=1))
-    with capsys.disabled():
-        print("\nfault benchmark smoke (a rack lost under load)\n" + fault_bench.table(result))
+    record_property("shown", "\nfault benchmark smoke (a rack lost under load)\n" + fault_bench.table(result))
     pair = one["faults"]["rack_loss"]
     for who, r in pair.items():
         q = r["requests"]

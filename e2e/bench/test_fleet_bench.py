@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 POLICIES = ("tokenfab", "tokenfab_kv_only", "static", "planner_baseline", "oracle")
 
 
-def test_fleet_benchmark_smoke(operator: Factory, capsys):
+def test_fleet_benchmark_smoke(operator: Factory, record_property):
     tools = fleet.tools()
     fleet.start_runner(operator, tools, namespaces=tuple(fleet_bench.namespace(p) for p in POLICIES))
     try:
@@ -55,8 +55,7 @@ def test_fleet_benchmark_smoke(operator: Factory, capsys):
         assert h["created_at"] - 1 <= h["started_at"] <= h["healthy_at"], h
     traces = fleet_bench.compact(bench, keep_series=False)
     (operator.run / "fleet-bench" / "smoke.json").write_text(json.dumps(traces, indent=1))
-    with capsys.disabled():
-        print("\n" + fleet_bench.table(traces, "fleet benchmark smoke (single short burst)"))
+    record_property("shown", "\n" + fleet_bench.table(traces, "fleet benchmark smoke (single short burst)"))
     assert not bench["errors"], bench["errors"]
     by = traces["single_burst"]
     assert set(by) == set(POLICIES)

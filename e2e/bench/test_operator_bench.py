@@ -19,10 +19,9 @@ from e2e.bench.operator_bench import report, run
 
 
 @pytest.mark.slow
-def test_operator_benchmark(operator, capsys):
+def test_operator_benchmark(operator, record_property):
     result = run(operator, trials=3, seeds=range(3))
-    with capsys.disabled():
-        print("\n" + report(result))
+    record_property("shown", "\n" + report(result))
     a = result["apply_to_ready"]
     assert len(a["tokenfab_seconds"]) == len(a["plain_deployment_seconds"]) == 3
     assert a["tokenfab_groups"] == [4, 4, 4], "the example's 2 prefill + 2 decode groups, every trial"

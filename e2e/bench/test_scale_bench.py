@@ -18,18 +18,19 @@ import pytest
 
 from e2e.bench import scale_bench
 from tokenfab.adapters.kube import KIND_RECHECK_SECONDS
+from tokenfab_factory import lanes
 
 pytestmark = pytest.mark.slow
 
 
-def test_scale_benchmark_smoke(tmp_path: Path, capsys):
+def test_scale_benchmark_smoke(tmp_path: Path, record_property):
     out = tmp_path / "results"
     argv = ["--racks", "8", "--deployments", "25", "--no-baseline-ref", "--idle", "20", "--cap", "300"]
-    scale_bench.main([*argv, "--run-dir", str(tmp_path / "run"), "--port-base", "30000", "--out", str(out)])
+    where = ["--run-dir", str(tmp_path / "run"), "--port-base", str(lanes.port_base() + 200)]
+    scale_bench.main([*argv, *where, "--out", str(out)])
     result = json.loads((out / "scale.json").read_text())
     assert result["run"]["command"].startswith("python -m e2e.bench.scale_bench --racks 8")
-    with capsys.disabled():
-        print("\nscale benchmark smoke\n" + scale_bench.report(result))
+    record_property("shown", "\nscale benchmark smoke\n" + scale_bench.report(result))
     ours = result["runs"]["tokenfab"]
     assert ours["ready_at_end"] == 25, ours["timeline"]
     assert ours["all_ready_seconds"] is not None

@@ -21,6 +21,7 @@ from e2e.fleet import runner
 from e2e.helpers import get_json, kubectl, wait_for
 from tokenfab.adapters import metrics
 from tokenfab.planning import contract as c
+from tokenfab_factory import lanes
 from tokenfab_factory.factory import Factory
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,9 +92,16 @@ def start_runner(
         str(speedup_ratio),
         *(["--namespaces", ",".join(namespaces)] if namespaces else []),
         *(["--start-delay", str(start_delay)] if start_delay else []),
+        *_lane_ports(),
     ]
     pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     return f.start_extra(name or RUNNER, argv, env={"PYTHONPATH": pythonpath})
+
+
+def _lane_ports() -> list[str]:
+    """The runner's port ranges: its test lane's, so that runners of lanes side by side never meet."""
+    (lo, hi), (slo, shi) = lanes.runner_ports()
+    return ["--ports", f"{lo}-{hi}", "--system-ports", f"{slo}-{shi}"]
 
 
 def runner_state(f: Factory) -> dict[str, Any]:
