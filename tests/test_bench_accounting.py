@@ -1,4 +1,4 @@
-"""How the benchmarks count requests and where they write (e2e/fleet/load.py, e2e/bench/record.py): every
+"""How the benchmarks count requests and where they write (e2e/fleet/load.py, e2e/record.py): every
 request a trace intended is completed, failed or never sent, goodput divides by what was intended, and
 a result file names the command and commit that made it."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.bench import record
+from e2e import record
 from e2e.fleet import load
 
 OSL = 100

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every benchmark the README quotes, one after another on this machine (about 3.5 hours on 2 cores; run
 # nothing else meanwhile: they share the cores with what they measure). Each writes its result file and
-# its history copy under e2e/bench/results/ (e2e/bench/record.py) and starts and stops its own factory.
+# its history copy under e2e/bench/results/ (e2e/record.py) and starts and stops its own factory.
 # Usage: bash e2e/bench/all.sh [name ...]   (names: autoscaler operator factory scale drain faults closed_loop fleet
 # fleet_cold fabric)
 set -euo pipefail

@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from e2e.bench import record
+from e2e import record
 from tokenfab.api.models import Autoscaling
 from tokenfab.planning.autoscaling import Demand, Memory, Sample, config_for, decide
 

@@ -17,7 +17,7 @@ aiperf plays a steady trace (0.5 requests/s of long streams: 450 tokens, 45-80 s
 speedup 0.3, longer on fewer groups) through the frontend. Every request the trace intended is counted
 once (e2e/fleet/load.py `account`): sent (the frontend's own counter), completed (every token asked
 for), failed (an error, cut short, or still pending when aiperf stopped waiting), never sent. A run that
-delivers less than 80% of what it intended fails loudly: it measured nothing. Saved (e2e/bench/record.py)
+delivers less than 80% of what it intended fails loudly: it measured nothing. Saved (e2e/record.py)
 to e2e/bench/results/drain.json and its history copy as {"scenarios": {scenario: {contestant: {requests:
 {intended, sent, completed, failed, never_sent}, ttft_p99_ms, drain_seconds, ...}}}}; nothing passes or
 fails on a time.
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from e2e.bench import record
+from e2e import record
 from e2e.fleet import fleet, load, plot
 from e2e.helpers import apply_yaml, get_json, kubectl, start_operator, wait_established, wait_for
 from tokenfab.planning import contract as c

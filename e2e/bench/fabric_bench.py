@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from e2e.bench import record
+from e2e import record
 from tokenfab.api.errors import parse_model_deployment
 from tokenfab.api.models import ModelDeployment
 from tokenfab.planning import builders as b

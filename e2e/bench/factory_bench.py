@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from e2e.bench import record
+from e2e import record
 from e2e.helpers import repeat_for
 from tokenfab_factory import process
 from tokenfab_factory.factory import Factory, FactoryConfig, default_bin_dir

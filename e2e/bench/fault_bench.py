@@ -26,7 +26,7 @@ the full capacity again and no group left on a faulted node (for a hung worker: 
 as capacity until its readiness probe fails, as a kubelet's would, though its streams hang);
 gpu_minutes_lost: the missing GPUs integrated over the observation. Times are measured on the factory
 (simulated nodes, mocker engines that start in a few seconds): they show the control plane's reaction, not
-a real engine's start. Saved (e2e/bench/record.py) to e2e/bench/results/faults.json as {"runs":
+a real engine's start. Saved (e2e/record.py) to e2e/bench/results/faults.json as {"runs":
 [{"faults": {kind: {contestant: {requests, recovery_s, gpu_minutes_lost, ...}}}}]}; nothing passes or
 fails on a time.
 
@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from e2e.bench import record
+from e2e import record
 from e2e.fleet import fleet, load
 from e2e.helpers import apply_yaml, get_json, kubectl, operator_up, wait_established, wait_for
 from tokenfab.planning import contract as c

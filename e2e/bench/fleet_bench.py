@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from e2e.bench import record
+from e2e import record
 from e2e.fleet import fleet, plot, scenario
 from tokenfab_factory.factory import Factory
 
@@ -321,7 +321,7 @@ def save(
     argv: list[str],
     started: float,
 ) -> dict[str, Path]:
-    """fleet_bench.json (e2e/bench/record.py): the first run's plain traces at the top (`traces`), its
+    """fleet_bench.json (e2e/record.py): the first run's plain traces at the top (`traces`), its
     cold-start traces under `cold_start`, and every run under `runs`."""
     paths = {"png": out / "fleet_bench.png"}
     first = runs[0] if runs else {}

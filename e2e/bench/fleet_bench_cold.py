@@ -39,7 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from e2e.bench import fleet_bench, record
+from e2e import record
+from e2e.bench import fleet_bench
 from e2e.fleet import fleet, scenario, weights_model
 from tokenfab_factory.drivers import STORAGE_CLASS
 

@@ -33,8 +33,7 @@ from typing import Any
 import yaml
 from kubernetes import client, watch
 
-from e2e import packing
-from e2e.bench import record
+from e2e import packing, record
 from e2e.bench.scale_bench import baseline_checkout
 from e2e.helpers import (
     apply_yaml,

@@ -12,7 +12,7 @@ operator), it records:
   (writes and reads per pass, from its request counters).
 
 The baseline operator runs with its own CRDs, and the run fails loudly when it does not make every
-deployment Ready (a baseline that cannot run measures nothing). Saved (e2e/bench/record.py) to
+deployment Ready (a baseline that cannot run measures nothing). Saved (e2e/record.py) to
 e2e/bench/results/scale.json and its history copy (or --out DIR); nothing passes or fails on a time.
 
     python -m e2e.bench.scale_bench                      # 64 racks, 200 deployments (about 5 minutes)
@@ -35,8 +35,7 @@ from typing import Any
 
 import yaml
 
-from e2e import helpers
-from e2e.bench import record
+from e2e import helpers, record
 from e2e.fleetmix import SCALE_MIX, asked_gpus, fleet, worker_pods
 from e2e.helpers import gpu_deployment, install_crds, repeat_for, wait_for, wait_healthy
 from tokenfab_factory.factory import Factory, FactoryConfig

@@ -3,7 +3,7 @@ made it: `python -m e2e.bench.summary [DIR]` (DIR: e2e/bench/results by default)
 fleet_bench|drain [DIR]` prints that file's tables as the README shows them.
 
 The README's figures are copied from this output; each of its benchmark figures names the result file, and
-this prints that file's `run` (e2e/bench/record.py) above its table. `check(DIR)` is what the unit tests
+this prints that file's `run` (e2e/record.py) above its table. `check(DIR)` is what the unit tests
 hold every committed result to: written by the code (a `run` with a commit and a `python -m` command) and
 with a history copy of its own, and every request reconciled (intended = completed + failed + never sent).
 """
@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from e2e.bench import drain_bench, record
+from e2e import record
+from e2e.bench import drain_bench
 
 
 def _ms(v: float | None) -> str:

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from e2e.bench import record
+from e2e import record
 from e2e.fleet import fleet, load
 from e2e.helpers import apply_yaml, install_crds, kubectl, start_operator, wait_for
 from tokenfab.planning import contract as c

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
 from tokenfab.launcher import manifest
-from tokenfab.launcher.fetch import LaunchError, Obtained, log
+from tokenfab.launcher.obtained import LaunchError, Obtained, log
 from tokenfab.launcher.weights import Fetch
 from tokenfab.planning import contract as c
 

@@ -27,8 +27,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
 
-from tokenfab.launcher.fetch import EXIT_NOT_FOUND, LaunchError, log, log_result, main_fetch_only, obtain
+from tokenfab.launcher.fetch import log_result, main_fetch_only, obtain
 from tokenfab.launcher.identity import ConfigError, read_identity
+from tokenfab.launcher.obtained import EXIT_NOT_FOUND, LaunchError, log
 from tokenfab.launcher.plan import EXIT_CONFIG, Endpoint, LaunchPlan, plan_launch
 from tokenfab.launcher.weights import with_model_path
 from tokenfab.planning import contract as c

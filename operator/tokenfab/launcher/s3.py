@@ -23,7 +23,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from tokenfab.launcher import manifest, mirror
-from tokenfab.launcher.fetch import EXIT_NOT_FOUND, LaunchError, Obtained, log
+from tokenfab.launcher.obtained import EXIT_NOT_FOUND, LaunchError, Obtained, log
 from tokenfab.launcher.weights import Fetch
 
 unsafe = mirror.unsafe

@@ -18,7 +18,7 @@ autoscaling step: signals, one role's evaluation, the frontend's size), signals 
 readings), topology and capacity (NVLink domains, the placement ledger), lifecycle and recovery (a
 group's state, backoff), groups (what to create, release, drain and delete per role), builders (the
 children's manifests, by concern), engine and contract (the engine config, the names shared with the
-worker images), autoscaling and forecast (the scaling policy), sla and sla_capacity (plans from a
+worker images), autoscaling and forecast (the scaling policy), sla (plans from a
 performance model), status (conditions and the status subresource).
 
 Importing the package has no side effects: it imports none of its modules.

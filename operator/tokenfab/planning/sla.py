@@ -4,8 +4,8 @@ The adapter `tokenfab.adapters.aic` runs NVIDIA aiconfigurator and turns its res
 this module chooses among them (the same ranking aiconfigurator uses: output tokens/s per GPU of the
 budget), turns the choice into tokenfab's terms (parallelism per role, a reduced prefill:decode ratio,
 MTP depth, replicas), prints the comparison table and merges a plan into a spec in memory. No I/O.
-Whether a plan's groups fit the cluster's free GPUs is `tokenfab.planning.sla_capacity` (its
-`check_capacity` and `CapacityReport` are importable from here too).
+`check_capacity` says whether a plan's groups fit the cluster's free GPUs: placed on the NVLink domains
+with the operator's own placement policy, group by group, largest first.
 
 aiconfigurator describes a worker as tp x pp x dp GPUs with MoE layers split moe_tp x moe_ep; TensorRT-LLM
 (and tokenfab's `parallelism`) calls the same worker tensor_parallel_size = tp x dp with
@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -34,8 +34,7 @@ from tokenfab.api.models import (
     Role,
     SpeculativeDecoding,
 )
-from tokenfab.planning.sla_capacity import CapacityReport as CapacityReport
-from tokenfab.planning.sla_capacity import check_capacity as check_capacity
+from tokenfab.planning.topology import Domain, GroupShape, PlacementPolicy, largest_block, place_sequence
 
 PlanMode = Literal["aggregated", "disaggregated"]
 PlanRoleName = Literal["prefill", "decode", "worker"]
@@ -459,3 +458,51 @@ def comparison_table(rows: Sequence[PlanRow]) -> str:
     for b in body:
         lines.append("  ".join(c.ljust(w) for c, w in zip(b, widths, strict=True)).rstrip())
     return "\n".join(lines)
+
+
+# Whether a plan fits the cluster.
+
+
+@dataclass(frozen=True)
+class CapacityReport:
+    """Whether a plan's groups fit the free GPUs of the NVLink domains, group by group."""
+
+    fits: bool
+    placements: list[tuple[str, int, str | None]]  # (group, GPUs, domain or None)
+    free_gpus: int
+    lines: list[str]
+
+
+def check_capacity(
+    row: PlanRow,
+    domains: Mapping[str, Domain],
+    gpus_per_node: int = 4,
+    policy: PlacementPolicy = "pack",
+) -> CapacityReport:
+    """Place the row's groups (largest first, as the operator plans decode before prefill) with the
+    operator's own policy, and say where each would go or what is missing."""
+    groups: list[tuple[str, int]] = []
+    for role in ("decode", "worker", "prefill"):
+        w = row.roles.get(role)
+        if w is not None:
+            groups.extend((f"{role}-{i}", w.gpus) for i in range(row.groups()[role]))
+    shapes = [GroupShape(gpus=g, gpus_per_node=gpus_per_node) for _, g in groups]
+    placed, _ = place_sequence(domains, shapes, policy)
+    free = sum(d.free_gpus for d in domains.values())
+    placements = [(name, g, where) for (name, g), where in zip(groups, placed, strict=True)]
+    lines = [f"{name}: {g} GPUs -> " + (where or "does not fit") for name, g, where in placements]
+    missing = [p for p in placements if p[2] is None]
+    fits = not missing
+    if fits:
+        used = sorted({p[2] for p in placements if p[2]})
+        where_all = ", ".join(used)
+        lines.append(f"fits: {row.gpus} GPUs in {len(used)} NVLink domain(s) ({where_all}); {free} GPUs free")
+    else:
+        block, where = largest_block(domains, shapes[0]) if shapes else (0, None)
+        lines.append(
+            f"does not fit: {len(missing)} of {len(placements)} groups have no NVLink domain with room "
+            f"({sum(p[1] for p in missing)} GPUs missing; {free} GPUs free over {len(domains)} domain(s), "
+            f"the largest free block for a {shapes[0].gpus}-GPU group is {block} GPUs"
+            + (f" in {where})" if where else ")")
+        )
+    return CapacityReport(fits=fits, placements=placements, free_gpus=free, lines=lines)

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "e2e" / "bench" / "results"
 # The tree whose changes would make a run's commit not the whole story (results themselves excluded).
 SOURCES = ("operator", "e2e", "crds", "charts", "pyproject.toml")
