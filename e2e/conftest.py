@@ -28,8 +28,8 @@ LIVENESS = E2E_PORT_BASE + 20
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if Path(str(item.fspath)).is_relative_to(ROOT / "e2e"):
+    for item in items:  # (the unit tests of e2e's own code, beside it, are marked `unit`: no factory)
+        if Path(str(item.fspath)).is_relative_to(ROOT / "e2e") and not item.get_closest_marker("unit"):
             item.add_marker(pytest.mark.e2e)
     # Lanes take whole modules (--dist loadfile) in this order: the longest first, so that no lane is
     # left with a long one at the end (see profile.LONGEST_FIRST).

@@ -12,7 +12,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/lib/bootstrap.sh"
 cd "$TOKENFAB_ROOT"
 
-say "ruff"; ruff check operator tests e2e; ruff format --check operator tests e2e
+say "ruff"; ruff check operator tests testing e2e; ruff format --check operator tests testing e2e
 say "mypy --strict"; mypy -p tokenfab -p tokenfab_factory -p e2e.fleet  # (packages: the fleet runner is imported as e2e.fleet)
 say "import-linter"; lint-imports
 say "CRDs are current"; tokenfab crds --check

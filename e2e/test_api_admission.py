@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from e2e.helpers import apply_yaml, kubectl
-from tests.cases import example_paths, invalid_cases
+from testing.cases import example_paths, invalid_cases
 from tokenfab.api.errors import SpecError, parse_model_deployment
 
 CASES = invalid_cases()

@@ -24,7 +24,7 @@ import yaml
 
 from e2e.conftest import E2E_PORT_BASE, ROOT
 from e2e.helpers import apply_yaml, condition, get_json, kubectl, wait_for
-from tests.cases import EXAMPLES
+from testing.cases import EXAMPLES
 from tokenfab_factory.factory import Factory, FactoryConfig
 
 

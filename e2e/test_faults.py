@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from e2e.helpers import apply_yaml, condition, get_json, kubectl, wait_for
-from tests.cases import EXAMPLES
+from testing.cases import EXAMPLES
 from tokenfab.planning import contract as c
 from tokenfab_factory import faults
 from tokenfab_factory.factory import Factory

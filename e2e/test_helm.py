@@ -41,8 +41,8 @@ from e2e.helpers import (
     wait_for,
     wait_healthy,
 )
-from tests.cases import load_example
-from tests.chart import CHART, wildcards
+from testing.cases import load_example
+from testing.chart import CHART, wildcards
 from tokenfab.leader import DURATION, LEASE_NAME, RETRY
 from tokenfab.planning import contract as c
 from tokenfab_factory import process

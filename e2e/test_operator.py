@@ -22,7 +22,7 @@ from e2e.helpers import (
     wait_for,
     wait_healthy,
 )
-from tests.cases import EXAMPLES
+from testing.cases import EXAMPLES
 from tokenfab.planning import contract as c
 from tokenfab_factory import process
 from tokenfab_factory.factory import Factory

@@ -8,7 +8,7 @@ from __future__ import annotations
 import yaml
 
 from e2e.helpers import apply_yaml, get_json, kubectl, wait_for
-from tests.cases import EXAMPLES
+from testing.cases import EXAMPLES
 from tokenfab.planning import contract as c
 from tokenfab_factory.drivers import STORAGE_CLASS
 from tokenfab_factory.factory import Factory

@@ -24,7 +24,7 @@ import yaml
 
 from e2e.conftest import E2E_PORT_BASE, LIVENESS
 from e2e.helpers import apply_yaml, condition, get_json, kubectl, namespace_maker, operator_replaced, wait_for
-from tests.cases import EXAMPLES
+from testing.cases import EXAMPLES
 from tokenfab.planning import contract as c
 from tokenfab_factory import process
 from tokenfab_factory.factory import Factory

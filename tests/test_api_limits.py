@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.cases import load_example, merge_patch
+from testing.cases import load_example, merge_patch
 from tokenfab.api import models as m
 from tokenfab.api.crd import model_deployment_crd
 from tokenfab.api.errors import SpecError, parse_model_deployment

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from tests.cases import load_example
+from testing.cases import load_example
 from tokenfab.api import models as m
 from tokenfab.api.crd import model_deployment_crd, nvlink_domain_crd, openapi_schema
 from tokenfab.api.errors import SpecError, parse_model_deployment

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tests.cases import example_paths, invalid_cases
+from testing.cases import example_paths, invalid_cases
 from tokenfab.api.crd import model_deployment_crd
 from tokenfab.api.errors import SpecError, load_manifests, parse_model_deployment
 from tokenfab.api.models import SPEC_RULES

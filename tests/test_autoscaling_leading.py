@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.cases import load_example, merge_patch
+from testing.cases import load_example, merge_patch
 from tokenfab.adapters.metrics import Reading
 from tokenfab.api.errors import parse_model_deployment
 from tokenfab.api.models import Autoscaling, ModelDeployment

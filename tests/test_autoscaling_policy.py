@@ -23,7 +23,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.cases import load_example, merge_patch
+from testing.cases import load_example, merge_patch
 from tokenfab.api.errors import parse_model_deployment
 from tokenfab.api.models import Autoscaling, AutoscalingStatus, ModelDeployment, ModelDeploymentStatus
 from tokenfab.planning import builders as b

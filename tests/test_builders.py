@@ -24,9 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.cases import example_paths, load_example, merge_patch
+from testing.cases import DOMAIN, UID, VARIANTS, env, example_paths, load_example, merge_patch, owner, spec_of
 from tokenfab.api.errors import parse_model_deployment
-from tokenfab.api.models import ModelDeploymentSpec
 from tokenfab.planning import builders as b
 from tokenfab.planning import contract as c
 from tokenfab.planning.builders.engine import _revision_inputs
@@ -35,37 +34,7 @@ from tokenfab.planning.units import rule
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 UPDATE = os.environ.get("TOKENFAB_UPDATE_GOLDEN") == "1"
-UID = "00000000-0000-0000-0000-000000000001"
-DOMAIN = "clique-a"
 GPU = "nvidia.com/gpu"
-
-
-def owner(name: str) -> b.Owner:
-    return b.Owner(name=name, namespace="ml", uid=UID)
-
-
-def spec_of(example: str, patch: dict[str, Any] | None = None) -> ModelDeploymentSpec:
-    """An example's spec, with an optional JSON merge patch on spec (validated like any manifest)."""
-    doc = load_example(example)
-    if patch:
-        doc["spec"] = merge_patch(doc["spec"], patch)
-    return parse_model_deployment(doc, example).spec
-
-
-def env(pod: dict[str, Any]) -> dict[str, str]:
-    """The container's environment as a kubelet resolves it (downward API fields from the pod's metadata;
-    a pod not yet created has no uid: a stand-in)."""
-    meta = pod["metadata"]
-    fields = {
-        "metadata.name": meta["name"],
-        "metadata.namespace": meta["namespace"],
-        "metadata.uid": meta.get("uid", f"uid-of-{meta['name']}"),
-    }
-    out = {}
-    for e in pod["spec"]["containers"][0]["env"]:
-        ref = (e.get("valueFrom") or {}).get("fieldRef")
-        out[e["name"]] = fields[ref["fieldPath"]] if ref else e.get("value")
-    return out
 
 
 def gpus(pod: dict[str, Any]) -> tuple[str, str]:
@@ -74,18 +43,6 @@ def gpus(pod: dict[str, Any]) -> tuple[str, str]:
 
 
 # ------------------------------------------------------------------------------------------ golden files
-
-VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
-    **{p.stem: (p.name, {}) for p in example_paths()},
-    "deepseek-r1-disaggregated-no-compute-domain": (
-        "deepseek-r1-disaggregated.yaml",
-        {"topology": {"computeDomain": False}},
-    ),
-    "deepseek-r1-disaggregated-etcd": (
-        "deepseek-r1-disaggregated.yaml",
-        {"serving": {"discovery": "etcd", "etcdEndpoints": "http://etcd.dynamo-system:2379"}},
-    ),
-}
 
 
 def render_children(example: str, patch: dict[str, Any]) -> list[dict[str, Any]]:

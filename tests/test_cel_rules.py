@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
-from tests.cases import example_paths, load_example
+from testing.cases import example_paths, load_example
 from tokenfab.api import models as m
 from tokenfab.api.cel import ObjectRule, Rule, ValueRule, cel_string
 from tokenfab.api.models import SPEC_RULES

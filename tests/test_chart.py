@@ -24,8 +24,8 @@ import yaml
 from typer.testing import CliRunner
 
 import tokenfab
-from tests.cases import ROOT
-from tests.chart import (
+from testing.cases import ROOT, spec_of
+from testing.chart import (
     CHART,
     CI_VALUES,
     CLUSTER_RULES,
@@ -42,7 +42,6 @@ from tests.chart import (
     template,
     wildcards,
 )
-from tests.test_builders import spec_of
 from tokenfab.adapters import telemetry
 from tokenfab.adapters.metrics import KV_METRIC
 from tokenfab.cli import app, render_crds

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.chart import helm
+from testing.chart import helm
 from tests.test_builders import VARIANTS, render_children
 
 CHECKOV = (

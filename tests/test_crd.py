@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.cases import ROOT
+from testing.cases import ROOT
 from tokenfab.api.crd import model_deployment_crd
 from tokenfab.cli import render_crds
 

@@ -18,8 +18,7 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
-from tests.cases import ROOT
-from tests.test_builders import DOMAIN, owner, spec_of
+from testing.cases import DOMAIN, ROOT, owner, spec_of
 from tokenfab.cli import app
 from tokenfab.planning import builders as b
 from tokenfab.planning import contract as c

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.chart import CLUSTER_RULES, NAMESPACED_RULES, merged
+from testing.chart import CLUSTER_RULES, NAMESPACED_RULES, merged
 from tokenfab import doctor as d
 from tokenfab.api import crd
 from tokenfab.planning import builders as b

@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.cases import example_paths
-from tests.test_builders import owner, spec_of
+from testing.cases import example_paths, owner, spec_of
 from tokenfab.api.models import UnitStatus
 from tokenfab.planning import builders as b
 from tokenfab.planning import contract as c

@@ -8,7 +8,7 @@ from concurrent.futures import Future
 from types import SimpleNamespace
 from typing import Any
 
-from tests.cases import load_example
+from testing.cases import load_example
 from tokenfab.api.errors import parse_model_deployment
 from tokenfab.api.models import ModelDeploymentSpec
 from tokenfab.execute import _submit_creates

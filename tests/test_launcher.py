@@ -28,8 +28,7 @@ import pytest
 import yaml
 
 import tokenfab.launcher
-from tests.cases import example_paths, load_example
-from tests.test_builders import DOMAIN, env, owner, spec_of
+from testing.cases import DOMAIN, env, example_paths, load_example, owner, spec_of
 from tokenfab.api.errors import parse_model_deployment
 from tokenfab.api.models import ModelDeploymentSpec, RoleName
 from tokenfab.fleet import facts

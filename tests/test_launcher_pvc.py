@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from tests.test_builders import env
+from testing.cases import env
 from tests.test_launcher import base_environ, fake_program, launcher, pod_args, rendered
 from tests.test_prestage import first_owner
 from tokenfab.launcher import fetch, mirror

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_builders import env
+from testing.cases import env
 from tests.test_launcher import (
     base_environ,
     fake_program,

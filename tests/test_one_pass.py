@@ -16,7 +16,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.cases import load_example
+from testing.cases import load_example
 from tokenfab.api.errors import parse_model_deployment
 from tokenfab.api.models import ModelDeployment, RoleName
 from tokenfab.planning import builders as b

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.cases import load_example
+from testing.cases import load_example
 from tests.test_one_pass import materialize, nodes_of, snapshot, used_by
 from tokenfab.api.errors import parse_model_deployment
 from tokenfab.api.models import ModelDeployment

@@ -2,7 +2,7 @@
 fails when either side drifts:
 
 - the worker and frontend command lines tokenfab renders (every example and variant), with the pods' own
-  environment, parsed by NVIDIA Dynamo 1.6.1's argument parsers (tests/upstream/dynamo_parse.py, run by
+  environment, parsed by NVIDIA Dynamo 1.6.1's argument parsers (testing/dynamo_parse.py, run by
   the Python of the pinned ai-dynamo);
 - every DYN_* variable tokenfab sets is one the ai-dynamo 1.6.1 package reads (its Python sources, or its
   compiled runtime), and none is one it declares deprecated;
@@ -10,7 +10,6 @@ fails when either side drifts:
   (tests/data/upstream/tensorrt_llm.json, with its source);
 - the metric names the autoscaler queries are the names Dynamo's worker and frontend export
   (dynamo.prometheus_names, and TensorRT-LLM's MetricsCollector for trtllm_*);
-- the factory's engine swap (e2e/fleet/pods.py) gives the mocker arguments its own parser takes;
 - the hub calls the launcher makes (snapshot_download, HfApi.model_info, disable_progress_bars) are in the
   huggingface_hub ai-dynamo 1.6.1 brings.
 """
@@ -18,16 +17,14 @@ fails when either side drifts:
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from e2e.fleet import pods as fleet_pods
-from tests.test_builders import VARIANTS, env, owner, spec_of
+from testing.cases import VARIANTS, env, rendered, spec_of
+from testing.upstream import DYNAMO_PYTHON, dynamo_site, parse_all
 from tokenfab.adapters import metrics
 from tokenfab.api.models import RESERVED_ENGINE_KEYS
 from tokenfab.planning import builders as b
@@ -35,9 +32,6 @@ from tokenfab.planning import contract as c
 from tokenfab.planning.engine import engine_config
 
 ROOT = Path(__file__).resolve().parents[1]
-VENVS = Path(os.environ.get("TOKENFAB_VENVS", Path.home() / ".cache" / "tokenfab" / "venvs"))
-DYNAMO_PYTHON = VENVS / "dynamo" / "bin" / "python"
-PROBE = ROOT / "tests" / "upstream" / "dynamo_parse.py"
 TRTLLM = json.loads((ROOT / "tests" / "data" / "upstream" / "tensorrt_llm.json").read_text())
 # Variables ai-dynamo 1.6.1 logs as "deprecated and no longer used" that still decide its behaviour.
 STILL_EFFECTIVE = {
@@ -52,45 +46,6 @@ SECTIONS = {
     "cuda_graph_config": "CudaGraphConfig",
     "cache_transceiver_config": "CacheTransceiverConfig",
 }
-
-
-def dynamo_site() -> Path:
-    assert DYNAMO_PYTHON.exists(), (
-        f"{DYNAMO_PYTHON} missing: e2e/fleet/setup.sh (run by e2e/test.sh) installs it"
-    )
-    out = subprocess.run(
-        [str(DYNAMO_PYTHON), "-c", "import dynamo; print(list(dynamo.__path__)[0])"],
-        capture_output=True, text=True, check=True, timeout=60,
-    )  # fmt: skip
-    return Path(out.stdout.strip())
-
-
-def rendered() -> list[tuple[str, str, dict[str, Any], dict[str, Any]]]:
-    """(variant, role or "frontend", pod spec, its spec) for every example and variant."""
-    out = []
-    for variant, (example, patch) in VARIANTS.items():
-        spec = spec_of(example, patch)
-        own = owner(f"x{abs(hash(variant)) % 1000}")
-        for role, _ in spec.roles():
-            pod = b.group_pods(own, spec, role, 0, "d", b.role_revision(spec, role))[0]
-            out.append((variant, role, pod, spec))
-        template = b.frontend_deployment(own, spec)["spec"]["template"]
-        frontend = {
-            "metadata": {**template["metadata"], "name": "fe", "namespace": own.namespace},
-            "spec": template["spec"],
-        }
-        out.append((variant, "frontend", frontend, spec))
-    return out
-
-
-def parse_all(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    dynamo_site()
-    done = subprocess.run(
-        [str(DYNAMO_PYTHON), str(PROBE)], input=json.dumps(cases), capture_output=True, text=True,
-        timeout=900, check=True,
-    )  # fmt: skip
-    results: list[dict[str, Any]] = json.loads(done.stdout)
-    return results
 
 
 @pytest.mark.slow
@@ -233,26 +188,6 @@ def test_the_metric_names_the_autoscaler_reads_are_dynamos():
     # Dynamo's TensorRT-LLM worker keeps TensorRT-LLM's own trtllm_ names on its /metrics.
     worker = (dynamo_site() / "trtllm" / "workers" / "llm_worker.py").read_text()
     assert '_metric_prefixes = ["trtllm_"]' in worker
-
-
-@pytest.mark.slow
-def test_the_factorys_engine_swap_gives_the_mocker_arguments_it_takes():
-    # (with the simulated fabric's KV hand-over cost, which prefill engines get)
-    m = fleet_pods.Mocker("/models/tiny", 48, 16, 0.3, "vllm", 900.0, 35136)
-    cases, engines = [], []
-    for _variant, role, pod, spec in rendered():
-        if role == "frontend":
-            continue
-        engine = fleet_pods.Engine(tuple(pod["spec"]["containers"][0]["args"]), 8)
-        argv = fleet_pods.mocker_argv(engine, m, 36101 if role == "prefill" else None)
-        assert argv[:2] == ["-m", "dynamo.mocker"]
-        cases.append({"kind": "mocker", "argv": argv[2:], "env": {}})
-        engines.append((spec, role))
-    for (spec, _role), got in zip(engines, parse_all(cases), strict=True):
-        assert "error" not in got, got
-        assert got["parsed"]["model_name"] == spec.model.name
-        assert got["parsed"]["num_workers"] == 1
-        assert got["parsed"]["num_gpu_blocks"] == 48 * 8
 
 
 def test_the_hub_calls_the_launcher_makes_are_in_the_pinned_huggingface_hub():

@@ -45,7 +45,7 @@ from e2e.helpers import (
     operator_up,
     wait_for,
 )
-from tests.cases import EXAMPLES
+from testing.cases import EXAMPLES
 from tokenfab.fleet.view import node_facts
 from tokenfab.planning import contract as c
 from tokenfab.planning.capacity import Constraints, snapshot

@@ -10,9 +10,11 @@ from typing import Any
 import pytest
 
 from e2e.fleet import fabric
-from tests.test_builders import DOMAIN, owner, spec_of
+from testing.cases import DOMAIN, owner, spec_of
 from tokenfab.planning import builders as b
 from tokenfab.planning import contract as c
+
+pytestmark = pytest.mark.unit  # (beside the code it tests; needs no factory)
 
 
 def _group(example: str, role: str, patch: dict[str, Any] | None = None) -> list[dict[str, Any]]:

@@ -11,6 +11,8 @@ import pytest
 from e2e import packing
 from tokenfab.planning.topology import Domain, GroupShape, first_fit
 
+pytestmark = pytest.mark.unit  # (beside the code it tests; needs no factory)
+
 
 def _fits(domain: Domain, shapes: list[GroupShape]) -> bool:
     """Whether the groups fit the domain's nodes together, one pod of a group per node (exhaustive)."""

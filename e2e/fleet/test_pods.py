@@ -11,10 +11,13 @@ import pytest
 
 from e2e.fleet import pods
 from e2e.fleet.runner import foreign_connections
-from tests.test_builders import DOMAIN, owner, spec_of
+from testing.cases import DOMAIN, owner, rendered, spec_of
+from testing.upstream import parse_all
 from tokenfab.planning import builders as b
 from tokenfab.planning import contract as c
 from tokenfab.planning.engine import engine_config, render
+
+pytestmark = pytest.mark.unit  # (beside the code it tests; needs no factory)
 
 
 def live(pod: dict) -> dict:
@@ -220,3 +223,23 @@ def test_a_prefill_engine_pays_its_units_kv_path_and_a_decode_engine_nothing():
             assert argv[argv.index("--kv-bytes-per-token") + 1] == "35136"
         else:
             assert "--kv-transfer-bandwidth" not in argv
+
+
+@pytest.mark.slow
+def test_the_factorys_engine_swap_gives_the_mocker_arguments_it_takes():
+    # (with the simulated fabric's KV hand-over cost, which prefill engines get)
+    m = pods.Mocker("/models/tiny", 48, 16, 0.3, "vllm", 900.0, 35136)
+    cases, engines = [], []
+    for _variant, role, pod, spec in rendered():
+        if role == "frontend":
+            continue
+        engine = pods.Engine(tuple(pod["spec"]["containers"][0]["args"]), 8)
+        argv = pods.mocker_argv(engine, m, 36101 if role == "prefill" else None)
+        assert argv[:2] == ["-m", "dynamo.mocker"]
+        cases.append({"kind": "mocker", "argv": argv[2:], "env": {}})
+        engines.append((spec, role))
+    for (spec, _role), got in zip(engines, parse_all(cases), strict=True):
+        assert "error" not in got, got
+        assert got["parsed"]["model_name"] == spec.model.name
+        assert got["parsed"]["num_workers"] == 1
+        assert got["parsed"]["num_gpu_blocks"] == 48 * 8

@@ -10,6 +10,8 @@ import pytest
 from e2e.bench import fleet_bench_cold
 from e2e.fleet import scenario, weights_model
 
+pytestmark = pytest.mark.unit  # (beside the code it tests; needs no factory)
+
 COLD = 60.0
 WARM = COLD * 70 / 533
 

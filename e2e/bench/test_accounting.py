@@ -12,6 +12,8 @@ import pytest
 from e2e import record
 from e2e.fleet import load
 
+pytestmark = pytest.mark.unit  # (beside the code it tests; needs no factory)
+
 OSL = 100
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from tests.cases import ROOT
+from testing.cases import ROOT
 
 CHART = ROOT / "charts" / "tokenfab"
 CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))

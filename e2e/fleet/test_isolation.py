@@ -11,7 +11,10 @@ import pytest
 
 from e2e.fleet import isolation
 
-pytestmark = pytest.mark.skipif(not isolation.available(), reason="mount namespaces need root and unshare")
+pytestmark = [
+    pytest.mark.unit,  # (beside the code it tests; needs no factory)
+    pytest.mark.skipif(not isolation.available(), reason="mount namespaces need root and unshare"),
+]
 
 
 def _tree(tmp_path: Path) -> tuple[Path, Path, Path, Path]:
