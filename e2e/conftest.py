@@ -10,6 +10,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,9 +32,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:  # (the unit tests of e2e's own code, beside it, are marked `unit`: no factory)
         if Path(str(item.fspath)).is_relative_to(ROOT / "e2e") and not item.get_closest_marker("unit"):
             item.add_marker(pytest.mark.e2e)
-    # Lanes take whole modules (--dist loadfile) in this order: the longest first, so that no lane is
-    # left with a long one at the end (see profile.LONGEST_FIRST).
+    # Lanes take whole groups (a module, or a chain of live-fleet modules: pytest_xdist_make_scheduler) in
+    # this order: the longest first, so that no lane is left with a long one at the end (e2e/profile.py).
     items.sort(key=lambda item: profile.rank(item.nodeid))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """The lanes' scheduler: xdist's by scope, with profile.group as the scope. (xdist_group markers do
+    not group under pytest 9, whose node ids are no longer the attribute xdist's loadgroup rewrites.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return profile.group(nodeid)
+
+    return ByGroup(config, log)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    profile.prioritize(item.nodeid)
 
 
 pytest_runtest_logreport = profile.record

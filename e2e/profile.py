@@ -1,12 +1,17 @@
 """The suite's profile: what each test module costs, and on which lane it ran (hooks of e2e/conftest.py).
 
-`bash e2e/test.sh` runs the modules side by side, one lane per pytest-xdist worker (`--dist loadfile`:
-a module stays on one lane, with its session factory). Modules are handed out longest first
-(LONGEST_FIRST, from the profile in docs/testing.md), then the other end-to-end modules, then the unit
-tests, which fill the lanes at the end. At the end of a run the profile is printed (seconds per module,
-setup and teardown included, and each lane's busy time) and written as JSON to TOKENFAB_SUITE_PROFILE
-when that is set. A test's report for the reader (a benchmark smoke's table) is recorded with
-`record_property("shown", text)` and printed at the end, since what a lane prints is not shown.
+`bash e2e/test.sh` runs the modules side by side, one lane per pytest-xdist worker (its scheduler by
+`group`: a module stays on one lane, with its session factory). The modules that run live Dynamo
+fleets (LIVE_CHAINS) are timed against a model of engine time and suffer when the two cores are shared by
+three of them: they run in two chains, each on one lane, one module after another, so that at most two
+fleets run at once. The other modules follow, longest first (LONGEST_FIRST, from the profile in
+docs/testing.md), then the other end-to-end modules, then the unit tests, which fill the lanes at the end
+at a lower priority (`prioritize`).
+
+At the end of a run the profile is printed (seconds per module, setup and teardown included, and each
+lane's busy time) and written as JSON to TOKENFAB_SUITE_PROFILE when that is set. A test's report for the
+reader (a benchmark smoke's table) is recorded with `record_property("shown", text)` and printed at the
+end, since what a lane prints is not shown.
 """
 
 from __future__ import annotations
@@ -17,25 +22,28 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+# Live fleets, in two chains of about equal time (docs/testing.md), longest chain first.
+LIVE_CHAINS = (
+    ("e2e/test_drain.py", "e2e/bench/test_fault_bench.py", "e2e/bench/test_fleet_bench.py"),
+    ("e2e/bench/test_drain_bench.py", "e2e/test_fleet.py"),
+)
+LIVE = tuple(m for chain in LIVE_CHAINS for m in chain)
 # Measured (docs/testing.md), longest first. A module not listed runs after these, e2e before unit tests.
 LONGEST_FIRST = (
-    "e2e/test_drain.py",
-    "e2e/bench/test_drain_bench.py",
-    "e2e/test_fleet.py",
-    "e2e/bench/test_fleet_bench.py",
-    "e2e/bench/test_fault_bench.py",
-    "e2e/test_resilience.py",
-    "tests/test_plan_aic.py",
+    *LIVE,
+    "e2e/test_fleet_burst.py",
     "e2e/bench/test_factory_bench.py",
     "e2e/bench/test_operator_bench.py",
-    "e2e/test_fleet_burst.py",
+    "tests/test_plan_aic.py",
+    "e2e/test_resilience.py",
     "e2e/test_autoscaling.py",
-    "e2e/test_factory.py",
-    "e2e/bench/test_scale_bench.py",
     "e2e/test_failures.py",
-    "e2e/test_faults.py",
+    "e2e/test_factory.py",
     "e2e/test_operator.py",
+    "e2e/bench/test_scale_bench.py",
     "e2e/test_helm.py",
+    "e2e/test_faults.py",
+    "tests/test_launcher.py",
 )
 
 _seconds: dict[str, float] = defaultdict(float)
@@ -45,7 +53,7 @@ _shown: list[tuple[str, str]] = []  # (test, text): what a test recorded with re
 
 
 def module_of(nodeid: str) -> str:
-    return nodeid.split("::", 1)[0]
+    return nodeid.split("::", 1)[0].split("@", 1)[0]
 
 
 def rank(nodeid: str) -> int:
@@ -53,6 +61,27 @@ def rank(nodeid: str) -> int:
     if module in LONGEST_FIRST:
         return LONGEST_FIRST.index(module)
     return len(LONGEST_FIRST) + (0 if module.startswith("e2e/") else 1)
+
+
+def group(nodeid: str) -> str:
+    """The module's xdist group: its chain's when it runs a live fleet, else its own."""
+    module = module_of(nodeid)
+    for i, chain in enumerate(LIVE_CHAINS):
+        if module in chain:
+            return f"live-fleets-{i + 1}"
+    return module
+
+
+def prioritize(nodeid: str) -> None:
+    """pytest_runtest_setup: a unit test runs at nice 10 (it only computes, and so yields the cores to the
+    live fleets beside it), anything else at the lane's own priority. Lowering it back needs root; without
+    root the lane stays where it is."""
+    want = 10 if module_of(nodeid).startswith("tests/") else 0
+    try:
+        if os.getpriority(os.PRIO_PROCESS, 0) != want:
+            os.setpriority(os.PRIO_PROCESS, 0, want)
+    except PermissionError:
+        pass
 
 
 def record(report: Any) -> None:

@@ -3,9 +3,9 @@
 # (ruff, mypy --strict, import-linter), the CRD freshness check, and pytest over the unit tests (tests/)
 # and the end-to-end tests (e2e/, on a local AI factory the tests start and stop themselves).
 # Extra arguments go to pytest, e.g. `e2e/test.sh -m "not e2e"` for the unit tests only.
-# Modules run side by side in TOKENFAB_TEST_LANES lanes (default 3; pytest-xdist, a module whole on one
-# lane, each lane with its own factory and ports: e2e/profile.py, tokenfab_factory/lanes.py); `-n 0`
-# runs them one after another.
+# Modules run side by side in TOKENFAB_TEST_LANES lanes (default 3; pytest-xdist: a module whole on one
+# lane, live fleets at most two at once, each lane with its own factory and ports: e2e/profile.py,
+# tokenfab_factory/lanes.py); `-n 0` runs them one after another.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=lib/bootstrap.sh

@@ -37,11 +37,16 @@ def seen_faults(f: Factory) -> set[tuple[str, str, str]]:
 
 def the_new_record(f: Factory, before: set[tuple[str, str, str]], node: str) -> dict[str, Any]:
     """This test's fault record of the node (an earlier test may have left one for the same node and group
-    slot: group names are reused)."""
-    records = md(f)["status"]["faults"]
-    new = [r for r in records if r["node"] == node and (r["time"], r["node"], r["kind"]) not in before]
-    assert len(new) == 1, (new, records)
-    return dict(new[0])
+    slot: group names are reused). The status write that records it may land after the replacement serves
+    (the pass that placed it writes the status last): waited for, up to 30 s."""
+
+    def new() -> list[dict[str, Any]]:
+        records = (md(f).get("status") or {}).get("faults") or []
+        return [r for r in records if r["node"] == node and (r["time"], r["node"], r["kind"]) not in before]
+
+    found = wait_for(f"a new fault record of {node}", new, timeout=30)
+    assert len(found) == 1, (found, md(f)["status"]["faults"])
+    return dict(found[0])
 
 
 def groups(f: Factory) -> dict[str, list[dict[str, Any]]]:
