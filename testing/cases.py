@@ -114,9 +114,9 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def rendered() -> list[tuple[str, str, dict[str, Any], dict[str, Any]]]:
+def rendered() -> list[tuple[str, str, dict[str, Any], ModelDeploymentSpec]]:
     """(variant, role or "frontend", pod spec, its spec) for every example and variant."""
-    out = []
+    out: list[tuple[str, str, dict[str, Any], ModelDeploymentSpec]] = []
     for variant, (example, patch) in VARIANTS.items():
         spec = spec_of(example, patch)
         own = owner(f"x{abs(hash(variant)) % 1000}")
