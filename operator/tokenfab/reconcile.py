@@ -33,7 +33,6 @@ from tokenfab.adapters import metrics, telemetry
 from tokenfab.adapters.kube import ApiError, Obj
 from tokenfab.api.errors import SpecError, parse_model_deployment
 from tokenfab.api.models import (
-    Autoscaling,
     Condition,
     ModelDeployment,
     ModelDeploymentSpec,
@@ -413,9 +412,8 @@ def begin(ctx: Context, key: Key, now: float) -> Result | None:
     return result
 
 
-def telemetry_hook(namespace: str, name: str, role: str, metric: str, d: Decision, a: Autoscaling) -> None:
-    target = a.target_kv_cache_utilization if metric == "kv_cache_utilization" else a.target_queue_depth
-    telemetry.AUTOSCALER_TARGET.labels(namespace, name, role, metric).set(target)
+def telemetry_hook(namespace: str, name: str, role: str, metric: str, d: Decision) -> None:
+    telemetry.AUTOSCALER_TARGET.labels(namespace, name, role, metric).set(d.target)
     if d.signal is not None:
         telemetry.AUTOSCALER_SIGNAL.labels(namespace, name, role, metric).set(d.signal)
     telemetry.SCALING_DECISIONS.labels(namespace, name, role, d.direction).inc()
@@ -424,7 +422,7 @@ def telemetry_hook(namespace: str, name: str, role: str, metric: str, d: Decisio
 def _report(ctx: Context, key: Key, body: Obj, snap: Snapshot, plan: Plan, result: Result) -> None:
     """The autoscaler's decisions: its metrics, its Events, the Result's record."""
     for role, metric, dec in plan.autoscaling.decisions if plan.autoscaling else []:
-        telemetry_hook(key[0], key[1], role, metric, dec, snap.spec.autoscaling)
+        telemetry_hook(key[0], key[1], role, metric, dec)
         result.decisions.append(f"{role}:{dec.direction}:{dec.reason}")
     for kind, reason, message in plan.events:
         ctx.kube.post_event(body, kind, reason, message)

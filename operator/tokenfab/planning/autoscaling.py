@@ -100,10 +100,20 @@ class Decision:
     recommendation: int | None  # before stabilization and step caps (within the bounds)
     memory: Memory = field(default_factory=Memory)
     metrics_ok: bool = True  # False: no data, or a group that counts sent no fresh sample
+    target: float = 0.0  # the target the signal was held against (telemetry and status read it here)
 
     @property
     def direction(self) -> str:
         return "up" if self.desired > self.current else "down" if self.desired < self.current else "hold"
+
+
+KV_UTILIZATION = "kv_cache_utilization"  # the signal scaled to a utilization target; any other: a queue depth
+
+
+def target_for(a: Autoscaling, metric: str) -> float:
+    """The target a signal is held against: the KV-cache utilization target, or the queue-depth one. The
+    one place it is derived; a Decision carries it on (Decision.target)."""
+    return a.target_kv_cache_utilization if metric == KV_UTILIZATION else a.target_queue_depth
 
 
 def config_for(
@@ -124,7 +134,7 @@ def config_for(
     else:
         horizon = DEFAULT_HORIZON
     return Config(
-        target=a.target_kv_cache_utilization if target is None else target,
+        target=target_for(a, KV_UTILIZATION) if target is None else target,
         min_groups=min_groups,
         max_groups=max_groups,
         tolerance=a.tolerance,
@@ -350,7 +360,7 @@ def decide(
         message += f"; no fresh sample from {missing} of {len(counted)} ready group(s)" + (
             ": no scale-down" if rec < current else ""
         )
-    return Decision(desired, current, reason, message, signal, rec, mem, metrics_ok=not missing)
+    return Decision(desired, current, reason, message, signal, rec, mem, not missing, cfg.target)
 
 
 @dataclass(frozen=True)
@@ -409,7 +419,7 @@ def _hold(
     mem = replace(memory, recommendations=history if why.metrics_ok else prune((*history, (now, desired))))
     if desired != current:
         mem = replace(mem, last_scale_time=now)
-    return Decision(desired, current, reason, message, None, None, mem, why.metrics_ok)
+    return Decision(desired, current, reason, message, None, None, mem, why.metrics_ok, cfg.target)
 
 
 def _proportional(signal: float, groups: int, current: int, cfg: Config) -> int:

@@ -29,7 +29,14 @@ from dataclasses import dataclass, field, replace
 
 from tokenfab.api.models import AutoscalingStatus, Condition, ModelDeployment, RoleBounds, RoleName
 from tokenfab.planning import builders as b
-from tokenfab.planning.autoscaling import Decision, config_for, decide, initial_groups
+from tokenfab.planning.autoscaling import (
+    KV_UTILIZATION,
+    Decision,
+    config_for,
+    decide,
+    initial_groups,
+    target_for,
+)
 from tokenfab.planning.lifecycle import GroupView, NodeHealth
 from tokenfab.planning.scaler import role as r
 from tokenfab.planning.scaler.frontend import size_frontend
@@ -134,8 +141,8 @@ def _evaluate(
     md, a, now, old = step.md, step.md.spec.autoscaling, step.now, step.old
     spec_role = md.spec.role(role)
     assert spec_role is not None
-    kv = metric == "kv_cache_utilization"
-    target = a.target_kv_cache_utilization if kv else a.target_queue_depth
+    kv = metric == KV_UTILIZATION
+    target = target_for(a, metric)
     lead = _lead_time(step, role, domains_for)
     cfg = config_for(a, bounds.min_replicas, bounds.max_replicas, target, lead, utilization=kv)
     current = old.desired.get(role)
@@ -163,7 +170,7 @@ def _evaluate(
         )
     decision = r.limit_to_fit(md, role, current, decision, memory, domains_for, step.limited)
     step.desired[role] = decision.desired
-    r.record(step.status, role, metric, target, current, decision, now)
+    r.record(step.status, role, metric, current, decision, now)
     step.decisions.append((role, metric, decision))
 
 

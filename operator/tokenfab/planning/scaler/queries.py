@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from tokenfab.api.models import ModelDeployment, RoleBounds, RoleName
 from tokenfab.planning import forecast
 from tokenfab.planning import signals as s
+from tokenfab.planning.autoscaling import KV_UTILIZATION
 from tokenfab.planning.scaler.memory import URGENT_GAP_SECONDS, due, remembered
 
 Reader = Callable[[str, str], s.Reading]  # (Prometheus URL, query) -> its reading
@@ -22,7 +23,7 @@ def scaled_roles(md: ModelDeployment) -> list[tuple[RoleName, RoleBounds, str]]:
     pairs: tuple[tuple[RoleName, RoleBounds | None], ...] = (("decode", a.decode), ("worker", a.worker))
     for role, bounds in pairs:
         if spec.role(role) is not None and bounds is not None:
-            out.append((role, bounds, "kv_cache_utilization"))
+            out.append((role, bounds, KV_UTILIZATION))
     if spec.prefill is not None and a.prefill is not None and spec.serving.ratio_policy == "independent":
         out.append(("prefill", a.prefill, "queue_depth"))
     return out
@@ -31,7 +32,7 @@ def scaled_roles(md: ModelDeployment) -> list[tuple[RoleName, RoleBounds, str]]:
 def signal_query(md: ModelDeployment, role: RoleName, metric: str) -> str:
     a = md.spec.autoscaling
     name, namespace = md.metadata.name or "", md.metadata.namespace or ""
-    if metric == "kv_cache_utilization":
+    if metric == KV_UTILIZATION:
         return s.kv_query(namespace, name, role, a.query)
     return s.queue_query(namespace, name, role)
 
@@ -50,7 +51,7 @@ def shared_queries(md: ModelDeployment) -> dict[str, str]:
         out["tokens"] = s.input_tokens_query(namespace, name, a.rate_window_seconds)
     if leading:
         for role, _, metric in scaled_roles(md):
-            if metric == "kv_cache_utilization" and spec.role(role) is not None:
+            if metric == KV_UTILIZATION and spec.role(role) is not None:
                 out[f"waiting:{role}"] = s.queue_query(namespace, name, role)
                 out["inflight"] = s.frontend_inflight_query(namespace, name)
     return out

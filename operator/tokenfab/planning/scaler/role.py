@@ -178,7 +178,6 @@ def record(
     status: AutoscalingStatus,
     role: RoleName,
     metric: str,
-    target: float,
     current: int,
     d: Decision,
     now: float,
@@ -201,7 +200,7 @@ def record(
             to_groups=d.desired,
             metric=metric,
             value=None if d.signal is None else round(d.signal, 4),
-            target=target,
+            target=d.target,
             reason=d.reason,
             message=d.message,
         )
