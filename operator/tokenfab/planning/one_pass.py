@@ -129,12 +129,8 @@ def desired_groups(md: ModelDeployment) -> dict[RoleName, int]:
     wanted = b.spec_groups(spec)
     scaler = md.status.autoscaling if md.status else None
     if spec.autoscaling.enabled and scaler is not None:
-        for role, n in scaler.desired.items():
-            if role in wanted:
-                wanted[role] = n
-        if "prefill" in wanted and "decode" in wanted and "prefill" not in scaler.desired:
-            wanted["prefill"] = b.follow_ratio(spec, wanted["decode"], wanted["prefill"])
-    return wanted
+        wanted.update({role: n for role, n in scaler.desired.items() if role in wanted})
+    return b.with_ratio(spec, wanted)
 
 
 def removing(
@@ -336,9 +332,7 @@ def _scale(
 
     warmth = weights_cache.node_warmth(spec, s.claims, s.caches.staged_elsewhere)
     outcome = autoscale(md, s.groups, s.health, capacity, s.now, reader, s.urgent, warmth)
-    desired.update(outcome.desired)
-    if "prefill" in desired and "decode" in desired and spec.serving.ratio_policy == "fixed":
-        desired["prefill"] = b.follow_ratio(spec, desired["decode"], desired["prefill"])
+    desired = dict(outcome.groups)
     if outcome.frontend_replicas is not None:  # the frontend sized from its ingress
         serving = spec.serving.model_copy(update={"frontend_replicas": outcome.frontend_replicas})
         spec = spec.model_copy(update={"serving": serving})

@@ -74,6 +74,7 @@ from tokenfab.planning.builders.roles import (
     pod_requests,
     ratio_prefill,
     spec_groups,
+    with_ratio,
     worker_resources,
 )
 from tokenfab.planning.builders.security import (
@@ -175,6 +176,7 @@ __all__ = [
     "weights_fetch_pod_name",
     "weights_key",
     "with_applied_hash",
+    "with_ratio",
     "worker_address",
     "worker_args",
     "worker_env",

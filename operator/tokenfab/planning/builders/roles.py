@@ -4,6 +4,7 @@ run, and how many groups the spec asks for."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from tokenfab.api.models import ModelDeploymentSpec, RoleName
 from tokenfab.planning.capacity import Constraints, Toleration, to_units
@@ -78,6 +79,14 @@ def spec_groups(spec: ModelDeploymentSpec) -> dict[RoleName, int]:
     out: dict[RoleName, int] = {}
     for name, role in spec.roles():
         out[name] = 1 if role.replicas is None else role.replicas
+    return with_ratio(spec, out)
+
+
+def with_ratio(spec: ModelDeploymentSpec, groups: Mapping[RoleName, int]) -> dict[RoleName, int]:
+    """Groups per role with prefill following decode by the fixed ratio: the one place a count of groups
+    gets the ratio (the spec's counts here, the autoscaler's in its Outcome, the remembered ones in
+    one_pass.desired_groups all come through it)."""
+    out = dict(groups)
     if "prefill" in out and "decode" in out:
         out["prefill"] = follow_ratio(spec, out["decode"], out["prefill"])
     return out

@@ -73,11 +73,12 @@ __all__ = [
 
 @dataclass
 class Outcome:
-    desired: dict[RoleName, int]
+    desired: dict[RoleName, int]  # the roles the autoscaler drives: their groups as it decided
     status: AutoscalingStatus
     conditions: list[Condition]
     decisions: list[tuple[RoleName, str, Decision]] = field(default_factory=list)  # role, metric, decision
     frontend_replicas: int | None = None  # None: the spec's serving.frontendReplicas
+    groups: dict[RoleName, int] = field(default_factory=dict)  # every role's groups, the ratio applied
 
 
 @dataclass
@@ -199,8 +200,9 @@ def _outcome(step: _Step) -> Outcome:
             memory.pop(stale)
     frontend = step.old.frontend_replicas if a.frontend is not None else None
     shared = step.shared
+    groups = b.with_ratio(md.spec, {**b.spec_groups(md.spec), **step.desired})
     if shared is None:  # nothing was due: the last conditions still stand
-        return Outcome(step.desired, status, [], step.decisions, frontend)
+        return Outcome(step.desired, status, [], step.decisions, frontend, groups)
     keep = max(30.0, 3.0 * a.interval_seconds)
     kept = [x for x in step.old.arrivals if len(x) >= 3 and now - x[0] <= keep and x[0] < now]
     status.arrivals = kept
@@ -214,7 +216,7 @@ def _outcome(step: _Step) -> Outcome:
         ]
     if a.frontend is not None:
         frontend = size_frontend(md, status, shared.rate, shared.tokens, now, partial=partial)
-    return Outcome(step.desired, status, _conditions(step), step.decisions, frontend)
+    return Outcome(step.desired, status, _conditions(step), step.decisions, frontend, groups)
 
 
 def autoscale(
