@@ -172,9 +172,9 @@ def test_the_start_time_is_learned_per_path_and_the_horizon_is_the_next_groups_p
     step = _Step(md, None, None, 0.0, False, 0.0, 100.0, {"warm": 40.0, "cold": 900.0})  # type: ignore[arg-type]
     nodes = nodes_of({"a": 4})
     warm_a = {"a-0": 0, "a-1": 0, "a-2": 0, "a-3": 0}
-    from tokenfab.planning.room import Capacity, Room
+    from tokenfab.planning.room import FreeDomains, Room
 
-    capacity = Capacity(Room.fixed(nodes, {}, b.placement_constraints(md.spec)), md.spec,
+    capacity = FreeDomains(Room.fixed(nodes, {}, b.placement_constraints(md.spec)), md.spec,
                         b.Owner(name="m", namespace="ns", uid="u"))  # fmt: skip
     assert _lead_time(step, "decode", capacity) == 100.0  # (no warmth known: every path's)
     step.warmth = warm_a

@@ -37,7 +37,7 @@ from tokenfab.planning.groups import DrainPolicy, RolePlan, plan_role
 from tokenfab.planning.launcher_log import Progress
 from tokenfab.planning.lifecycle import UNHEALTHY_GRACE, GroupView, NodeHealth, classify
 from tokenfab.planning.role_plan import FaultReaction
-from tokenfab.planning.room import Capacity, LazyDomains, Reservation, Room
+from tokenfab.planning.room import FreeDomains, LazyDomains, Reservation, Room
 from tokenfab.planning.scaler import Outcome, autoscale, next_due
 from tokenfab.planning.scaler.memory import parse
 from tokenfab.planning.signals import Reading
@@ -319,7 +319,7 @@ def role_units(x: RoleInputs, plans: list[RolePlan]) -> Units | None:
 
 
 def _scale(
-    s: Snapshot, capacity: Capacity
+    s: Snapshot, capacity: FreeDomains
 ) -> tuple[dict[RoleName, int], ModelDeploymentSpec, Outcome | None]:
     """The groups per role and the spec with the frontend's size, after the autoscaler's step."""
     spec, md = s.spec, s.md
@@ -387,7 +387,7 @@ def children(
 
 def plan(s: Snapshot) -> Plan:
     """Everything this pass decides, from what it observed."""
-    capacity = Capacity(s.room, s.spec, s.owner)
+    capacity = FreeDomains(s.room, s.spec, s.owner)
     desired, spec, outcome = _scale(s, capacity)
     old = failures_of(s.md.status)
     inputs = RoleInputs(

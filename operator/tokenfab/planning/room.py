@@ -1,7 +1,9 @@
 """Free NVLink-domain capacity as one plan sees it: `Room`, what the placement ledger saw free when the
-plan began (read at most once, and only by a plan that needs it), and `Capacity`, the free domains per role
-with the plan's own reservations taken off as it goes, role by role. Pure: the ledger (tokenfab.fleet.ledger)
-hands the plan its nodes and usage, and records the plan's `Reservation`s once the plan is made."""
+plan began (read at most once, and only by a plan that needs it), and `FreeDomains`, the free domains per
+role with the plan's own reservations taken off as it goes, role by role. Pure: the ledger
+(tokenfab.fleet.ledger) hands the plan its nodes and usage, and records the plan's `Reservation`s once the
+plan is made. (Not in tokenfab.planning.capacity, the scheduler's view of a node, which the builders
+import: a plan's room names its pods with the builders.)"""
 
 from __future__ import annotations
 
@@ -53,7 +55,7 @@ class Reservation:
     pods: Mapping[str, tuple[str, Resources]]
 
 
-class Capacity:
+class FreeDomains:
     """Per-role free domains inside one plan, the plan's own reservations taken off."""
 
     def __init__(self, room: Room, spec: ModelDeploymentSpec, owner: b.Owner) -> None:
