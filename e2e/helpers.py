@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 from tokenfab_factory.factory import Factory
 from tokenfab_factory.racks import GPU_RESOURCE
 
@@ -203,7 +203,7 @@ def restore_node(f: Factory, node: dict[str, Any]) -> None:
 
 def engine_configmaps(f: Factory, namespace: str, deployment: str, role: str) -> list[dict[str, Any]]:
     """The engine ConfigMaps of one role (one per revision still in use), by label."""
-    sel = f"{c.LABEL_DEPLOYMENT}={deployment},{c.LABEL_ROLE}={role},{c.COMPONENT}=worker"
+    sel = f"{contract.LABEL_DEPLOYMENT}={deployment},{contract.LABEL_ROLE}={role},{contract.COMPONENT}=worker"
     items: list[dict[str, Any]] = get_json(f, "configmap", "-n", namespace, "-l", sel)["items"]
     return items
 

@@ -16,7 +16,7 @@ import pytest
 
 from e2e.fleet.pods import target_labels
 from e2e.helpers import MetricsHandler, apply_yaml, condition, get_json, kubectl, wait_for
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 from tokenfab_factory import process
 from tokenfab_factory.factory import Factory
 
@@ -42,9 +42,11 @@ class FleetExporter:
                 pod = exporter.pods.get(self.path.removeprefix("/pods/"))
                 if pod is None:
                     return None
-                role = pod[c.PROM_LABEL_ROLE]
+                role = pod[contract.PROM_LABEL_ROLE]
                 groups = {
-                    p[c.PROM_LABEL_GROUP] for p in exporter.pods.values() if p[c.PROM_LABEL_ROLE] == role
+                    p[contract.PROM_LABEL_GROUP]
+                    for p in exporter.pods.values()
+                    if p[contract.PROM_LABEL_ROLE] == role
                 }
                 value = min(1.0, exporter.load[role] / max(1, len(groups)))
                 return f'dynamo_component_gpu_cache_usage_percent{{dp_rank="0"}} {value}\n'.encode()
@@ -64,7 +66,12 @@ class FleetExporter:
         while not self.stop.is_set():
             try:
                 items = get_json(
-                    self.f, "pods", "-n", NS, "-l", f"{c.LABEL_DEPLOYMENT}={NAME},{c.COMPONENT}=worker"
+                    self.f,
+                    "pods",
+                    "-n",
+                    NS,
+                    "-l",
+                    f"{contract.LABEL_DEPLOYMENT}={NAME},{contract.COMPONENT}=worker",
                 )
             except Exception:
                 items = {"items": []}
@@ -76,9 +83,9 @@ class FleetExporter:
                 pods[p["metadata"]["name"]] = {
                     "namespace": NS,
                     "pod": p["metadata"]["name"],
-                    c.PROM_LABEL_DEPLOYMENT: labels[c.LABEL_DEPLOYMENT],
-                    c.PROM_LABEL_ROLE: labels[c.LABEL_ROLE],
-                    c.PROM_LABEL_GROUP: labels[c.LABEL_GROUP],
+                    contract.PROM_LABEL_DEPLOYMENT: labels[contract.LABEL_DEPLOYMENT],
+                    contract.PROM_LABEL_ROLE: labels[contract.LABEL_ROLE],
+                    contract.PROM_LABEL_GROUP: labels[contract.LABEL_GROUP],
                 }
                 # the labels Kubernetes pod discovery gives the pod's metrics port: the factory's Prometheus
                 # relabels them with tokenfab's documented scrape job

@@ -19,7 +19,7 @@ import pytest
 
 from e2e.fleet import client, fleet
 from e2e.helpers import apply_yaml, get_json, wait_for
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 from tokenfab_factory.factory import Factory
 
 pytestmark = pytest.mark.slow
@@ -58,9 +58,15 @@ def up(f: Factory, doc: dict[str, Any]) -> str:
 
 
 def groups_of(f: Factory, name: str, role: str) -> list[str]:
-    pods = get_json(f, "pods", "-n", NS, "-l", f"{c.LABEL_DEPLOYMENT}={name},{c.LABEL_ROLE}={role}")["items"]
+    pods = get_json(
+        f, "pods", "-n", NS, "-l", f"{contract.LABEL_DEPLOYMENT}={name},{contract.LABEL_ROLE}={role}"
+    )["items"]
     return sorted(
-        {p["metadata"]["labels"][c.LABEL_GROUP] for p in pods if not p["metadata"].get("deletionTimestamp")}
+        {
+            p["metadata"]["labels"][contract.LABEL_GROUP]
+            for p in pods
+            if not p["metadata"].get("deletionTimestamp")
+        }
     )
 
 
@@ -79,11 +85,11 @@ def test_a_draining_group_takes_no_new_requests_and_goes_once_idle(live):
     apply_yaml(f, doc)
 
     def draining() -> str | None:
-        pods = get_json(f, "pods", "-n", NS, "-l", f"{c.LABEL_DEPLOYMENT}=drainy,{c.LABEL_ROLE}=decode")[
-            "items"
-        ]
-        marked = [p for p in pods if c.ANN_DRAINING in (p["metadata"].get("annotations") or {})]
-        return marked[0]["metadata"]["labels"][c.LABEL_GROUP] if marked else None
+        pods = get_json(
+            f, "pods", "-n", NS, "-l", f"{contract.LABEL_DEPLOYMENT}=drainy,{contract.LABEL_ROLE}=decode"
+        )["items"]
+        marked = [p for p in pods if contract.ANN_DRAINING in (p["metadata"].get("annotations") or {})]
+        return marked[0]["metadata"]["labels"][contract.LABEL_GROUP] if marked else None
 
     group = wait_for("a decode group draining", draining, timeout=60)
     t_drain = time.monotonic()
@@ -138,9 +144,9 @@ def test_a_rollout_brings_up_a_new_generation_and_never_mixes_them(live):
     doc = deployment(f, "roller", decode=2, drain=600)
     url = up(f, doc)
     old_rev = {
-        p["metadata"]["labels"][c.LABEL_REVISION]
-        for p in get_json(f, "pods", "-n", NS, "-l", f"{c.LABEL_DEPLOYMENT}=roller")["items"]
-        if c.LABEL_REVISION in p["metadata"]["labels"]
+        p["metadata"]["labels"][contract.LABEL_REVISION]
+        for p in get_json(f, "pods", "-n", NS, "-l", f"{contract.LABEL_DEPLOYMENT}=roller")["items"]
+        if contract.LABEL_REVISION in p["metadata"]["labels"]
     }
     assert len(old_rev) == 1, "prefill and decode share one revision (a generation)"
     load = client.Streams(url, fleet.MODEL_NAME, OSL, rate=0.6).start()
@@ -149,10 +155,10 @@ def test_a_rollout_brings_up_a_new_generation_and_never_mixes_them(live):
     apply_yaml(f, doc)
 
     def rolled() -> bool:
-        pods = get_json(f, "pods", "-n", NS, "-l", f"{c.LABEL_DEPLOYMENT}=roller,{c.COMPONENT}=worker")[
-            "items"
-        ]
-        revs = {p["metadata"]["labels"][c.LABEL_REVISION] for p in pods}
+        pods = get_json(
+            f, "pods", "-n", NS, "-l", f"{contract.LABEL_DEPLOYMENT}=roller,{contract.COMPONENT}=worker"
+        )["items"]
+        revs = {p["metadata"]["labels"][contract.LABEL_REVISION] for p in pods}
         ready = (fleet.role_status(f, NS, "roller").get("decode") or {}).get("readyGroups") == 2
         return bool(revs) and not revs & old_rev and ready
 
@@ -177,7 +183,7 @@ def test_a_rollout_brings_up_a_new_generation_and_never_mixes_them(live):
             or "dynamo_component_requests_total" not in final
         ):
             continue
-        key = (h.get("generation") or "", labels.get(c.PROM_LABEL_ROLE, ""))
+        key = (h.get("generation") or "", labels.get(contract.PROM_LABEL_ROLE, ""))
         served[key] = served.get(key, 0.0) + final["dynamo_component_requests_total"]
     print(json.dumps({f"{g}/{r}": v for (g, r), v in served.items()}))
     old = {r: v for (g, r), v in served.items() if g in {x[:8] for x in old_rev}}

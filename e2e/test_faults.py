@@ -17,7 +17,7 @@ import yaml
 
 from e2e.helpers import apply_yaml, condition, get_json, kubectl, wait_for
 from testing.cases import EXAMPLES
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 from tokenfab_factory import faults
 from tokenfab_factory.factory import Factory
 from tokenfab_factory.racks import CLIQUE_LABEL, RACK_LABEL
@@ -51,9 +51,9 @@ def the_new_record(f: Factory, before: set[tuple[str, str, str]], node: str) -> 
 
 def groups(f: Factory) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
-    sel = f"{c.LABEL_DEPLOYMENT}={NAME},{c.COMPONENT}=worker"
+    sel = f"{contract.LABEL_DEPLOYMENT}={NAME},{contract.COMPONENT}=worker"
     for p in get_json(f, "pods", "-n", NS, "-l", sel)["items"]:
-        out.setdefault(p["metadata"]["labels"][c.LABEL_GROUP], []).append(p)
+        out.setdefault(p["metadata"]["labels"][contract.LABEL_GROUP], []).append(p)
     return out
 
 
@@ -68,7 +68,7 @@ def serving(gs: dict[str, list[dict[str, Any]]], role: str) -> set[str]:
     return {
         g
         for g, pods in gs.items()
-        if pods[0]["metadata"]["labels"][c.LABEL_ROLE] == role and all(ready(p) for p in pods)
+        if pods[0]["metadata"]["labels"][contract.LABEL_ROLE] == role and all(ready(p) for p in pods)
     }
 
 
@@ -239,7 +239,7 @@ def on_node(f: Factory, node: str) -> list[str]:
 
 
 def frontend_pods(f: Factory) -> list[dict[str, Any]]:
-    sel = f"{c.LABEL_DEPLOYMENT}={NAME},{c.COMPONENT}=frontend"
+    sel = f"{contract.LABEL_DEPLOYMENT}={NAME},{contract.COMPONENT}=frontend"
     items: list[dict[str, Any]] = get_json(f, "pods", "-n", NS, "-l", sel)["items"]
     return items
 
@@ -275,7 +275,7 @@ def test_a_frontend_on_a_quarantined_node_is_replaced_elsewhere_before_it_goes(d
         assert name in moved[-1]["message"], moved
         assert node in moved[-1]["message"], moved
         template = get_json(f, "deployment", f"{NAME}-frontend", "-n", NS)["spec"]["template"]["metadata"]
-        assert template["annotations"][c.ANN_REPLACES] == name
+        assert template["annotations"][contract.ANN_REPLACES] == name
     finally:
         faults.heal(f, [node])
 
@@ -333,7 +333,7 @@ def test_a_compute_domain_gone_not_ready_loses_its_group_and_it_is_re_placed(dep
     wait_for("Ready before the fault", lambda: is_ready(f), timeout=120)
     victim, pods = decode_group(f)
     # (its prefill-decode unit's ComputeDomain: every group of the unit holds a channel of it)
-    domain = f"{NAME}-unit-{pods[0]['metadata']['labels'][c.LABEL_UNIT]}-imex"
+    domain = f"{NAME}-unit-{pods[0]['metadata']['labels'][contract.LABEL_UNIT]}-imex"
     broken = get_json(f, "computedomains", domain, "-n", NS)["metadata"]["uid"]
     faults.break_domain(f, NS, domain)
     try:
@@ -347,7 +347,7 @@ def test_a_compute_domain_gone_not_ready_loses_its_group_and_it_is_re_placed(dep
         # one is still there, or their unit's made anew once it is gone
         gs = groups(f)
         for g in serving(gs, "decode"):
-            unit = gs[g][0]["metadata"]["labels"][c.LABEL_UNIT]
+            unit = gs[g][0]["metadata"]["labels"][contract.LABEL_UNIT]
             cd = get_json(f, "computedomains", f"{NAME}-unit-{unit}-imex", "-n", NS)
             assert cd["metadata"]["uid"] != broken, f"{g} holds the broken ComputeDomain's channel"
         assert "ComputeDomainNotReady" in {e["reason"] for e in events(f)}
@@ -361,7 +361,7 @@ def test_a_worker_that_stops_answering_on_a_healthy_node_loses_its_group(deploye
     victim, pods = decode_group(f)
     worker = sorted(pods, key=lambda p: p["metadata"]["name"])[-1]
     node = worker["spec"]["nodeName"]
-    assert worker["spec"]["containers"][0]["startupProbe"]["httpGet"]["path"] == c.HEALTH_PATH
+    assert worker["spec"]["containers"][0]["startupProbe"]["httpGet"]["path"] == contract.HEALTH_PATH
     time.sleep(2)  # (a kubelet's readiness verdict comes after 3 failed probes 10 s apart, never within 1 s)
     print("\n" + faults.hang(f, NS, worker["metadata"]["name"]))
     took = replaced(f, pods, "the hung worker's group re-placed", 180, {})
@@ -371,7 +371,7 @@ def test_a_worker_that_stops_answering_on_a_healthy_node_loses_its_group(deploye
     r = records[-1]
     assert (r["group"], r["node"], r["reaction"]) == (victim, node, "Replaced")
     assert worker["metadata"]["name"] in r["message"]
-    assert r["faultedDomain"] == worker["metadata"]["labels"][c.LABEL_DOMAIN]
+    assert r["faultedDomain"] == worker["metadata"]["labels"][contract.LABEL_DOMAIN]
     assert r["replacement"]
     assert "WorkerUnhealthy" in {e["reason"] for e in events(f)}
     # Its node was healthy all along: nothing cordoned it, and it takes groups again.

@@ -23,8 +23,7 @@ import pytest
 
 from e2e.fleet import fleet, load, plot, scenario
 from e2e.helpers import apply_yaml, get_json, wait_for
-from tokenfab.planning import contract as c
-from tokenfab.planning import signals
+from tokenfab.planning import contract, signals
 from tokenfab_factory import process
 from tokenfab_factory.factory import Factory
 
@@ -181,7 +180,7 @@ def test_the_simulated_fabric_serves_a_group_on_its_imex_channel_and_fails_mnnvl
     doc["spec"]["decode"]["parallelism"] = {"tensor": 8}  # two trays: one ComputeDomain, NCCL's MNNVL
     apply_yaml(f, doc)
     fleet.serving(f, NS, "fabric", timeout=240)
-    sel = f"{c.LABEL_DEPLOYMENT}=fabric,{c.LABEL_ROLE}=decode"
+    sel = f"{contract.LABEL_DEPLOYMENT}=fabric,{contract.LABEL_ROLE}=decode"
     decode = get_json(f, "pods", "-n", NS, "-l", sel)["items"]
     assert len(decode) == 2
     for pod in decode:

@@ -27,7 +27,7 @@ from e2e.helpers import (
     restore_node,
     wait_for,
 )
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 from tokenfab_factory.factory import Factory
 from tokenfab_factory.racks import CLIQUE_LABEL, RACK_LABEL
 
@@ -81,7 +81,7 @@ def settled(f: Factory, ns: str, n: int) -> dict[str, Any] | None:
             return None
     pods = [
         p
-        for p in get_json(f, "pods", "-n", ns, "-l", f"{c.COMPONENT}=worker")["items"]
+        for p in get_json(f, "pods", "-n", ns, "-l", f"{contract.COMPONENT}=worker")["items"]
         if not p["metadata"].get("deletionTimestamp")
     ]
     if any(p["status"].get("phase") == "Pending" for p in pods):
@@ -96,10 +96,10 @@ def check_settled(f: Factory, state: dict[str, Any]) -> dict[str, Any]:
     }
     groups: dict[str, list[dict]] = defaultdict(list)
     for p in state["pods"]:
-        groups[p["metadata"]["labels"][c.LABEL_GROUP]].append(p)
+        groups[p["metadata"]["labels"][contract.LABEL_GROUP]].append(p)
     half_bound = []
     for name, members in groups.items():
-        size = int(members[0]["metadata"]["annotations"][c.ANN_GROUP_SIZE])
+        size = int(members[0]["metadata"]["annotations"][contract.ANN_GROUP_SIZE])
         bound = [p for p in members if p["spec"].get("nodeName")]
         if len(members) != size or len(bound) != size:
             half_bound.append(name)
@@ -118,7 +118,7 @@ def check_settled(f: Factory, state: dict[str, Any]) -> dict[str, Any]:
             assert "GPUs" in placed["message"], placed["message"]
             reasons[placed["reason"]] += 1
     placed_gpus = sum(
-        int(p["metadata"]["annotations"][c.ANN_GROUP_GPUS]) for g in groups.values() for p in g[:1]
+        int(p["metadata"]["annotations"][contract.ANN_GROUP_GPUS]) for g in groups.values() for p in g[:1]
     )
     # No node holds more GPUs than it has (the scheduler's check, seen from the outside).
     per_node: Counter[str] = Counter()
@@ -222,9 +222,11 @@ def test_a_burst_with_a_node_lost_and_a_rack_cordoned_settles_on_the_gate_path(
                 assert p["spec"]["nodeName"] != lost["metadata"]["name"]
             # The gate path: no PodGroups, and the pods of multi-node groups were released (gates lifted).
             assert not get_json(f, "podgroups.scheduling.k8s.io", "-n", ns)["items"]
-            multi = [p for p in state["pods"] if int(p["metadata"]["annotations"][c.ANN_GROUP_SIZE]) > 1]
+            multi = [
+                p for p in state["pods"] if int(p["metadata"]["annotations"][contract.ANN_GROUP_SIZE]) > 1
+            ]
             assert multi
-            assert all(c.ANN_RELEASED in p["metadata"]["annotations"] for p in multi)
+            assert all(contract.ANN_RELEASED in p["metadata"]["annotations"] for p in multi)
             assert not any(p["spec"].get("schedulingGates") for p in state["pods"])
         finally:
             for name in cordoned:

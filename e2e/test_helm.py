@@ -44,7 +44,7 @@ from e2e.helpers import (
 from testing.cases import load_example
 from testing.chart import CHART, wildcards
 from tokenfab.leader import DURATION, LEASE_NAME, RETRY
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 from tokenfab_factory import process
 from tokenfab_factory.factory import Factory
 
@@ -59,8 +59,8 @@ STANDBY = "operator-helm-standby"
 HEALTH = E2E_PORT_BASE + 30  # the admin operator uses LIVENESS (base + 20) and LIVENESS + 1
 STANDBY_HEALTH = E2E_PORT_BASE + 32  # and its metrics on + 33
 POD_NAME = "tokenfab-local"  # what the pod's downward API would give the process: its Lease identity
-LEGACY_FINALIZER = f"{c.DOMAIN}/finalizer"  # what kopf's change handlers of earlier versions put on
-LEGACY_ANNOTATION = f"{c.DOMAIN}/last-handled-configuration"
+LEGACY_FINALIZER = f"{contract.DOMAIN}/finalizer"  # what kopf's change handlers of earlier versions put on
+LEGACY_ANNOTATION = f"{contract.DOMAIN}/last-handled-configuration"
 DENIAL = re.compile(r"forbidden|not enough permissions|unauthorized", re.I)
 
 
@@ -259,7 +259,7 @@ def children(f: Factory, ns: str, owner: str) -> list[str]:
         kinds += ",podgroups.scheduling.k8s.io"
     if kubectl(f, "get", "computedomains.resource.nvidia.com", "-n", ns, check=False).returncode == 0:
         kinds += ",computedomains.resource.nvidia.com"
-    out = kubectl(f, "get", kinds, "-n", ns, "-l", f"{c.LABEL_DEPLOYMENT}={owner}", "-o", "name")
+    out = kubectl(f, "get", kinds, "-n", ns, "-l", f"{contract.LABEL_DEPLOYMENT}={owner}", "-o", "name")
     return out.stdout.split()
 
 
@@ -288,12 +288,18 @@ def example(name: str, ns: str, **spec: Any) -> dict[str, Any]:
 
 
 def worker_groups(f: Factory, ns: str, owner: str) -> set[str]:
-    sel = f"{c.LABEL_DEPLOYMENT}={owner},{c.COMPONENT}=worker"
-    return {p["metadata"]["labels"][c.LABEL_GROUP] for p in get_json(f, "pods", "-n", ns, "-l", sel)["items"]}
+    sel = f"{contract.LABEL_DEPLOYMENT}={owner},{contract.COMPONENT}=worker"
+    return {
+        p["metadata"]["labels"][contract.LABEL_GROUP]
+        for p in get_json(f, "pods", "-n", ns, "-l", sel)["items"]
+    }
 
 
 def compute_domains(f: Factory, ns: str) -> set[str]:
-    return {d["metadata"]["labels"][c.LABEL_GROUP] for d in get_json(f, "computedomains", "-n", ns)["items"]}
+    return {
+        d["metadata"]["labels"][contract.LABEL_GROUP]
+        for d in get_json(f, "computedomains", "-n", ns)["items"]
+    }
 
 
 # ------------------------------------------------------------------------------------ the install
@@ -490,13 +496,15 @@ def test_deepseek_becomes_ready_under_the_chart_rbac(chart: ChartOperator) -> No
     # No finalizer and no kopf bookkeeping on the object; the operator posted Events (create events).
     assert not obj["metadata"].get("finalizers"), obj["metadata"]
     annotations = obj["metadata"].get("annotations") or {}
-    assert not [a for a in annotations if a.startswith(f"{c.DOMAIN}/last-handled")], annotations
+    assert not [a for a in annotations if a.startswith(f"{contract.DOMAIN}/last-handled")], annotations
     events = get_json(f, "events", "-n", NS, "--field-selector", "involvedObject.name=deepseek-r1")["items"]
     ours = [e for e in events if e["source"].get("component") == "tokenfab-operator"]
     assert "AllGroupsReady" in {e["reason"] for e in ours}
     # Services, the frontend Deployment and the engine ConfigMaps were applied.
     assert len(engine_configmaps(f, NS, "deepseek-r1", "decode")) == 1
-    assert len(get_json(f, "services", "-n", NS, "-l", f"{c.LABEL_DEPLOYMENT}=deepseek-r1")["items"]) == 2
+    assert (
+        len(get_json(f, "services", "-n", NS, "-l", f"{contract.LABEL_DEPLOYMENT}=deepseek-r1")["items"]) == 2
+    )
     # The chart's metrics flags work.
     metrics = chart.metrics()
     assert f'tokenfab_groups_ready{{deployment="deepseek-r1",namespace="{NS}",role="decode"}} 2.0' in metrics
@@ -527,7 +535,10 @@ def test_nvlink_domain_inventory_under_the_chart_rbac(chart: ChartOperator) -> N
         {
             "apiVersion": "tokenfab.dev/v1alpha1",
             "kind": "NVLinkDomain",
-            "metadata": {"name": "helm-e2e-stale", "labels": {c.MANAGED_BY: c.MANAGED_BY_VALUE}},
+            "metadata": {
+                "name": "helm-e2e-stale",
+                "labels": {contract.MANAGED_BY: contract.MANAGED_BY_VALUE},
+            },
         },
     )
     chart.stop()

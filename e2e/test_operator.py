@@ -23,7 +23,7 @@ from e2e.helpers import (
     wait_healthy,
 )
 from testing.cases import EXAMPLES
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 from tokenfab_factory import process
 from tokenfab_factory.factory import Factory
 from tokenfab_factory.racks import CLIQUE_LABEL
@@ -53,14 +53,14 @@ def is_ready(f: Factory, name: str = "deepseek-r1", ns: str = NS) -> bool:
 
 
 def worker_pods(f: Factory, ns: str = NS, owner: str = "deepseek-r1") -> list[dict]:
-    sel = f"{c.LABEL_DEPLOYMENT}={owner},{c.COMPONENT}=worker"
+    sel = f"{contract.LABEL_DEPLOYMENT}={owner},{contract.COMPONENT}=worker"
     return get_json(f, "pods", "-n", ns, "-l", sel)["items"]
 
 
 def groups(pods: list[dict]) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     for p in pods:
-        out.setdefault(p["metadata"]["labels"][c.LABEL_GROUP], []).append(p)
+        out.setdefault(p["metadata"]["labels"][contract.LABEL_GROUP], []).append(p)
     return out
 
 
@@ -88,7 +88,7 @@ def test_deepseek_becomes_ready_with_every_group_in_one_clique(operator):
         domains = {cliques[p["spec"]["nodeName"]] for p in members}
         assert len(domains) == 1, f"group {name} split across NVLink domains: {domains}"
         assert placement[name] == domains.pop()
-        assert sorted(int(p["metadata"]["labels"][c.LABEL_RANK]) for p in members) == list(
+        assert sorted(int(p["metadata"]["labels"][contract.LABEL_RANK]) for p in members) == list(
             range(len(members))
         )
     # Two prefill-decode units (a decode group and the prefill group that feeds it), each in one NVLink
@@ -106,7 +106,7 @@ def test_deepseek_becomes_ready_with_every_group_in_one_clique(operator):
         assert len({cliques[p["spec"]["nodeName"]] for p in members}) == 1, f"unit {n} split: {unit}"
         assert unit["path"] == "nvlink"
         for p in members:
-            assert p["metadata"]["labels"][c.LABEL_UNIT] == str(n)
+            assert p["metadata"]["labels"][contract.LABEL_UNIT] == str(n)
             assert p["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] == f"deepseek-r1-unit-{n}-imex"
     assert obj["status"]["kvPath"] == "2 nvlink"
     for members in by_group.values():
@@ -208,9 +208,9 @@ def test_sigkill_during_a_rollout_converges_to_exactly_the_desired_groups(operat
     f = operator
     wait_for("Ready before the rollout", lambda: is_ready(f), timeout=60)
     old_rev = {
-        p["metadata"]["labels"][c.LABEL_REVISION]
+        p["metadata"]["labels"][contract.LABEL_REVISION]
         for p in worker_pods(f)
-        if p["metadata"]["labels"][c.LABEL_ROLE] == "decode"
+        if p["metadata"]["labels"][contract.LABEL_ROLE] == "decode"
     }
     doc = deepseek()
     doc["spec"]["decode"]["maxBatchSize"] = 128
@@ -223,7 +223,7 @@ def test_sigkill_during_a_rollout_converges_to_exactly_the_desired_groups(operat
         ready_decode = sum(
             1
             for m in groups(worker_pods(f)).values()
-            if m[0]["metadata"]["labels"][c.LABEL_ROLE] == "decode"
+            if m[0]["metadata"]["labels"][contract.LABEL_ROLE] == "decode"
             and all(
                 any(
                     cd["type"] == "Ready" and cd["status"] == "True"
@@ -238,18 +238,18 @@ def test_sigkill_during_a_rollout_converges_to_exactly_the_desired_groups(operat
 
     def converged() -> bool:
         pods = worker_pods(f)
-        by_role = Counter(m[0]["metadata"]["labels"][c.LABEL_ROLE] for m in groups(pods).values())
+        by_role = Counter(m[0]["metadata"]["labels"][contract.LABEL_ROLE] for m in groups(pods).values())
         revs = {
-            p["metadata"]["labels"][c.LABEL_REVISION]
+            p["metadata"]["labels"][contract.LABEL_REVISION]
             for p in pods
-            if p["metadata"]["labels"][c.LABEL_ROLE] == "decode"
+            if p["metadata"]["labels"][contract.LABEL_ROLE] == "decode"
         }
         return by_role == Counter({"decode": 2, "prefill": 2}) and not (revs & old_rev) and is_ready(f)
 
     wait_for("exactly 2 decode groups at the new revision and 2 prefill groups", converged, timeout=180)
     pods = worker_pods(f)
     for name, members in groups(pods).items():
-        assert len(members) == int(members[0]["metadata"]["annotations"][c.ANN_GROUP_SIZE]), (
+        assert len(members) == int(members[0]["metadata"]["annotations"][contract.ANN_GROUP_SIZE]), (
             f"partial group {name}"
         )
         assert not any(p["metadata"].get("deletionTimestamp") for p in members)
@@ -322,7 +322,7 @@ def test_not_ready_says_why_pods_wait(operator):
 def test_deleting_the_deployment_removes_every_child(operator):
     f = operator
     kubectl(f, "delete", "mdep", "deepseek-r1", "-n", NS, "--wait=true")
-    sel = f"{c.LABEL_DEPLOYMENT}=deepseek-r1"
+    sel = f"{contract.LABEL_DEPLOYMENT}=deepseek-r1"
 
     def gone() -> bool:
         left = get_json(f, "pods,configmaps,services,deployments", "-n", NS, "-l", sel)["items"]

@@ -9,7 +9,7 @@ import yaml
 
 from e2e.helpers import apply_yaml, get_json, kubectl, wait_for
 from testing.cases import EXAMPLES
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 from tokenfab_factory.drivers import STORAGE_CLASS
 from tokenfab_factory.factory import Factory
 
@@ -30,7 +30,9 @@ def deployment(replicas: int, prestage: int = 2) -> dict:
 
 def cache_claims(f: Factory, owner: str = NAME, ns: str = NS) -> list[dict]:
     """The model cache claims a deployment owns (shared claims name no deployment: their owners do)."""
-    claims = get_json(f, "pvc", "-n", ns, "-l", f"{c.COMPONENT}={c.COMPONENT_MODEL_CACHE}")["items"]
+    claims = get_json(f, "pvc", "-n", ns, "-l", f"{contract.COMPONENT}={contract.COMPONENT_MODEL_CACHE}")[
+        "items"
+    ]
     return [m for m in claims if owner in owners(m) and not m["metadata"].get("deletionTimestamp")]
 
 
@@ -40,19 +42,19 @@ def owners(claim: dict) -> list[str]:
 
 def holds(claim: dict) -> set[str]:
     ann = claim["metadata"].get("annotations") or {}
-    return {v for k, v in ann.items() if k.startswith(c.ANN_HOLDS_PREFIX)}
+    return {v for k, v in ann.items() if k.startswith(contract.ANN_HOLDS_PREFIX)}
 
 
 def claim_nodes(f: Factory) -> set[str]:
-    return {m["metadata"]["annotations"][c.ANN_NODE] for m in cache_claims(f)}
+    return {m["metadata"]["annotations"][contract.ANN_NODE] for m in cache_claims(f)}
 
 
 def marked_nodes(f: Factory, key: str) -> set[str]:
-    return {m["metadata"]["annotations"][c.ANN_NODE] for m in cache_claims(f) if key in holds(m)}
+    return {m["metadata"]["annotations"][contract.ANN_NODE] for m in cache_claims(f) if key in holds(m)}
 
 
 def pods(f: Factory, component: str, owner: str = NAME, ns: str = NS) -> list[dict]:
-    sel = f"{c.LABEL_DEPLOYMENT}={owner},{c.COMPONENT}={component}"
+    sel = f"{contract.LABEL_DEPLOYMENT}={owner},{contract.COMPONENT}={component}"
     return list(get_json(f, "pods", "-n", ns, "-l", sel)["items"])
 
 
@@ -67,10 +69,12 @@ def test_prestaged_nodes_take_the_scale_up_warm(operator: Factory) -> None:
         seen_fetch: set[str] = set()
 
         def staged() -> set[str] | None:
-            seen_fetch.update(p["spec"].get("nodeName") or "" for p in pods(f, c.COMPONENT_WEIGHTS_FETCH))
+            seen_fetch.update(
+                p["spec"].get("nodeName") or "" for p in pods(f, contract.COMPONENT_WEIGHTS_FETCH)
+            )
             workers = {p["spec"].get("nodeName") for p in pods(f, "worker")}
             marked = marked_nodes(f, key) - workers
-            return marked if len(marked) == 2 and not pods(f, c.COMPONENT_WEIGHTS_FETCH) else None
+            return marked if len(marked) == 2 and not pods(f, contract.COMPONENT_WEIGHTS_FETCH) else None
 
         nodes = wait_for("two nodes staged by weights-fetch pods, and the pods gone", staged, timeout=120)
         assert seen_fetch - {""} <= nodes  # (every fetch pod seen ran on a node it staged)
@@ -106,7 +110,7 @@ def test_prestaged_nodes_take_the_scale_up_warm(operator: Factory) -> None:
             if p["spec"]["nodeName"] in nodes
         ]
         assert len(new) == 2, "the two new groups went to the staged nodes"
-        assert {p["metadata"]["annotations"][c.ANN_START_PATH] for p in new} == {"warm"}
+        assert {p["metadata"]["annotations"][contract.ANN_START_PATH] for p in new} == {"warm"}
         evicts_the_idle_cache_of_a_full_node(f)
     finally:
         kubectl(f, "delete", "mdep", NAME, "-n", NS, "--wait=true", check=False)
@@ -124,7 +128,7 @@ def evicts_the_idle_cache_of_a_full_node(f: Factory) -> None:
         return since if len(since) >= 2 else None
 
     victim, *others = sorted(wait_for("two idle model caches in status", idle, timeout=120))
-    kubectl(f, "label", "node", victim, f"{c.LABEL_CACHE_CAPACITY}=10Gi")
+    kubectl(f, "label", "node", victim, f"{contract.LABEL_CACHE_CAPACITY}=10Gi")
     try:
         wait_for("the labelled node's claim evicted", lambda: victim not in claim_nodes(f), timeout=90)
         events = get_json(f, "events", "-n", NS, "--field-selector", "reason=ModelCacheEvicted")["items"]
@@ -132,7 +136,7 @@ def evicts_the_idle_cache_of_a_full_node(f: Factory) -> None:
         assert set(others) <= claim_nodes(f)  # (unlabelled nodes evict nothing)
         wait_for("the evicted node out of idleSince", lambda: victim not in (idle() or {}), timeout=30)
     finally:
-        kubectl(f, "label", "node", victim, f"{c.LABEL_CACHE_CAPACITY}-", check=False)
+        kubectl(f, "label", "node", victim, f"{contract.LABEL_CACHE_CAPACITY}-", check=False)
 
 
 SHARE = "share"
@@ -144,8 +148,8 @@ def test_two_deployments_of_one_source_share_a_nodes_cache(operator: Factory) ->
     another claim size lets go of it (A keeps it); A deleted, its other claims go with it."""
     f = operator
     kubectl(f, "create", "namespace", SHARE, check=False)
-    a, b = deployment(1, prestage=1), deployment(1, prestage=0)
-    for doc, name in ((a, "r-a"), (b, "r-b")):
+    a, other = deployment(1, prestage=1), deployment(1, prestage=0)
+    for doc, name in ((a, "r-a"), (other, "r-b")):
         doc["metadata"].update(name=name, namespace=SHARE)
     key = f"{a['spec']['model']['source']}@main"
     apply_yaml(f, a)
@@ -156,13 +160,13 @@ def test_two_deployments_of_one_source_share_a_nodes_cache(operator: Factory) ->
             done = [
                 m
                 for m in cache_claims(f, "r-a", SHARE)
-                if key in holds(m) and m["metadata"]["annotations"][c.ANN_NODE] not in workers
+                if key in holds(m) and m["metadata"]["annotations"][contract.ANN_NODE] not in workers
             ]
-            return done[0] if done and not pods(f, c.COMPONENT_WEIGHTS_FETCH, "r-a", SHARE) else None
+            return done[0] if done and not pods(f, contract.COMPONENT_WEIGHTS_FETCH, "r-a", SHARE) else None
 
         claim = wait_for("A's headroom node staged", staged, timeout=120)
-        node, name = claim["metadata"]["annotations"][c.ANN_NODE], claim["metadata"]["name"]
-        apply_yaml(f, b)
+        node, name = claim["metadata"]["annotations"][contract.ANN_NODE], claim["metadata"]["name"]
+        apply_yaml(f, other)
 
         def b_ready() -> dict | None:
             ps = pods(f, "worker", "r-b", SHARE)
@@ -172,15 +176,15 @@ def test_two_deployments_of_one_source_share_a_nodes_cache(operator: Factory) ->
 
         pod = wait_for("B's group Ready", b_ready, timeout=120)
         assert pod["spec"]["nodeName"] == node, "B's group went to the node A staged"
-        assert pod["metadata"]["annotations"][c.ANN_START_PATH] == "warm"
+        assert pod["metadata"]["annotations"][contract.ANN_START_PATH] == "warm"
         (vol,) = [v for v in pod["spec"]["volumes"] if v["name"] == "model-cache"]
         assert vol["persistentVolumeClaim"]["claimName"] == name  # (A's claim: staged once on the node)
         shared = wait_for("the claim owned by both", lambda: (m := get_json(f, "pvc", name, "-n", SHARE))
                           and owners(m) == ["r-a", "r-b"] and m)  # fmt: skip
         fields = get_json(f, "pvc", name, "-n", SHARE, "--show-managed-fields")["metadata"]["managedFields"]
         managers = {e["manager"] for e in fields}
-        assert {m for m in managers if m.startswith(c.CACHE_FIELD_MANAGER_PREFIX)} == {
-            c.CACHE_FIELD_MANAGER_PREFIX + get_json(f, "mdep", n, "-n", SHARE)["metadata"]["uid"]
+        assert {m for m in managers if m.startswith(contract.CACHE_FIELD_MANAGER_PREFIX)} == {
+            contract.CACHE_FIELD_MANAGER_PREFIX + get_json(f, "mdep", n, "-n", SHARE)["metadata"]["uid"]
             for n in ("r-a", "r-b")
         }
         assert not any(r.get("controller") for r in shared["metadata"]["ownerReferences"])
@@ -188,8 +192,8 @@ def test_two_deployments_of_one_source_share_a_nodes_cache(operator: Factory) ->
         status = get_json(f, "mdep", "r-b", "-n", SHARE)["status"]["weightsCache"]
         assert node in status["warmNodes"]
         # B asks for another cache size: its claims are others now; it lets go of the shared one
-        b["spec"]["model"]["cache"]["size"] = "21Gi"
-        apply_yaml(f, b)
+        other["spec"]["model"]["cache"]["size"] = "21Gi"
+        apply_yaml(f, other)
         wait_for("B let go of A's claim", lambda: owners(get_json(f, "pvc", name, "-n", SHARE)) == ["r-a"],
                  timeout=120)  # fmt: skip
         a_claims = {m["metadata"]["name"] for m in cache_claims(f, "r-a", SHARE)}
@@ -213,18 +217,18 @@ def test_letting_go_of_a_claim_on_the_real_api_server(factory: Factory) -> None:
 
     from tokenfab.adapters.kube import Kube
     from tokenfab.execute import release_claim
-    from tokenfab.planning import builders as b
+    from tokenfab.planning import builders
 
     f = factory
     kubectl(f, "create", "namespace", SHARE, check=False)
     kube = Kube(config.new_client_from_config(config_file=str(f.kubeconfig)))
-    owner = b.Owner(name="solo", namespace=SHARE, uid="uid-solo")
+    owner = builders.Owner(name="solo", namespace=SHARE, uid="uid-solo")
 
     def claim(name: str) -> dict:
         return {
             "apiVersion": "v1",
             "kind": "PersistentVolumeClaim",
-            "metadata": {"name": name, "namespace": SHARE, "annotations": {c.ANN_NODE: "n1"}},
+            "metadata": {"name": name, "namespace": SHARE, "annotations": {contract.ANN_NODE: "n1"}},
             "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": STORAGE_CLASS,
                      "resources": {"requests": {"storage": "1Gi"}}},
         }  # fmt: skip

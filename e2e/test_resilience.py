@@ -25,7 +25,7 @@ import yaml
 from e2e.conftest import E2E_PORT_BASE, LIVENESS
 from e2e.helpers import apply_yaml, condition, get_json, kubectl, namespace_maker, operator_replaced, wait_for
 from testing.cases import EXAMPLES
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 from tokenfab_factory import process
 from tokenfab_factory.factory import Factory
 
@@ -97,9 +97,11 @@ def test_two_replicas_one_leader_and_a_failover_within_the_lease(operator: Facto
             time.sleep(6)  # a few resyncs of both replicas: still exactly the example's groups
 
             def by_role() -> Counter[str]:
-                pods = get_json(f, "pods", "-n", ns, "-l", f"{c.COMPONENT}=worker")["items"]
+                pods = get_json(f, "pods", "-n", ns, "-l", f"{contract.COMPONENT}=worker")["items"]
                 groups = {
-                    p["metadata"]["labels"][c.LABEL_GROUP]: p["metadata"]["labels"][c.LABEL_ROLE]
+                    p["metadata"]["labels"][contract.LABEL_GROUP]: p["metadata"]["labels"][
+                        contract.LABEL_ROLE
+                    ]
                     for p in pods
                 }
                 return Counter(groups.values())
@@ -113,8 +115,8 @@ def test_two_replicas_one_leader_and_a_failover_within_the_lease(operator: Facto
 
             # SIGKILL the leader, then change the spec: the other replica takes the Lease and rolls it out.
             old_rev = {
-                p["metadata"]["labels"][c.LABEL_REVISION]
-                for p in get_json(f, "pods", "-n", ns, "-l", f"{c.LABEL_ROLE}=decode")["items"]
+                p["metadata"]["labels"][contract.LABEL_REVISION]
+                for p in get_json(f, "pods", "-n", ns, "-l", f"{contract.LABEL_ROLE}=decode")["items"]
             }
             t0 = time.monotonic()
             process.stop(f.extra_pids()[leader], timeout=0)
@@ -130,8 +132,8 @@ def test_two_replicas_one_leader_and_a_failover_within_the_lease(operator: Facto
 
             def rolled() -> bool:
                 revs = {
-                    p["metadata"]["labels"][c.LABEL_REVISION]
-                    for p in get_json(f, "pods", "-n", ns, "-l", f"{c.LABEL_ROLE}=decode")["items"]
+                    p["metadata"]["labels"][contract.LABEL_REVISION]
+                    for p in get_json(f, "pods", "-n", ns, "-l", f"{contract.LABEL_ROLE}=decode")["items"]
                 }
                 return (
                     bool(revs)
@@ -180,7 +182,7 @@ def test_a_crash_looping_group_is_recreated_with_growing_delays(operator: Factor
     seen: list[tuple[str, float]] = []  # (pod uid, when it appeared)
     deadline = time.monotonic() + 150
     while time.monotonic() < deadline and len(seen) < 5:
-        selector = f"tokenfab.dev/deployment=crashy,{c.COMPONENT}=worker"
+        selector = f"tokenfab.dev/deployment=crashy,{contract.COMPONENT}=worker"
         pods = get_json(f, "pods", "-n", ns, "-l", selector)["items"]
         for p in pods:
             uid = p["metadata"]["uid"]

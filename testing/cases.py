@@ -12,7 +12,7 @@ import yaml
 
 from tokenfab.api.errors import parse_model_deployment
 from tokenfab.api.models import SPEC_RULES, ModelDeploymentSpec
-from tokenfab.planning import builders as b
+from tokenfab.planning import builders
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -72,8 +72,8 @@ def invalid_cases() -> list[InvalidCase]:
     return out
 
 
-def owner(name: str) -> b.Owner:
-    return b.Owner(name=name, namespace="ml", uid=UID)
+def owner(name: str) -> builders.Owner:
+    return builders.Owner(name=name, namespace="ml", uid=UID)
 
 
 def spec_of(example: str, patch: dict[str, Any] | None = None) -> ModelDeploymentSpec:
@@ -121,9 +121,9 @@ def rendered() -> list[tuple[str, str, dict[str, Any], ModelDeploymentSpec]]:
         spec = spec_of(example, patch)
         own = owner(f"x{abs(hash(variant)) % 1000}")
         for role, _ in spec.roles():
-            pod = b.group_pods(own, spec, role, 0, "d", b.role_revision(spec, role))[0]
+            pod = builders.group_pods(own, spec, role, 0, "d", builders.role_revision(spec, role))[0]
             out.append((variant, role, pod, spec))
-        template = b.frontend_deployment(own, spec)["spec"]["template"]
+        template = builders.frontend_deployment(own, spec)["spec"]["template"]
         frontend = {
             "metadata": {**template["metadata"], "name": "fe", "namespace": own.namespace},
             "spec": template["spec"],

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 
 GPU = "nvidia.com/gpu"
 LABEL = "nvidia.com/gpu.clique"
@@ -72,13 +72,17 @@ def pod(
     """A tokenfab worker pod of deployment `deployment` (or, with managed=False, anyone's pod)."""
     labels: dict[str, str] = {}
     if managed:
-        labels = {c.MANAGED_BY: c.MANAGED_BY_VALUE, c.COMPONENT: "worker", c.LABEL_RANK: str(rank)}
+        labels = {
+            contract.MANAGED_BY: contract.MANAGED_BY_VALUE,
+            contract.COMPONENT: "worker",
+            contract.LABEL_RANK: str(rank),
+        }
         if deployment is not None:
-            labels[c.LABEL_DEPLOYMENT] = deployment
-        labels[c.LABEL_GROUP] = group or name.rsplit("-", 1)[0]
+            labels[contract.LABEL_DEPLOYMENT] = deployment
+        labels[contract.LABEL_GROUP] = group or name.rsplit("-", 1)[0]
     ann = dict(annotations or {})
     if pinned is not None:
-        ann[c.ANN_NODE] = pinned
+        ann[contract.ANN_NODE] = pinned
     meta: Obj = {
         "name": name,
         "namespace": namespace,
@@ -100,16 +104,16 @@ def pod(
     if node is not None:
         spec["nodeName"] = node
     if gated:
-        spec["schedulingGates"] = [{"name": c.GANG_GATE}]
+        spec["schedulingGates"] = [{"name": contract.GANG_GATE}]
     st: Obj = {"phase": phase, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
     st.update(status or {})
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec, "status": st}
 
 
 def child(kind: str, name: str, deployment: str | None = "m", namespace: str = "ml") -> Obj:
-    labels = {c.MANAGED_BY: c.MANAGED_BY_VALUE}
+    labels = {contract.MANAGED_BY: contract.MANAGED_BY_VALUE}
     if deployment is not None:
-        labels[c.LABEL_DEPLOYMENT] = deployment
+        labels[contract.LABEL_DEPLOYMENT] = deployment
     return {"kind": kind, "metadata": {"name": name, "namespace": namespace, "labels": labels}}
 
 

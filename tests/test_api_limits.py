@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from testing.cases import load_example, merge_patch
-from tokenfab.api import models as m
+from tokenfab.api import models
 from tokenfab.api.crd import model_deployment_crd
 from tokenfab.api.errors import SpecError, parse_model_deployment
 from tokenfab.api.rules import NAME_RULE, NAME_SUFFIX_RULE, RESERVED_ENV, SOURCE_RULE
@@ -87,20 +87,20 @@ def test_engine_args_of_64_keys_are_accepted():
 def _blob_args(size: int) -> dict[str, Any]:
     """Engine args of exactly `size` bytes of compact JSON, the bulk nested where CEL cannot look."""
     empty = {"moe_config": {"load_balancer": {"slots": ""}}}
-    pad = size - m.engine_args_bytes(empty)
+    pad = size - models.engine_args_bytes(empty)
     return {"moe_config": {"load_balancer": {"slots": "x" * pad}}}
 
 
 def test_engine_args_up_to_64_kib_are_accepted():
-    args = _blob_args(m.ENGINE_ARGS_MAX_BYTES)
-    assert m.engine_args_bytes(args) == 64 * 1024
+    args = _blob_args(models.ENGINE_ARGS_MAX_BYTES)
+    assert models.engine_args_bytes(args) == 64 * 1024
     doc = manifest("qwen3-235b-autoscaled.yaml", {"decode": {"extraEngineArgs": args}})
     assert parse_model_deployment(doc).spec.decode is not None
 
 
 @pytest.mark.parametrize("where", ["runtime", "decode"])
 def test_engine_args_over_64_kib_are_refused_by_the_models(where):
-    args = _blob_args(m.ENGINE_ARGS_MAX_BYTES + 1)
+    args = _blob_args(models.ENGINE_ARGS_MAX_BYTES + 1)
     errors = refusal(manifest("qwen3-235b-autoscaled.yaml", {where: {"extraEngineArgs": args}}))
     assert errors == [
         f"spec.{where}.extraEngineArgs: Invalid value: extraEngineArgs must be at most 65536 bytes as JSON "
@@ -117,7 +117,7 @@ def test_a_one_megabyte_blob_is_refused():
 
 
 def test_engine_args_size_counts_utf8_bytes():
-    assert m.engine_args_bytes({"k": "é"}) == len('{"k":"é"}'.encode())
+    assert models.engine_args_bytes({"k": "é"}) == len('{"k":"é"}'.encode())
 
 
 def test_engine_args_limits_are_documented_for_kubectl_explain():

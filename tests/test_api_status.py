@@ -9,7 +9,7 @@ import pytest
 from pydantic import BaseModel
 
 from testing.cases import load_example
-from tokenfab.api import models as m
+from tokenfab.api import models
 from tokenfab.api.crd import model_deployment_crd, nvlink_domain_crd, openapi_schema
 from tokenfab.api.errors import SpecError, parse_model_deployment
 
@@ -82,12 +82,12 @@ def test_a_status_written_by_a_newer_operator_is_read_and_its_unknown_fields_dro
 
 
 def test_a_status_read_alone_is_lenient_too():
-    status = m.ModelDeploymentStatus.model_validate(status_with_unknown_fields())
+    status = models.ModelDeploymentStatus.model_validate(status_with_unknown_fields())
     assert status.gpus == "64/64"
 
 
 def test_an_nvlink_domain_status_with_unknown_fields_is_read():
-    status = m.NVLinkDomainStatus.model_validate(
+    status = models.NVLinkDomainStatus.model_validate(
         {
             "domain": "rack-a",
             "label": "nvidia.com/gpu.clique",
@@ -134,11 +134,11 @@ def _models(root: type[BaseModel]) -> set[type[BaseModel]]:
 
 
 def test_every_status_model_ignores_unknown_fields_and_every_spec_model_forbids_them():
-    for model in _models(m.ModelDeploymentStatus) | _models(m.NVLinkDomainStatus):
+    for model in _models(models.ModelDeploymentStatus) | _models(models.NVLinkDomainStatus):
         # The plan's Parallelism is the spec's model, read leniently by its field (see the test above).
-        if model is not m.Parallelism:
+        if model is not models.Parallelism:
             assert model.model_config.get("extra") == "ignore", model.__name__
-    for model in _models(m.ModelDeploymentSpec):
+    for model in _models(models.ModelDeploymentSpec):
         assert model.model_config.get("extra") == "forbid", model.__name__
 
 
@@ -147,7 +147,7 @@ def test_leniency_leaves_the_status_schema_closed():
     for schema in (
         model_deployment_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"],
         nvlink_domain_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"],
-        openapi_schema(m.ModelDeploymentStatus),
+        openapi_schema(models.ModelDeploymentStatus),
     ):
         assert "x-kubernetes-preserve-unknown-fields" not in repr(schema)
         assert "additionalProperties': False" not in repr(schema)

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from testing.cases import load_example, merge_patch
 from tokenfab.api.errors import parse_model_deployment
 from tokenfab.api.models import Autoscaling, AutoscalingStatus, ModelDeployment, ModelDeploymentStatus
-from tokenfab.planning import builders as b
+from tokenfab.planning import builders
 from tokenfab.planning.autoscaling import Config, Decision, Memory, Sample, config_for, decide, initial_groups
 from tokenfab.planning.one_pass import desired_groups
 from tokenfab.planning.scaler import scaled_roles
@@ -370,27 +370,27 @@ def test_fixed_ratio_prefill_follows_the_autoscaled_decode(ratio, decode, prefil
     spec = fixed(ratio)
     p, d = (int(x) for x in ratio.split(":"))
     unclamped = math.ceil(decode * p / d)
-    assert b.ratio_prefill(decode, ratio) == unclamped
-    assert b.follow_ratio(spec, decode, 99) == prefill == max(1, min(4, unclamped))
+    assert builders.ratio_prefill(decode, ratio) == unclamped
+    assert builders.follow_ratio(spec, decode, 99) == prefill == max(1, min(4, unclamped))
 
 
 def test_fixed_ratio_prefill_bounds_raise_the_floor():
     spec = fixed("1:8", prefill=(2, 6))
-    assert [b.follow_ratio(spec, d, 0) for d in (1, 8, 16, 48)] == [2, 2, 2, 6]
+    assert [builders.follow_ratio(spec, d, 0) for d in (1, 8, 16, 48)] == [2, 2, 2, 6]
 
 
 def test_fixed_ratio_without_prefill_bounds_or_autoscaling_is_not_clamped():
-    assert b.follow_ratio(fixed("1:1", prefill=None), 9, 0) == 9
-    assert b.follow_ratio(fixed("1:1", enabled=False), 9, 0) == 9
+    assert builders.follow_ratio(fixed("1:1", prefill=None), 9, 0) == 9
+    assert builders.follow_ratio(fixed("1:1", enabled=False), 9, 0) == 9
 
 
 def test_independent_ratio_policy_leaves_prefill_alone():
     spec = spec_of("qwen3-235b-autoscaled.yaml", {"prefill": {"replicas": 5}})
     assert spec.serving.ratio_policy == "independent"
     for decode in (1, 4, 8):
-        assert b.follow_ratio(spec, decode, 5) == 5
-        assert b.follow_ratio(spec, decode, 2) == 2
-    assert b.spec_groups(spec) == {"prefill": 5, "decode": 2}
+        assert builders.follow_ratio(spec, decode, 5) == 5
+        assert builders.follow_ratio(spec, decode, 2) == 2
+    assert builders.spec_groups(spec) == {"prefill": 5, "decode": 2}
 
 
 def test_who_scales_prefill():

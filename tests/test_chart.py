@@ -46,8 +46,7 @@ from tokenfab.adapters import telemetry
 from tokenfab.adapters.metrics import KV_METRIC
 from tokenfab.cli import app, render_crds
 from tokenfab.leader import DURATION, LEASE_NAME, RETRY
-from tokenfab.planning import builders as b
-from tokenfab.planning import contract as c
+from tokenfab.planning import builders, contract
 from tokenfab.planning.status import CONDITION_TYPES
 
 needs_helm = pytest.mark.skipif(
@@ -58,7 +57,7 @@ DASHBOARD = CHART / "dashboards" / "tokenfab.json"
 HEALTH_LUA = CHART / "argocd" / "modeldeployment-health.lua"
 OPERATOR_SRC = ROOT / "operator" / "tokenfab"
 RELEASE_NS = "tokenfab-system"  # tests.chart.template's default namespace
-WORKER_LABELS = {c.PROM_LABEL_DEPLOYMENT, c.PROM_LABEL_ROLE, c.PROM_LABEL_GROUP}
+WORKER_LABELS = {contract.PROM_LABEL_DEPLOYMENT, contract.PROM_LABEL_ROLE, contract.PROM_LABEL_GROUP}
 
 
 def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -180,7 +179,9 @@ def test_the_leader_lease_is_granted_in_the_release_namespace_only(namespace: st
     docs = template(namespace=namespace)
     role = leader_role(docs)
     assert role["metadata"]["namespace"] == namespace
-    (binding,) = [b for b in by_kind(docs, "RoleBinding") if b["metadata"]["name"] == "tokenfab-leader"]
+    (binding,) = [
+        other for other in by_kind(docs, "RoleBinding") if other["metadata"]["name"] == "tokenfab-leader"
+    ]
     assert binding["metadata"]["namespace"] == namespace
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
@@ -278,9 +279,9 @@ def test_watch_namespaces_grants_writes_only_there() -> None:
     assert rule_table(leader_role(docs)["rules"]) == LEADER_RULES
     assert leader_role(docs)["metadata"]["namespace"] == RELEASE_NS
     bindings = {
-        b["metadata"]["namespace"]: b
-        for b in by_kind(docs, "RoleBinding")
-        if not b["metadata"]["name"].endswith("-leader")
+        other["metadata"]["namespace"]: other
+        for other in by_kind(docs, "RoleBinding")
+        if not other["metadata"]["name"].endswith("-leader")
     }
     assert sorted(bindings) == sorted(namespaces)
     for binding in bindings.values():
@@ -295,7 +296,7 @@ def _readme_rbac_rows() -> dict[tuple[str, str], set[str]]:
     section = (CHART / "README.md").read_text().split("## RBAC", 1)[1].split("\n## ", 1)[0]
     rows: dict[tuple[str, str], set[str]] = {}
     for line in section.splitlines():
-        cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+        cells = [cond.strip().strip("`") for cond in line.strip().strip("|").split("|")]
         if len(cells) != 4 or cells[0] in ("API group", "") or set(cells[0]) <= {"-"}:
             continue
         group = "" if cells[0] == "core" else cells[0]
@@ -376,9 +377,9 @@ def test_the_workload_pod_monitor_scrapes_workers_and_frontends_as_the_documente
     for endpoint in mon["spec"]["podMetricsEndpoints"]:
         assert [{"action": "labelmap", "regex": r["regex"]} for r in labelmaps] == endpoint["relabelings"]
     spec = spec_of("deepseek-r1-disaggregated.yaml")
-    own = b.Owner("ds", "ml", "uid")
-    worker = b.group_pods(own, spec, "decode", 0, "d", "rev")[0]
-    frontend = b.frontend_deployment(own, spec)["spec"]["template"]
+    own = builders.Owner("ds", "ml", "uid")
+    worker = builders.group_pods(own, spec, "decode", 0, "d", "rev")[0]
+    frontend = builders.frontend_deployment(own, spec)["spec"]["template"]
     for pod, port in ((worker, "metrics"), (frontend, "http")):
         labels = pod["metadata"]["labels"]
         assert mon["spec"]["selector"]["matchLabels"].items() <= labels.items()

@@ -10,7 +10,7 @@ from typing import Any
 
 from tokenfab.controller import Controller, Options
 from tokenfab.fleet.workqueue import WorkQueue
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 from tokenfab.runtime import Result
 
 
@@ -21,9 +21,9 @@ def sources(namespaces: list[str]) -> dict[str, Any]:
 
 def test_serving_every_namespace_tokenfab_pods_come_by_one_watch_only():
     s = sources([])
-    managed = f"{c.MANAGED_BY}={c.MANAGED_BY_VALUE}"
+    managed = f"{contract.MANAGED_BY}={contract.MANAGED_BY_VALUE}"
     assert s["Pod"].label_selector == managed
-    assert s["ForeignPod"].label_selector == f"{c.MANAGED_BY}!={c.MANAGED_BY_VALUE}"
+    assert s["ForeignPod"].label_selector == f"{contract.MANAGED_BY}!={contract.MANAGED_BY_VALUE}"
     assert "spec.nodeName!=" in s["ForeignPod"].field_selector
     for name in ("ConfigMap", "Service", "Deployment", "PodDisruptionBudget"):
         assert s[name].label_selector == managed
@@ -130,12 +130,12 @@ def test_a_graceful_stop_lets_started_writes_finish_and_drops_the_queued_ones():
 
 
 def test_a_deleted_deployment_keeps_its_reservations_while_its_creates_may_be_in_flight():
-    from tests import kube_objects as k
+    from tests import kube_objects
 
     ctl = Controller(kube=None)  # type: ignore[arg-type]
-    body = k.model_deployment("m", "ml")
+    body = kube_objects.model_deployment("m", "ml")
     ctl.on_model_deployment("ADDED", body)
     with ctl.ledger.session() as s:
-        s.reserve(("ml", "m"), "m-worker-0", {"m-worker-0-0": ("a-0", {k.GPU: 4})}, time.time())
+        s.reserve(("ml", "m"), "m-worker-0", {"m-worker-0-0": ("a-0", {kube_objects.GPU: 4})}, time.time())
     ctl.on_model_deployment("DELETED", body)
     assert [r.group for r in ctl.ledger.reservations()] == ["m-worker-0"]

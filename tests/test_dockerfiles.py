@@ -20,8 +20,7 @@ from packaging.utils import canonicalize_name
 
 from testing.cases import DOMAIN, ROOT, owner, spec_of
 from tokenfab.cli import app
-from tokenfab.planning import builders as b
-from tokenfab.planning import contract as c
+from tokenfab.planning import builders, contract
 
 IMAGES = ROOT / "runtime-images"
 NAMES = ("worker", "frontend", "operator")
@@ -211,20 +210,20 @@ def test_arm64_is_built_and_said(name):
 
 def test_worker_entrypoint_is_the_worker_pods_command():
     spec = spec_of("deepseek-r1-disaggregated.yaml")
-    pods = b.group_pods(owner("deepseek-r1"), spec, "decode", 0, DOMAIN, "rev")
+    pods = builders.group_pods(owner("deepseek-r1"), spec, "decode", 0, DOMAIN, "rev")
     assert exec_form("worker", "ENTRYPOINT") == pods[0]["spec"]["containers"][0]["command"]
-    assert exec_form("worker", "ENTRYPOINT") == [c.PYTHON, "-m", c.LAUNCHER_MODULE]
-    assert exposed("worker") == {c.WORKER_METRICS_PORT, c.MPI_SSH_PORT}
+    assert exec_form("worker", "ENTRYPOINT") == [contract.PYTHON, "-m", contract.LAUNCHER_MODULE]
+    assert exposed("worker") == {contract.WORKER_METRICS_PORT, contract.MPI_SSH_PORT}
 
 
 def test_frontend_entrypoint_is_the_frontend_deployments_command():
     spec = spec_of("aggregated-small.yaml")
-    dep = b.frontend_deployment(owner("llama-8b"), spec)
+    dep = builders.frontend_deployment(owner("llama-8b"), spec)
     container = dep["spec"]["template"]["spec"]["containers"][0]
     assert exec_form("frontend", "ENTRYPOINT") == container["command"]
     cmd = exec_form("frontend", "CMD")
-    assert cmd == ["--http-port", str(c.FRONTEND_PORT)]
-    assert exposed("frontend") == {c.FRONTEND_PORT}
+    assert cmd == ["--http-port", str(contract.FRONTEND_PORT)]
+    assert exposed("frontend") == {contract.FRONTEND_PORT}
 
 
 def test_operator_runs_the_operator_command_and_serves_liveness_on_all_interfaces():

@@ -11,9 +11,7 @@ from tests.test_prestage import NODES
 from tokenfab.api.models import ModelDeploymentStatus, WeightsCacheStatus
 from tokenfab.fleet.view import ClusterView
 from tokenfab.observe import node_caches
-from tokenfab.planning import builders as b
-from tokenfab.planning import contract as c
-from tokenfab.planning import weights_cache
+from tokenfab.planning import builders, contract, weights_cache
 from tokenfab.planning.eviction import CacheEntry, NodeCaches, evictions, idle_times
 from tokenfab.planning.one_pass import plan
 from tokenfab.planning.status import rfc3339
@@ -50,7 +48,7 @@ def cached(md: Any) -> Any:
 
 def test_a_pass_evicts_its_own_idle_cache_where_the_node_is_full_and_says_so():
     md = cached(deployment(decode=1))
-    own = b.Owner(name=md.metadata.name or "", namespace="ns", uid="uid-1")
+    own = builders.Owner(name=md.metadata.name or "", namespace="ns", uid="uid-1")
     key = weights_cache.weights_key(md.spec)
     first = plan(snapshot(md, NODES, {}, {}))
     used = {n for r in first.roles for cr in r.create for n in cr.nodes}
@@ -70,7 +68,7 @@ def test_a_pass_evicts_its_own_idle_cache_where_the_node_is_full_and_says_so():
         pod_nodes=frozenset(used),
     )
     p = plan(snap)
-    assert p.claim_deletes == (b.model_cache_claim_name(own, md.spec, idle_node),)
+    assert p.claim_deletes == (builders.model_cache_claim_name(own, md.spec, idle_node),)
     assert [e[1] for e in p.events] == ["ModelCacheEvicted"]
     assert idle_node in p.events[0][2]
     assert p.weights_cache is not None
@@ -92,9 +90,9 @@ def test_a_pass_evicts_its_own_idle_cache_where_the_node_is_full_and_says_so():
 def test_the_view_gives_other_deployments_caches_and_idle_times_on_labelled_nodes():
     view = ClusterView()
     for name, labels in (
-        ("n1", {c.LABEL_CACHE_CAPACITY: "6Ti"}),
+        ("n1", {contract.LABEL_CACHE_CAPACITY: "6Ti"}),
         ("n2", {}),
-        ("n3", {c.LABEL_CACHE_CAPACITY: "x"}),
+        ("n3", {contract.LABEL_CACHE_CAPACITY: "x"}),
     ):
         view.on_node("ADDED", {"metadata": {"name": name, "labels": labels}, "status": {}})
 
@@ -103,8 +101,8 @@ def test_the_view_gives_other_deployments_caches_and_idle_times_on_labelled_node
             "metadata": {
                 "namespace": ns,
                 "name": f"{dep}-model-{node}",
-                "labels": {c.LABEL_DEPLOYMENT: dep},
-                "annotations": {c.ANN_NODE: node},
+                "labels": {contract.LABEL_DEPLOYMENT: dep},
+                "annotations": {contract.ANN_NODE: node},
             },
             "spec": {"resources": {"requests": {"storage": "4Ti"}}},
         }
@@ -130,13 +128,16 @@ def test_a_capacity_label_wakes_the_deployments_with_a_cache_on_the_node():
         "metadata": {
             "namespace": "a",
             "name": "one-model-n1",
-            "labels": {c.LABEL_DEPLOYMENT: "one"},
-            "annotations": {c.ANN_NODE: "n1"},
+            "labels": {contract.LABEL_DEPLOYMENT: "one"},
+            "annotations": {contract.ANN_NODE: "n1"},
         },
         "spec": {"resources": {"requests": {"storage": "4Ti"}}},
     }
     view.on_child("PersistentVolumeClaim", "ADDED", pvc)
-    labelled = {"metadata": {"name": "n1", "labels": {c.LABEL_CACHE_CAPACITY: "6Ti"}}, "status": {}}
+    labelled = {"metadata": {"name": "n1", "labels": {contract.LABEL_CACHE_CAPACITY: "6Ti"}}, "status": {}}
     assert view.on_node("MODIFIED", labelled).keys == {("a", "one")}
-    other = {"metadata": {"name": "n1", "labels": {c.LABEL_CACHE_CAPACITY: "6Ti", "x": "y"}}, "status": {}}
+    other = {
+        "metadata": {"name": "n1", "labels": {contract.LABEL_CACHE_CAPACITY: "6Ti", "x": "y"}},
+        "status": {},
+    }
     assert view.on_node("MODIFIED", other).keys == set()  # (another label: nothing to evict anew)

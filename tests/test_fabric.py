@@ -10,8 +10,7 @@ import pytest
 
 from testing.cases import example_paths, owner, spec_of
 from tokenfab.api.models import UnitStatus
-from tokenfab.planning import builders as b
-from tokenfab.planning import contract as c
+from tokenfab.planning import builders, contract
 from tokenfab.planning.fabric import condition, kv_path_summary
 from tokenfab.planning.status import event_for
 from tokenfab.planning.units import Member, path, rule
@@ -29,9 +28,9 @@ def _pods(example: str, patch: dict[str, Any] | None = None) -> list[dict[str, A
     out: list[dict[str, Any]] = []
     unit = 0 if rule(spec) is not None else None  # (slot 0 of each role: unit 0)
     for role, _ in spec.roles():
-        nodes = [f"gb200-r00-t{i:02d}" for i in range(b.group_shape(spec, role).nodes)]
-        rev = b.role_revision(spec, role)
-        out += b.group_pods(own, spec, role, 0, DOMAIN, rev, nodes, gang="podgroup", unit=unit)
+        nodes = [f"gb200-r00-t{i:02d}" for i in range(builders.group_shape(spec, role).nodes)]
+        rev = builders.role_revision(spec, role)
+        out += builders.group_pods(own, spec, role, 0, DOMAIN, rev, nodes, gang="podgroup", unit=unit)
     return out
 
 
@@ -44,7 +43,7 @@ def _holds_channel(pod: dict[str, Any]) -> bool:
     claims = {r["name"] for r in pod["spec"].get("resourceClaims") or []}
     ctr = pod["spec"]["containers"][0]
     used = {r["name"] for r in (ctr.get("resources") or {}).get("claims") or []}
-    return c.COMPUTE_DOMAIN_CLAIM in claims and c.COMPUTE_DOMAIN_CLAIM in used
+    return contract.COMPUTE_DOMAIN_CLAIM in claims and contract.COMPUTE_DOMAIN_CLAIM in used
 
 
 VARIANTS = [(p.name, {}) for p in example_paths()] + [
@@ -61,20 +60,20 @@ def test_every_rendered_pod_asks_for_the_fabric_only_when_it_holds_an_imex_chann
     assert pods
     for pod in pods:
         env, name = _env(pod), pod["metadata"]["name"]
-        asks = {n for n in c.NCCL_MNNVL_ENV if env.get(n) == "1"}
-        kv = {n for n, v in c.KV_FABRIC_ENV if env.get(n) == v}
-        multi_node = int(pod["metadata"]["annotations"][c.ANN_GROUP_SIZE]) > 1
-        unit = c.LABEL_UNIT in pod["metadata"]["labels"]
+        asks = {n for n in contract.NCCL_MNNVL_ENV if env.get(n) == "1"}
+        kv = {n for n, v in contract.KV_FABRIC_ENV if env.get(n) == v}
+        multi_node = int(pod["metadata"]["annotations"][contract.ANN_GROUP_SIZE]) > 1
+        unit = contract.LABEL_UNIT in pod["metadata"]["labels"]
         if _holds_channel(pod):
-            assert asks == (set(c.NCCL_MNNVL_ENV) if multi_node else set()), name
-            assert kv == ({n for n, _ in c.KV_FABRIC_ENV} if unit else set()), name
+            assert asks == (set(contract.NCCL_MNNVL_ENV) if multi_node else set()), name
+            assert kv == ({n for n, _ in contract.KV_FABRIC_ENV} if unit else set()), name
         else:
             assert not asks, f"{name} asks NCCL for {asks} without an IMEX channel"
             assert not kv, f"{name} asks for {kv} without an IMEX channel"
 
 
 def test_the_qwen3_examples_one_pod_prefill_group_asks_for_no_mnnvl_and_its_decode_group_does():
-    pods = {p["metadata"]["labels"][c.LABEL_ROLE]: p for p in _pods("qwen3-235b-autoscaled.yaml")}
+    pods = {p["metadata"]["labels"][contract.LABEL_ROLE]: p for p in _pods("qwen3-235b-autoscaled.yaml")}
     # TP4: one tray, one pod: NCCL never leaves it, but the pod holds its unit's channel for KV transfers
     assert "NCCL_MNNVL_ENABLE" not in _env(pods["prefill"])
     assert _holds_channel(pods["prefill"])
@@ -156,14 +155,14 @@ def test_a_unit_member_publishes_its_unit_as_its_kv_transfer_domain_and_nothing_
         env, labels = _env(pod), pod["metadata"]["labels"]
         volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
         mounts = {m["name"]: m for m in pod["spec"]["containers"][0]["volumeMounts"]}
-        if c.LABEL_UNIT not in labels:
+        if contract.LABEL_UNIT not in labels:
             assert "topology" not in volumes
-            assert c.ENV_DYN_TOPOLOGY_ENABLED not in env
+            assert contract.ENV_DYN_TOPOLOGY_ENABLED not in env
             continue
-        assert env[c.ENV_DYN_TOPOLOGY_ENABLED] == "true"
-        assert env[c.ENV_DYN_KV_TRANSFER_ENFORCEMENT] in ("required", "preferred")
-        assert 0.0 <= float(env[c.ENV_DYN_KV_TRANSFER_PREFERRED_WEIGHT]) <= 1.0
-        assert mounts["topology"]["mountPath"] == env[c.ENV_DYN_TOPOLOGY_MOUNT_PATH]
+        assert env[contract.ENV_DYN_TOPOLOGY_ENABLED] == "true"
+        assert env[contract.ENV_DYN_KV_TRANSFER_ENFORCEMENT] in ("required", "preferred")
+        assert 0.0 <= float(env[contract.ENV_DYN_KV_TRANSFER_PREFERRED_WEIGHT]) <= 1.0
+        assert mounts["topology"]["mountPath"] == env[contract.ENV_DYN_TOPOLOGY_MOUNT_PATH]
         [item] = volumes["topology"]["downwardAPI"]["items"]
-        assert item["path"] == env[c.ENV_DYN_KV_TRANSFER_DOMAIN]
-        assert item["fieldRef"]["fieldPath"] == f"metadata.labels['{c.LABEL_UNIT}']"
+        assert item["path"] == env[contract.ENV_DYN_KV_TRANSFER_DOMAIN]
+        assert item["fieldRef"]["fieldPath"] == f"metadata.labels['{contract.LABEL_UNIT}']"

@@ -171,7 +171,7 @@ def test_an_announced_fault_starts_a_replacement_first_and_keeps_the_group_servi
     assert p.states["m-decode-0"] == "serving"
     assert p.delete == []
     assert p.drain == []
-    assert [(c.reason, c.replaces) for c in p.create] == [("Evacuate", "m-decode-0")]
+    assert [(cond.reason, cond.replaces) for cond in p.create] == [("Evacuate", "m-decode-0")]
 
 
 def test_the_faulted_group_drains_once_its_replacement_serves():
@@ -193,7 +193,7 @@ def test_a_draining_faulted_group_is_never_taken_back_into_routing():
     draining = group(0, "a-0", "a-1", draining_since=NOW - 5)
     p, _ = plan([draining], 1, nodes, health=_quarantined(nodes, "a-0"), drain=DrainPolicy(600, {}))
     assert p.undrain == []
-    assert [(c.domain, c.reason) for c in p.create] == [("b", "Missing")]
+    assert [(cond.domain, cond.reason) for cond in p.create] == [("b", "Missing")]
 
 
 def test_with_no_room_for_a_replacement_the_faulted_group_keeps_serving():
@@ -209,7 +209,7 @@ def test_a_faulted_group_that_does_not_serve_goes_at_once():
     g0 = group(0, "a-0", "a-1", ready=False)
     p, _ = plan([g0], 1, nodes, health=_quarantined(nodes, "a-1"), drain=DrainPolicy(600, {}))
     assert p.delete == [Delete("decode", "m-decode-0", "Evacuate")]
-    assert [(c.domain, c.replaces) for c in p.create] == [("b", "m-decode-0")]
+    assert [(cond.domain, cond.replaces) for cond in p.create] == [("b", "m-decode-0")]
 
 
 # ----------------------------------------------------------------------------------------- sudden
@@ -426,7 +426,7 @@ def test_plain_kubernetes_replaces_a_lost_group_only_once_its_pods_are_gone():
     assert (early.delete, early.create, early.held) == ([], [], 1)
     late = run([g0], FaultReaction("gang-delete", 30, seen), NOW + 25)
     assert late.delete == [Delete("decode", "m-decode-0", "Broken")]
-    assert [c.domain for c in late.create] == ["b"]
+    assert [cond.domain for cond in late.create] == ["b"]
     # Neither moves a group off an announced fault.
     quarantined = _quarantined(nodes, "a-0")
     for mode in ("none", "gang-delete"):
@@ -437,12 +437,16 @@ def test_plain_kubernetes_replaces_a_lost_group_only_once_its_pods_are_gone():
 
 def test_a_compute_domain_gone_not_ready_under_a_serving_group_faults_its_nodes():
     from tokenfab.fleet.view import ClusterView
-    from tokenfab.planning import contract as c
+    from tokenfab.planning import contract
 
     view = ClusterView()
     for n in ("n1", "n2"):
         view.on_node("ADDED", {"metadata": {"name": n, "labels": {}}, "spec": {}, "status": {}})
-    labels = {c.MANAGED_BY: c.MANAGED_BY_VALUE, c.LABEL_DEPLOYMENT: "m", c.LABEL_GROUP: "m-decode-0"}
+    labels = {
+        contract.MANAGED_BY: contract.MANAGED_BY_VALUE,
+        contract.LABEL_DEPLOYMENT: "m",
+        contract.LABEL_GROUP: "m-decode-0",
+    }
 
     def pod(name: str, node: str, ready: bool) -> dict:
         cond = {
@@ -572,7 +576,7 @@ def test_a_worker_whose_health_endpoint_keeps_failing_loses_its_group_once_the_g
     assert "m-decode-0-1" in f.message
     assert "healthy node a-1" in f.message
     assert p.delete == [Delete("decode", "m-decode-0", "Broken")]
-    assert [(c.replaces, c.reason) for c in p.create] == [("m-decode-0", "Replace")]
+    assert [(cond.replaces, cond.reason) for cond in p.create] == [("m-decode-0", "Replace")]
     # Replaced at once, as for a lost node: not an engine that keeps crashing (no role backoff).
     assert not recovery.recurring(p.broken_reasons["m-decode-0"])
     recs = fault_report.records([], [p], NOW, name, frozenset())

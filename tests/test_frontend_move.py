@@ -8,8 +8,7 @@ from typing import Any
 
 from tests.test_one_pass import deployment, nodes_of, snapshot
 from tokenfab.fleet.facts import child_facts
-from tokenfab.planning import builders as b
-from tokenfab.planning import contract as c
+from tokenfab.planning import builders, contract
 from tokenfab.planning.faults import NodeFault
 from tokenfab.planning.frontend import FrontendPod, gone, move
 from tokenfab.planning.lifecycle import NodeHealth
@@ -84,7 +83,7 @@ def test_a_pass_marks_the_frontend_template_and_says_so_once() -> None:
     health = {**snap.health, "a-0": QUARANTINED}
     first = plan(dataclasses.replace(snap, health=health, frontend=(FrontendPod("fe-1", "a-0"),)))
     template = _frontend(first)["spec"]["template"]["metadata"]
-    assert template["annotations"] == {c.ANN_REPLACES: "fe-1"}
+    assert template["annotations"] == {contract.ANN_REPLACES: "fe-1"}
     assert [e[1] for e in first.events if e[1] == "FrontendMoved"] == ["FrontendMoved"]
     # The next pass sees the Deployment marked, the old pod still there: the same manifest, no event.
     again = plan(
@@ -96,7 +95,7 @@ def test_a_pass_marks_the_frontend_template_and_says_so_once() -> None:
     assert "FrontendMoved" not in {e[1] for e in again.events}
     # Once the old pod is gone, the mark stays (the frontend does not roll back).
     after = plan(dataclasses.replace(snap, frontend=(FrontendPod("fe-2", "b-0"),), frontend_replaces="fe-1"))
-    assert b.applied_hash(_frontend(after)) == b.applied_hash(_frontend(first))
+    assert builders.applied_hash(_frontend(after)) == builders.applied_hash(_frontend(first))
     # A deployment whose frontend never moved has no mark at all (the manifest it always had).
     plain = _frontend(plan(snap))["spec"]["template"]["metadata"]
     assert "annotations" not in plain
@@ -104,16 +103,16 @@ def test_a_pass_marks_the_frontend_template_and_says_so_once() -> None:
 
 def test_the_cluster_view_reads_the_mark_from_the_deployments_template() -> None:
     md = deployment()
-    owner = b.Owner(name="deepseek-r1", namespace="ns", uid="uid-1")
-    dep = b.frontend_deployment(owner, md.spec, "fe-1,fe-2")
+    owner = builders.Owner(name="deepseek-r1", namespace="ns", uid="uid-1")
+    dep = builders.frontend_deployment(owner, md.spec, "fe-1,fe-2")
     assert child_facts("Deployment", dep).replaces == "fe-1,fe-2"
-    assert child_facts("Deployment", b.frontend_deployment(owner, md.spec)).replaces == ""
+    assert child_facts("Deployment", builders.frontend_deployment(owner, md.spec)).replaces == ""
 
 
 def test_the_frontend_rolls_a_new_pod_before_an_old_one_goes_and_spreads_over_nodes() -> None:
     md = deployment()
-    owner = b.Owner(name="deepseek-r1", namespace="ns", uid="uid-1")
-    dep = b.frontend_deployment(owner, md.spec)
+    owner = builders.Owner(name="deepseek-r1", namespace="ns", uid="uid-1")
+    dep = builders.frontend_deployment(owner, md.spec)
     assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
     (spread,) = dep["spec"]["template"]["spec"]["topologySpreadConstraints"]
     assert spread["topologyKey"] == "kubernetes.io/hostname"
@@ -157,7 +156,7 @@ def test_the_frontend_tolerates_a_failed_node_as_long_as_the_workers_do() -> Non
     spec = md.spec.model_copy(
         update={"topology": md.spec.topology.model_copy(update={"node_failure_toleration_seconds": 30})}
     )
-    dep = b.frontend_deployment(b.Owner(name="x", namespace="ns", uid="u"), spec)
+    dep = builders.frontend_deployment(builders.Owner(name="x", namespace="ns", uid="u"), spec)
     tolerations = dep["spec"]["template"]["spec"]["tolerations"]
     assert {(t["key"], t["effect"], t["tolerationSeconds"]) for t in tolerations} == {
         ("node.kubernetes.io/not-ready", "NoExecute", 30),

@@ -13,10 +13,10 @@ from tokenfab.api.errors import parse_model_deployment
 from tokenfab.api.models import ModelDeploymentSpec
 from tokenfab.execute import _submit_creates
 from tokenfab.fleet.view import ClusterView
-from tokenfab.planning import builders as b
+from tokenfab.planning import builders
 from tokenfab.planning.role_plan import Create, RolePlan
 
-OWNER = b.Owner(name="r1", namespace="ns", uid="uid-1")
+OWNER = builders.Owner(name="r1", namespace="ns", uid="uid-1")
 
 
 class Api:
@@ -51,7 +51,7 @@ def _spec() -> ModelDeploymentSpec:
 def _pass(view: ClusterView, api: Api, spec: ModelDeploymentSpec) -> tuple[list[str], list[str]]:
     """One pass's creates for a new two-node decode group: (the groups whose pods are written, the groups
     that wait for their channel)."""
-    shape = b.group_shape(spec, "decode")
+    shape = builders.group_shape(spec, "decode")
     assert shape.nodes == 2, "a multi-node group"
     plan = RolePlan(role="decode", desired=1, revision="rev1", shape=shape)
     plan.create.append(Create("decode", 0, "rack-a", "rev1", "Missing", nodes=("a-0", "a-1")))
@@ -62,8 +62,8 @@ def _pass(view: ClusterView, api: Api, spec: ModelDeploymentSpec) -> tuple[list[
 
 def test_a_compute_domain_is_written_once_and_its_template_looked_for_once_it_is_seen():
     spec = _spec()
-    group = b.group_name(OWNER, "decode", 0)
-    domain = b.compute_domain(OWNER, spec, "decode", 0)
+    group = builders.group_name(OWNER, "decode", 0)
+    domain = builders.compute_domain(OWNER, spec, "decode", 0)
     assert domain is not None
     name = domain["metadata"]["name"]
     view = ClusterView()
@@ -76,15 +76,15 @@ def test_a_compute_domain_is_written_once_and_its_template_looked_for_once_it_is
     view.on_child("ComputeDomain", "ADDED", domain)
     api = Api(templates=set())
     assert _pass(view, api, spec) == ([], [group])
-    assert api.calls == [("get", "ResourceClaimTemplate", b.compute_domain_name(group))]
+    assert api.calls == [("get", "ResourceClaimTemplate", builders.compute_domain_name(group))]
     # the driver made it: the group's pods are written, the domain still not again
-    api = Api(templates={b.compute_domain_name(group)})
+    api = Api(templates={builders.compute_domain_name(group)})
     assert _pass(view, api, spec) == ([group], [])
     assert ("apply", "ComputeDomain", name) not in api.calls
     assert sum(1 for verb, kind, _ in api.calls if verb == "apply" and kind == "Pod") == 2
     # a domain deleted meanwhile (its watch event) is written again
     view.on_child("ComputeDomain", "DELETED", domain)
-    api = Api(templates={b.compute_domain_name(group)})
+    api = Api(templates={builders.compute_domain_name(group)})
     assert _pass(view, api, spec) == ([], [group])
     assert api.calls == [("apply", "ComputeDomain", name)]
 
@@ -92,8 +92,8 @@ def test_a_compute_domain_is_written_once_and_its_template_looked_for_once_it_is
 def test_where_compute_domains_are_not_watched_the_domain_is_written_and_its_template_looked_for():
     """(The kind came after the operator started: no watch tells that the domain exists.)"""
     spec = _spec()
-    group = b.group_name(OWNER, "decode", 0)
-    name = b.compute_domain_name(group)
+    group = builders.group_name(OWNER, "decode", 0)
+    name = builders.compute_domain_name(group)
     api = Api(templates=set())
     assert _pass(ClusterView(), api, spec) == ([], [group])
     assert api.calls == [("apply", "ComputeDomain", name), ("get", "ResourceClaimTemplate", name)]

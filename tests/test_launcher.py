@@ -35,9 +35,7 @@ from tokenfab.fleet import facts
 from tokenfab.launcher import fetch, manifest
 from tokenfab.launcher import plan as lp
 from tokenfab.launcher.run import LaunchError, Runner
-from tokenfab.planning import builders as b
-from tokenfab.planning import contract as c
-from tokenfab.planning import weights_cache
+from tokenfab.planning import builders, contract, weights_cache
 
 RUN_DIR = "/tmp/tokenfab-mpi-test"
 
@@ -52,8 +50,8 @@ def rendered(
     spec = spec_of(example, patch)
     name = load_example(example)["metadata"]["name"]
     own = owner(name)
-    pods = b.group_pods(own, spec, role, 0, DOMAIN, b.role_revision(spec, role))
-    engine_yaml = b.engine_configmap(own, spec, role)["data"][c.ENGINE_CONFIG_FILE]
+    pods = builders.group_pods(own, spec, role, 0, DOMAIN, builders.role_revision(spec, role))
+    engine_yaml = builders.engine_configmap(own, spec, role)["data"][contract.ENGINE_CONFIG_FILE]
     return spec, pods, engine_yaml
 
 
@@ -97,17 +95,22 @@ def probe_port(pod: dict[str, Any]) -> int:
 
 def test_the_pods_run_the_launcher_module():
     _, [pod], _ = rendered("aggregated-small.yaml", "worker")
-    assert pod["spec"]["containers"][0]["command"] == [c.PYTHON, "-m", tokenfab.launcher.__name__]
-    assert tokenfab.launcher.__name__ == c.LAUNCHER_MODULE
+    assert pod["spec"]["containers"][0]["command"] == [contract.PYTHON, "-m", tokenfab.launcher.__name__]
+    assert tokenfab.launcher.__name__ == contract.LAUNCHER_MODULE
 
 
 def test_an_aggregated_one_pod_group_runs_the_dynamo_worker_directly():
     spec, [pod], engine_yaml = rendered("aggregated-small.yaml", "worker")
     plan = plan_of(pod, engine_yaml)
     assert plan.kind == "single"
-    assert plan.command == (c.PYTHON, "-m", c.DYNAMO_WORKER_MODULE, *b.worker_args(spec, "worker"))
+    assert plan.command == (
+        contract.PYTHON,
+        "-m",
+        contract.DYNAMO_WORKER_MODULE,
+        *builders.worker_args(spec, "worker"),
+    )
     assert "--disaggregation-mode" not in plan.command
-    assert (plan.mode, plan.rank, plan.world_size, plan.gpus_per_pod) == (c.MODE_AGGREGATED, 0, 1, 1)
+    assert (plan.mode, plan.rank, plan.world_size, plan.gpus_per_pod) == (contract.MODE_AGGREGATED, 0, 1, 1)
     assert plan.engine.gpus == 1
     assert plan.engine.mtp_depth == 0
     # Nothing to prepare, nobody to wait for; Dynamo itself answers the probes (DYN_SYSTEM_PORT).
@@ -128,7 +131,7 @@ def test_disaggregated_workers_get_their_mode(role):
     plan = plan_of(pods[0], engine_yaml)
     assert plan.mode == role
     assert arg(plan.command, "--disaggregation-mode") == role
-    assert plan.command[-len(b.worker_args(spec, role)) :] == tuple(b.worker_args(spec, role))
+    assert plan.command[-len(builders.worker_args(spec, role)) :] == tuple(builders.worker_args(spec, role))
     # Qwen3 prefill is TP4 (one pod), decode TP8 (two pods: rank 0 under mpirun).
     assert plan.kind == ("single" if role == "prefill" else "leader")
 
@@ -140,7 +143,7 @@ def test_an_8_rank_group_runs_mpirun_on_rank_0_over_every_ranks_pod():
     assert [p.kind for p in plans] == ["leader"] + ["follower"] * 7
     hosts = tuple(dns_name(p) for p in pods)
     assert all(p.hosts == hosts for p in plans)
-    assert hosts[0] == env(pods[0])[c.ENV_LEADER_ADDRESS]
+    assert hosts[0] == env(pods[0])[contract.ENV_LEADER_ADDRESS]
 
     leader = plans[0]
     key = f"{RUN_DIR}/{lp.RUN_KEY}"
@@ -160,27 +163,27 @@ def test_an_8_rank_group_runs_mpirun_on_rank_0_over_every_ranks_pod():
         "ob1",
         "--mca",
         "plm_rsh_args",
-        f"-p {c.MPI_SSH_PORT} -i {key} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
+        f"-p {contract.MPI_SSH_PORT} -i {key} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
         "-o BatchMode=yes -o LogLevel=ERROR",
         *[x for name in forwarded for x in ("-x", name)],
         "trtllm-llmapi-launch",
-        c.PYTHON,
+        contract.PYTHON,
         "-m",
-        c.DYNAMO_WORKER_MODULE,
-        *b.worker_args(spec, "decode"),
+        contract.DYNAMO_WORKER_MODULE,
+        *builders.worker_args(spec, "decode"),
     )
     assert {"TOKENFAB_ROLE", "TOKENFAB_MODEL_PATH", "DYN_NAMESPACE", "NCCL_MNNVL_ENABLE"} <= set(forwarded)
-    assert c.ENV_RANK not in forwarded
+    assert contract.ENV_RANK not in forwarded
     assert leader.env == {
         "OMPI_MCA_orte_keep_fqdn_hostnames": "1",
         "PRTE_MCA_prte_keep_fqdn_hostnames": "1",
         "OMPI_MCA_btl_vader_single_copy_mechanism": "none",  # (no CMA without ptrace rights)
         "OMPI_MCA_smsc": "^cma",
-        "PRTE_MCA_plm_ssh_args": f"-p {c.MPI_SSH_PORT} -i {key} -o StrictHostKeyChecking=no "
+        "PRTE_MCA_plm_ssh_args": f"-p {contract.MPI_SSH_PORT} -i {key} -o StrictHostKeyChecking=no "
         "-o UserKnownHostsFile=/dev/null -o BatchMode=yes -o LogLevel=ERROR",
     }
-    assert leader.copies == (lp.Copy(f"{c.MPI_SSH_DIR}/{c.MPI_SSH_PRIVATE_KEY}", key),)
-    assert leader.wait_for == tuple(lp.Endpoint(h, c.MPI_SSH_PORT) for h in hosts[1:])
+    assert leader.copies == (lp.Copy(f"{contract.MPI_SSH_DIR}/{contract.MPI_SSH_PRIVATE_KEY}", key),)
+    assert leader.wait_for == tuple(lp.Endpoint(h, contract.MPI_SSH_PORT) for h in hosts[1:])
     assert leader.wait_seconds == lp.DEFAULT_PEER_WAIT_SECONDS
     assert leader.health is None  # the Dynamo worker on MPI rank 0 serves DYN_SYSTEM_PORT
 
@@ -188,17 +191,17 @@ def test_an_8_rank_group_runs_mpirun_on_rank_0_over_every_ranks_pod():
         config = f"{RUN_DIR}/{lp.RUN_SSHD_CONFIG}"
         assert follower.rank == rank
         assert follower.command == ("sshd", "-D", "-e", "-f", config)
-        assert follower.copies == (lp.Copy(f"{c.MPI_SSH_DIR}/{c.MPI_SSH_PRIVATE_KEY}", key),)
+        assert follower.copies == (lp.Copy(f"{contract.MPI_SSH_DIR}/{contract.MPI_SSH_PRIVATE_KEY}", key),)
         assert follower.setup == (
             lp.Step(("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", f"{RUN_DIR}/{lp.RUN_HOST_KEY}")),
             lp.Step(("ssh-keygen", "-y", "-f", key), stdout=f"{RUN_DIR}/{lp.RUN_AUTHORIZED_KEYS}"),
         )
         [(path, text)] = follower.files
         assert path == config
-        assert f"Port {c.MPI_SSH_PORT}\n" in text
+        assert f"Port {contract.MPI_SSH_PORT}\n" in text
         assert f"AuthorizedKeysFile {RUN_DIR}/{lp.RUN_AUTHORIZED_KEYS}\n" in text
         assert "PasswordAuthentication no\n" in text
-        assert follower.health == lp.Endpoint("0.0.0.0", c.WORKER_METRICS_PORT)
+        assert follower.health == lp.Endpoint("0.0.0.0", contract.WORKER_METRICS_PORT)
         assert follower.wait_for == ()
 
 
@@ -239,22 +242,24 @@ def example_roles() -> list[tuple[str, RoleName]]:
 @pytest.mark.parametrize(("example", "role"), example_roles())
 def test_every_example_launches_what_the_builders_meant(example, role):
     spec, pods, engine_yaml = rendered(example, role)
-    shape = b.group_shape(spec, role)
+    shape = builders.group_shape(spec, role)
     plans = [plan_of(pod, engine_yaml) for pod in pods]
     kinds = ["single"] if shape.nodes == 1 else ["leader"] + ["follower"] * (shape.nodes - 1)
     assert [p.kind for p in plans] == kinds
     assert [p.rank for p in plans] == list(range(shape.nodes))
-    expected_args = tuple(b.worker_args(spec, role))
+    expected_args = tuple(builders.worker_args(spec, role))
     for pod, plan in zip(pods, plans, strict=True):
         e = env(pod)
         assert plan.dynamo_args == expected_args
-        assert arg(plan.dynamo_args, "--model-path") == e[c.ENV_MODEL_PATH] == b.model_path(spec)
-        assert arg(plan.dynamo_args, "--served-model-name") == e[c.ENV_MODEL_NAME] == spec.model.name
+        assert (
+            arg(plan.dynamo_args, "--model-path") == e[contract.ENV_MODEL_PATH] == builders.model_path(spec)
+        )
+        assert arg(plan.dynamo_args, "--served-model-name") == e[contract.ENV_MODEL_NAME] == spec.model.name
         mode = arg(plan.dynamo_args, "--disaggregation-mode")
-        assert (mode or c.MODE_AGGREGATED) == e[c.ENV_DISAGGREGATION_MODE] == plan.mode
+        assert (mode or contract.MODE_AGGREGATED) == e[contract.ENV_DISAGGREGATION_MODE] == plan.mode
         # The engine file Dynamo reads is the one the launcher checked: the mounted engine ConfigMap.
-        engine_file = f"{mount_path(pod, 'engine')}/{c.ENGINE_CONFIG_FILE}"
-        assert arg(plan.dynamo_args, "--extra-engine-args") == e[c.ENV_ENGINE_CONFIG] == engine_file
+        engine_file = f"{mount_path(pod, 'engine')}/{contract.ENGINE_CONFIG_FILE}"
+        assert arg(plan.dynamo_args, "--extra-engine-args") == e[contract.ENV_ENGINE_CONFIG] == engine_file
         assert plan.engine.gpus == shape.gpus == plan.world_size * plan.gpus_per_pod
         assert plan.hosts == tuple(dns_name(p) for p in pods)
         if plan.kind == "single":
@@ -270,11 +275,11 @@ def test_every_example_launches_what_the_builders_meant(example, role):
             assert plan.health is not None
             assert plan.health.port == probe_port(pod)
         if shape.nodes > 1:
-            assert e[c.ENV_MPI_SSH_DIR] == mount_path(pod, "mpi-ssh") == c.MPI_SSH_DIR
+            assert e[contract.ENV_MPI_SSH_DIR] == mount_path(pod, "mpi-ssh") == contract.MPI_SSH_DIR
             volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
-            assert volumes["mpi-ssh"]["secret"]["secretName"] == c.MPI_SSH_SECRET
+            assert volumes["mpi-ssh"]["secret"]["secretName"] == contract.MPI_SSH_SECRET
         else:
-            assert c.ENV_MPI_SSH_DIR not in e
+            assert contract.ENV_MPI_SSH_DIR not in e
 
 
 def test_forwarded_environment_leaves_out_per_host_values_and_mpis_own():
@@ -282,18 +287,22 @@ def test_forwarded_environment_leaves_out_per_host_values_and_mpis_own():
         "PATH": "/usr/bin",
         "HF_TOKEN": "secret",
         "HOSTNAME": "pod-0",
-        c.ENV_RANK: "0",
+        contract.ENV_RANK: "0",
         "NVIDIA_VISIBLE_DEVICES": "GPU-1",
         "OMPI_MCA_btl": "tcp",
         "BAD-NAME": "x",
-        c.ENV_WORLD_SIZE: "2",
+        contract.ENV_WORLD_SIZE: "2",
     }
-    assert lp.forwarded_names(environ) == ("HF_TOKEN", "PATH", c.ENV_WORLD_SIZE)
+    assert lp.forwarded_names(environ) == ("HF_TOKEN", "PATH", contract.ENV_WORLD_SIZE)
 
 
 def test_dynamo_system_port_and_host_and_peer_wait_come_from_the_environment():
     _, pods, engine_yaml = rendered("llama-405b-multinode-tp.yaml", "worker")
-    environ = {**env(pods[1]), c.ENV_DYN_SYSTEM_HOST: "127.0.0.1", c.ENV_DYN_SYSTEM_PORT: "19090"}
+    environ = {
+        **env(pods[1]),
+        contract.ENV_DYN_SYSTEM_HOST: "127.0.0.1",
+        contract.ENV_DYN_SYSTEM_PORT: "19090",
+    }
     plan = lp.plan_launch(
         lp.read_identity(environ),
         engine_yaml,
@@ -303,7 +312,7 @@ def test_dynamo_system_port_and_host_and_peer_wait_come_from_the_environment():
         as_root=False,
     )
     assert plan.health == lp.Endpoint("127.0.0.1", 19090)
-    environ = {**env(pods[0]), c.ENV_PEER_WAIT_SECONDS: "5"}
+    environ = {**env(pods[0]), contract.ENV_PEER_WAIT_SECONDS: "5"}
     plan = lp.plan_launch(
         lp.read_identity(environ),
         engine_yaml,
@@ -326,17 +335,20 @@ def multi_node_env() -> tuple[dict[str, str], str, list[str]]:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({c.ENV_RANK: None}, f"{c.ENV_RANK} is not set"),
-        ({c.ENV_GROUP: "", c.ENV_NAMESPACE: None}, f"{c.ENV_GROUP} is not set"),
-        ({c.ENV_RANK: "three"}, f"{c.ENV_RANK}='three' is not an integer"),
-        ({c.ENV_WORLD_SIZE: "0"}, f"{c.ENV_WORLD_SIZE}=0 must be at least 1"),
-        ({c.ENV_RANK: "8"}, f"{c.ENV_RANK}=8 is not below {c.ENV_WORLD_SIZE}=8"),
-        ({c.ENV_ROLE: "router"}, f"{c.ENV_ROLE}='router' is not a role"),
-        ({c.ENV_DISAGGREGATION_MODE: "both"}, f"{c.ENV_DISAGGREGATION_MODE}='both' is not a mode"),
-        ({c.ENV_DISAGGREGATION_MODE: "prefill"}, "does not fit TOKENFAB_ROLE='decode'"),
-        ({c.ENV_MPI_SSH_DIR: None}, f"Secret {c.MPI_SSH_SECRET}"),
-        ({c.ENV_LEADER_ADDRESS: "elsewhere"}, "is not rank 0's address"),
-        ({c.ENV_DYN_SYSTEM_PORT: "70000"}, "is not a TCP port"),
+        ({contract.ENV_RANK: None}, f"{contract.ENV_RANK} is not set"),
+        ({contract.ENV_GROUP: "", contract.ENV_NAMESPACE: None}, f"{contract.ENV_GROUP} is not set"),
+        ({contract.ENV_RANK: "three"}, f"{contract.ENV_RANK}='three' is not an integer"),
+        ({contract.ENV_WORLD_SIZE: "0"}, f"{contract.ENV_WORLD_SIZE}=0 must be at least 1"),
+        ({contract.ENV_RANK: "8"}, f"{contract.ENV_RANK}=8 is not below {contract.ENV_WORLD_SIZE}=8"),
+        ({contract.ENV_ROLE: "router"}, f"{contract.ENV_ROLE}='router' is not a role"),
+        (
+            {contract.ENV_DISAGGREGATION_MODE: "both"},
+            f"{contract.ENV_DISAGGREGATION_MODE}='both' is not a mode",
+        ),
+        ({contract.ENV_DISAGGREGATION_MODE: "prefill"}, "does not fit TOKENFAB_ROLE='decode'"),
+        ({contract.ENV_MPI_SSH_DIR: None}, f"Secret {contract.MPI_SSH_SECRET}"),
+        ({contract.ENV_LEADER_ADDRESS: "elsewhere"}, "is not rank 0's address"),
+        ({contract.ENV_DYN_SYSTEM_PORT: "70000"}, "is not a TCP port"),
     ],
     ids=lambda v: str(v)[:40],
 )
@@ -388,7 +400,7 @@ def test_engine_problems_name_the_key(engine, message):
     with pytest.raises(lp.ConfigError) as err:
         lp.plan_launch(identity, engine, args, environ=environ, run_dir=RUN_DIR, as_root=False)
     assert any(message in p for p in err.value.problems), err.value.problems
-    assert any(c.ENV_ENGINE_CONFIG in p for p in err.value.problems)
+    assert any(contract.ENV_ENGINE_CONFIG in p for p in err.value.problems)
 
 
 def launcher(args: list[str], environ: dict[str, str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
@@ -424,13 +436,13 @@ def test_a_bad_configuration_exits_non_zero_naming_the_problem(tmp_path, case, m
     environ, engine_yaml, args = multi_node_env()
     engine = tmp_path / "engine.yaml"
     engine.write_text(engine_yaml)
-    environ = {**base_environ(), **environ, c.ENV_ENGINE_CONFIG: str(engine)}
+    environ = {**base_environ(), **environ, contract.ENV_ENGINE_CONFIG: str(engine)}
     if case == "missing-var":
-        del environ[c.ENV_GPUS_PER_POD]
+        del environ[contract.ENV_GPUS_PER_POD]
     elif case == "rank-too-high":
-        environ[c.ENV_RANK] = "9"
+        environ[contract.ENV_RANK] = "9"
     elif case == "unreadable-engine":
-        environ[c.ENV_ENGINE_CONFIG] = str(tmp_path / "missing.yaml")
+        environ[contract.ENV_ENGINE_CONFIG] = str(tmp_path / "missing.yaml")
     elif case == "invalid-engine":
         engine.write_text("tensor_parallel_size: 32\n  bad indent: [\n")
     elif case == "engine-disagrees":
@@ -448,12 +460,12 @@ def test_dry_run_prints_the_plan_as_json(tmp_path):
     _, [pod], engine_yaml = rendered("aggregated-small.yaml", "worker")
     engine = tmp_path / "engine.yaml"
     engine.write_text(engine_yaml)
-    environ = {**base_environ(), **env(pod), c.ENV_ENGINE_CONFIG: str(engine)}
+    environ = {**base_environ(), **env(pod), contract.ENV_ENGINE_CONFIG: str(engine)}
     done = launcher(["--dry-run", "--", *pod_args(pod)], environ)
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     assert out["kind"] == "single"
-    assert out["command"] == [c.PYTHON, "-m", c.DYNAMO_WORKER_MODULE, *pod_args(pod)]
+    assert out["command"] == [contract.PYTHON, "-m", contract.DYNAMO_WORKER_MODULE, *pod_args(pod)]
     assert out["engine"]["tensor_parallel_size"] == 1
 
 
@@ -538,11 +550,11 @@ def fake_hub_cache(cache: Path, repo: str, commit: str = COMMIT, branch: str = "
 def offline_cache(tmp_path: Path, pod: dict[str, Any]) -> dict[str, str]:
     """The pod's hf:// weights already in its model cache; no hub reachable (HF_HUB_OFFLINE). A pod
     without a model cache (pvc:// weights, mounted) gets none."""
-    if c.ENV_MODEL_CACHE not in env(pod):
+    if contract.ENV_MODEL_CACHE not in env(pod):
         return {"HF_HUB_OFFLINE": "1"}
     cache = tmp_path / "model-cache"
-    fake_hub_cache(cache, env(pod)[c.ENV_MODEL_PATH])
-    return {c.ENV_MODEL_CACHE: str(cache), "HF_HUB_OFFLINE": "1"}
+    fake_hub_cache(cache, env(pod)[contract.ENV_MODEL_PATH])
+    return {contract.ENV_MODEL_CACHE: str(cache), "HF_HUB_OFFLINE": "1"}
 
 
 def with_snapshot(args: list[str], tmp_path: Path, repo: str) -> list[str]:
@@ -561,7 +573,7 @@ def single_pod_environ(tmp_path: Path, bin_dir: Path) -> tuple[dict[str, str], l
         **base_environ(),
         **env(pod),
         **offline_cache(tmp_path, pod),
-        c.ENV_ENGINE_CONFIG: str(engine),
+        contract.ENV_ENGINE_CONFIG: str(engine),
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
         "FAKE_DIR": str(tmp_path),
         "TMPDIR": str(tmp_path),
@@ -576,8 +588,8 @@ def test_sigterm_is_forwarded_to_the_worker_and_its_exit_code_propagates(tmp_pat
     try:
         wait_for(lambda: (tmp_path / "python3.args").exists())
         # the engine loads the snapshot the launcher found in the model cache
-        repo = environ[c.ENV_MODEL_PATH]
-        want = ["-m", c.DYNAMO_WORKER_MODULE, *with_snapshot(args, tmp_path, repo)]
+        repo = environ[contract.ENV_MODEL_PATH]
+        want = ["-m", contract.DYNAMO_WORKER_MODULE, *with_snapshot(args, tmp_path, repo)]
         assert (tmp_path / "python3.args").read_text().split() == want
         os.kill(proc.pid, signal.SIGTERM)  # the launcher only: it must forward to the worker
         proc.wait(timeout=30)
@@ -600,10 +612,10 @@ def test_hf_weights_at_the_pinned_revision_are_what_the_engine_loads(tmp_path, f
     """model.revision (TOKENFAB_MODEL_REVISION) picks the snapshot: the pinned commit's, not main's."""
     fake_program(fakes, "python3", 'echo "$@" > "$FAKE_DIR/python3.args"\n')
     environ, args = single_pod_environ(tmp_path, fakes)
-    repo = environ[c.ENV_MODEL_PATH]
+    repo = environ[contract.ENV_MODEL_PATH]
     pinned = "fedcba9876543210fedcba9876543210fedcba98"
     snapshot = fake_hub_cache(tmp_path / "model-cache", repo, commit=pinned, branch="release")
-    environ[c.ENV_MODEL_REVISION] = pinned
+    environ[contract.ENV_MODEL_REVISION] = pinned
     done = launcher(args, environ)
     assert done.returncode == 0, done.stderr
     argv = (tmp_path / "python3.args").read_text().split()
@@ -625,10 +637,10 @@ def hub_down(environ: dict[str, str]) -> dict[str, str]:
 def test_a_complete_pinned_snapshot_is_loaded_without_asking_the_hub(tmp_path, fakes):
     fake_program(fakes, "python3", 'echo "$@" > "$FAKE_DIR/python3.args"\n')
     environ, args = single_pod_environ(tmp_path, fakes)
-    repo = environ[c.ENV_MODEL_PATH]
+    repo = environ[contract.ENV_MODEL_PATH]
     snapshot = with_snapshot(args, tmp_path, repo)[args.index("--model-path") + 1]
     manifest.write(Path(snapshot), COMMIT)
-    environ = hub_down({**environ, c.ENV_MODEL_REVISION: COMMIT})
+    environ = hub_down({**environ, contract.ENV_MODEL_REVISION: COMMIT})
     done = launcher(args, environ)
     assert done.returncode == 0, done.stderr
     assert f"{snapshot} (complete in the model cache, " in done.stderr
@@ -659,7 +671,7 @@ def test_an_unverified_snapshot_is_completed_from_the_hub_or_used_with_a_warning
 def test_hf_weights_that_cannot_be_fetched_stop_the_pod_with_the_reason(tmp_path, fakes):
     fake_program(fakes, "python3", "exit 0\n")
     environ, args = single_pod_environ(tmp_path, fakes)
-    environ[c.ENV_MODEL_REVISION] = "not-a-revision-in-the-cache"
+    environ[contract.ENV_MODEL_REVISION] = "not-a-revision-in-the-cache"
     done = launcher(args, hub_down(environ))
     assert done.returncode == 1
     assert "could not be fetched" in done.stderr
@@ -673,9 +685,9 @@ def fetch_only_environ(tmp_path: Path, source: str = "hf://org/model", revision:
     """What a weights-fetch pod carries (tokenfab.planning.builders.weights_fetch_pod)."""
     return {
         **base_environ(),
-        c.ENV_MODEL_SOURCE: source,
-        c.ENV_MODEL_REVISION: revision,
-        c.ENV_MODEL_CACHE: str(tmp_path / "model-cache"),
+        contract.ENV_MODEL_SOURCE: source,
+        contract.ENV_MODEL_REVISION: revision,
+        contract.ENV_MODEL_CACHE: str(tmp_path / "model-cache"),
         fetch.ENV_TERMINATION_LOG: str(tmp_path / "termination-log"),
     }
 
@@ -728,7 +740,7 @@ def test_fetch_only_fails_with_the_reason_when_the_weights_cannot_be_had(tmp_pat
     assert unverified.returncode == 1
     assert "is not verified (no manifest of a completed download): not staged" in unverified.stderr
     # a pod without a model cache has nothing to stage into
-    bare = {k: v for k, v in fetch_only_environ(tmp_path).items() if k != c.ENV_MODEL_CACHE}
+    bare = {k: v for k, v in fetch_only_environ(tmp_path).items() if k != contract.ENV_MODEL_CACHE}
     nothing = launcher(["--fetch-only"], bare)
     assert nothing.returncode == 78
     assert "nothing to fetch" in nothing.stderr
@@ -752,12 +764,14 @@ def test_where_hf_weights_come_from(revision, cached, complete, offline, source)
 
 def test_pvc_weights_need_no_fetch():
     spec = spec_of("qwen3-235b-autoscaled.yaml")
-    pod = b.group_pods(owner("q"), spec, "prefill", 0, DOMAIN, "rev")[0]
-    environ = {**env(pod), c.ENV_ENGINE_CONFIG: "/e"}
+    pod = builders.group_pods(owner("q"), spec, "prefill", 0, DOMAIN, "rev")[0]
+    environ = {**env(pod), contract.ENV_ENGINE_CONFIG: "/e"}
     identity = lp.read_identity(environ)
     assert lp.fetch_of(identity) is None
-    hf = lp.read_identity({**environ, c.ENV_MODEL_SOURCE: "hf://org/m", c.ENV_MODEL_REVISION: "v2"})
-    assert lp.fetch_of(hf) == lp.Fetch("org/m", "v2", c.MODEL_CACHE_DIR)
+    hf = lp.read_identity(
+        {**environ, contract.ENV_MODEL_SOURCE: "hf://org/m", contract.ENV_MODEL_REVISION: "v2"}
+    )
+    assert lp.fetch_of(hf) == lp.Fetch("org/m", "v2", contract.MODEL_CACHE_DIR)
 
 
 def test_a_missing_program_exits_127_with_a_message(tmp_path, fakes):
@@ -774,15 +788,15 @@ def follower_environ(tmp_path: Path, bin_dir: Path, port: int) -> tuple[dict[str
     engine.write_text(engine_yaml)
     ssh_dir = tmp_path / "mpi-ssh"
     ssh_dir.mkdir()
-    (ssh_dir / c.MPI_SSH_PRIVATE_KEY).write_text("private\n")
+    (ssh_dir / contract.MPI_SSH_PRIVATE_KEY).write_text("private\n")
     environ = {
         **base_environ(),
         **env(pods[2]),
         **offline_cache(tmp_path, pods[2]),
-        c.ENV_ENGINE_CONFIG: str(engine),
-        c.ENV_MPI_SSH_DIR: str(ssh_dir),
-        c.ENV_DYN_SYSTEM_HOST: "127.0.0.1",
-        c.ENV_DYN_SYSTEM_PORT: str(port),
+        contract.ENV_ENGINE_CONFIG: str(engine),
+        contract.ENV_MPI_SSH_DIR: str(ssh_dir),
+        contract.ENV_DYN_SYSTEM_HOST: "127.0.0.1",
+        contract.ENV_DYN_SYSTEM_PORT: str(port),
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
         "FAKE_DIR": str(tmp_path),
         "TMPDIR": str(tmp_path),
@@ -815,15 +829,15 @@ def test_a_follower_runs_sshd_and_answers_health_and_metrics_on_its_port(tmp_pat
 
         def healthy() -> bool:
             try:
-                return get(base + c.HEALTH_PATH)[0] == 200
+                return get(base + contract.HEALTH_PATH)[0] == 200
             except OSError:
                 return False
 
         wait_for(healthy)
         wait_for((tmp_path / "sshd.args").exists)
-        status, body = get(base + c.HEALTH_PATH)
+        status, body = get(base + contract.HEALTH_PATH)
         assert json.loads(body) == {"status": "ready", "rank": 2}
-        status, metrics = get(base + c.METRICS_PATH)
+        status, metrics = get(base + contract.METRICS_PATH)
         assert status == 200
         assert "tokenfab_launcher_child_up 1" in metrics
         assert 'rank="2",world_size="4",kind="follower"' in metrics
@@ -838,7 +852,7 @@ def test_a_follower_runs_sshd_and_answers_health_and_metrics_on_its_port(tmp_pat
         assert stat.S_IMODE(key.stat().st_mode) == 0o600
         assert stat.S_IMODE(keys.stat().st_mode) == 0o600
         assert (run_dir / lp.RUN_HOST_KEY).read_text() == "key\n"
-        assert f"Port {c.MPI_SSH_PORT}" in (run_dir / lp.RUN_SSHD_CONFIG).read_text()
+        assert f"Port {contract.MPI_SSH_PORT}" in (run_dir / lp.RUN_SSHD_CONFIG).read_text()
         # sshd is started by absolute path (it re-executes itself), with the written config.
         assert (tmp_path / "sshd.args").read_text().split() == [
             "-D",
@@ -857,18 +871,18 @@ def test_a_follower_runs_sshd_and_answers_health_and_metrics_on_its_port(tmp_pat
 
 def test_a_follower_without_the_ssh_key_secret_says_so(tmp_path, fakes):
     environ, args = follower_environ(tmp_path, fakes, free_port())
-    (Path(environ[c.ENV_MPI_SSH_DIR]) / c.MPI_SSH_PRIVATE_KEY).unlink()
+    (Path(environ[contract.ENV_MPI_SSH_DIR]) / contract.MPI_SSH_PRIVATE_KEY).unlink()
     done = launcher(args, environ)
     assert done.returncode == lp.EXIT_CONFIG
-    assert f"Secret {c.MPI_SSH_SECRET}" in done.stderr
+    assert f"Secret {contract.MPI_SSH_SECRET}" in done.stderr
 
 
 def leader_plan(tmp_path: Path) -> lp.LaunchPlan:
     _, pods, engine_yaml = rendered("llama-405b-multinode-tp.yaml", "worker")
     ssh_dir = tmp_path / "mpi-ssh"
     ssh_dir.mkdir()
-    (ssh_dir / c.MPI_SSH_PRIVATE_KEY).write_text("private\n")
-    environ = {**env(pods[0]), c.ENV_MPI_SSH_DIR: str(ssh_dir)}
+    (ssh_dir / contract.MPI_SSH_PRIVATE_KEY).write_text("private\n")
+    environ = {**env(pods[0]), contract.ENV_MPI_SSH_DIR: str(ssh_dir)}
     return lp.plan_launch(
         lp.read_identity(environ),
         engine_yaml,
@@ -901,7 +915,7 @@ def test_the_leader_waits_for_every_rank_to_accept_connections(tmp_path):
         with pytest.raises(LaunchError) as err:
             Runner(plan, {}).wait_for_peers()
     assert f"gave up after 1 s waiting for 127.0.0.1:{closed.port}" in str(err.value)
-    assert c.ENV_PEER_WAIT_SECONDS in str(err.value)
+    assert contract.ENV_PEER_WAIT_SECONDS in str(err.value)
 
 
 def test_engine_yaml_of_every_example_is_what_the_launcher_reads():
@@ -910,7 +924,7 @@ def test_engine_yaml_of_every_example_is_what_the_launcher_reads():
         spec = parse_model_deployment(load_example(path.name), path.name).spec
         for role, _ in spec.roles():
             _, pods, engine_yaml = rendered(path.name, role)
-            assert env(pods[0])[c.ENV_ENGINE_CONFIG].endswith("/" + c.ENGINE_CONFIG_FILE)
+            assert env(pods[0])[contract.ENV_ENGINE_CONFIG].endswith("/" + contract.ENGINE_CONFIG_FILE)
             assert isinstance(yaml.safe_load(engine_yaml), dict)
 
 

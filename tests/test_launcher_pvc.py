@@ -11,9 +11,7 @@ from testing.cases import env
 from tests.test_launcher import base_environ, fake_program, launcher, pod_args, rendered
 from tests.test_prestage import first_owner
 from tokenfab.launcher import fetch, mirror
-from tokenfab.planning import builders as b
-from tokenfab.planning import contract as c
-from tokenfab.planning import launcher_log
+from tokenfab.planning import builders, contract, launcher_log
 
 SOURCE = "pvc://models/deepseek/r1"
 
@@ -21,9 +19,9 @@ SOURCE = "pvc://models/deepseek/r1"
 def environ(tmp_path: Path) -> dict[str, str]:
     return {
         **base_environ(),
-        c.ENV_MODEL_SOURCE: SOURCE,
-        c.ENV_MODEL_REVISION: "",
-        c.ENV_MODEL_CACHE: str(tmp_path / "model-cache"),
+        contract.ENV_MODEL_SOURCE: SOURCE,
+        contract.ENV_MODEL_REVISION: "",
+        contract.ENV_MODEL_CACHE: str(tmp_path / "model-cache"),
         fetch.ENV_TERMINATION_LOG: str(tmp_path / "termination-log"),
         mirror.ENV_MODEL_MOUNT: str(tmp_path / "claim"),  # (the claim's root, /models in the pod)
     }
@@ -80,17 +78,17 @@ def test_a_worker_with_a_storage_class_loads_its_copy_and_one_without_loads_the_
     fake_program(bin_dir, "python3", 'echo "$@" > "$FAKE_DIR/python3.args"\n')
     for cache, want in (
         ({"storageClassName": "local-nvme"}, tmp_path / "model-cache" / "pvc" / "models" / "deepseek" / "r1"),
-        ({}, Path(c.MODEL_MOUNT) / "deepseek" / "r1"),
+        ({}, Path(contract.MODEL_MOUNT) / "deepseek" / "r1"),
     ):
         patch = {"model": {"source": SOURCE, "cache": cache}}
         _, [pod], engine_yaml = rendered("aggregated-small.yaml", "worker", patch)
         (tmp_path / "engine.yaml").write_text(engine_yaml)
         pod_env = env(pod)
-        assert (c.ENV_MODEL_CACHE in pod_env) is bool(cache)
+        assert (contract.ENV_MODEL_CACHE in pod_env) is bool(cache)
         run_env = {
             **pod_env,
-            **{k: v for k, v in environ(tmp_path).items() if k != c.ENV_MODEL_CACHE or cache},
-            c.ENV_ENGINE_CONFIG: str(tmp_path / "engine.yaml"),
+            **{k: v for k, v in environ(tmp_path).items() if k != contract.ENV_MODEL_CACHE or cache},
+            contract.ENV_ENGINE_CONFIG: str(tmp_path / "engine.yaml"),
             "PATH": f"{bin_dir}:{os.environ['PATH']}",
             "FAKE_DIR": str(tmp_path),
             "TMPDIR": str(tmp_path),
@@ -107,11 +105,11 @@ def test_a_worker_with_a_storage_class_loads_its_copy_and_one_without_loads_the_
 def test_the_fetch_pod_of_pvc_weights_mounts_their_claim_read_only():
     spec = rendered("aggregated-small.yaml", "worker", {"model": {"source": SOURCE, "cache": {
         "storageClassName": "local-nvme", "prestageGroups": 1}}})[0]  # fmt: skip
-    pod = b.weights_fetch_pod(first_owner(), spec, "a-0", "pvc://models/deepseek/r1@main")
+    pod = builders.weights_fetch_pod(first_owner(), spec, "a-0", "pvc://models/deepseek/r1@main")
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     assert volumes["model"]["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
     mounts = {m["name"]: m for m in pod["spec"]["containers"][0]["volumeMounts"]}
-    assert mounts["model"] == {"name": "model", "mountPath": c.MODEL_MOUNT, "readOnly": True}
+    assert mounts["model"] == {"name": "model", "mountPath": contract.MODEL_MOUNT, "readOnly": True}
     assert "model-cache" in mounts
 
 

@@ -26,7 +26,7 @@ from tests.test_launcher import (
 )
 from tokenfab.launcher import fetch, s3
 from tokenfab.launcher.weights import Fetch
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 
 ROOT = Path(__file__).resolve().parents[1]
 VENVS = Path(os.environ.get("TOKENFAB_VENVS", Path.home() / ".cache" / "tokenfab" / "venvs"))
@@ -143,9 +143,9 @@ def s3_environ(tmp_path: Path, store: Store) -> dict[str, str]:
     return {
         **base_environ(),
         "PYTHONPATH": str(ROOT / "operator"),
-        c.ENV_MODEL_SOURCE: SOURCE,
-        c.ENV_MODEL_REVISION: "",
-        c.ENV_MODEL_CACHE: str(tmp_path / "model-cache"),
+        contract.ENV_MODEL_SOURCE: SOURCE,
+        contract.ENV_MODEL_REVISION: "",
+        contract.ENV_MODEL_CACHE: str(tmp_path / "model-cache"),
         fetch.ENV_TERMINATION_LOG: str(tmp_path / "termination-log"),
         **store.env(),
     }
@@ -239,11 +239,11 @@ def test_the_worker_loads_the_snapshot_it_fetched(tmp_path, store):
     engine = tmp_path / "engine.yaml"
     engine.write_text(engine_yaml)
     pod_env = env(pod)
-    assert pod_env[c.ENV_MODEL_SOURCE] == SOURCE
+    assert pod_env[contract.ENV_MODEL_SOURCE] == SOURCE
     environ = {
         **pod_env,
         **s3_environ(tmp_path, store),
-        c.ENV_ENGINE_CONFIG: str(engine),
+        contract.ENV_ENGINE_CONFIG: str(engine),
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
         "FAKE_DIR": str(tmp_path),
         "TMPDIR": str(tmp_path),

@@ -16,26 +16,26 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from tests import kube_objects as k
+from tests import kube_objects
 from tokenfab.fleet.ledger import Ledger
 from tokenfab.fleet.view import ClusterView
 from tokenfab.planning.capacity import Constraints, add
 from tokenfab.planning.groups import plan_role
 from tokenfab.planning.topology import GroupShape, best_fit_nodes, choose_domain
 
-GPU = k.GPU
+GPU = kube_objects.GPU
 GI = 2**30
 CONSTRAINTS = Constraints()
 M = ("ml", "m")
 
 # Three NVLink domains of unequal nodes, and a node in none.
 NODES = {
-    **{f"a-{i}": k.node(f"a-{i}", "a", 8) for i in range(4)},
-    **{f"b-{i}": k.node(f"b-{i}", "b", 4) for i in range(3)},
-    **{f"c-{i}": k.node(f"c-{i}", "c", 8, cpu="32") for i in range(5)},
-    "cpu-0": k.node("cpu-0", None, 8),
+    **{f"a-{i}": kube_objects.node(f"a-{i}", "a", 8) for i in range(4)},
+    **{f"b-{i}": kube_objects.node(f"b-{i}", "b", 4) for i in range(3)},
+    **{f"c-{i}": kube_objects.node(f"c-{i}", "c", 8, cpu="32") for i in range(5)},
+    "cpu-0": kube_objects.node("cpu-0", None, 8),
 }
-DOMAIN_OF = {name: (obj["metadata"]["labels"] or {}).get(k.LABEL) for name, obj in NODES.items()}
+DOMAIN_OF = {name: (obj["metadata"]["labels"] or {}).get(kube_objects.LABEL) for name, obj in NODES.items()}
 OWNERS = [("ml", "m"), ("ml", "n"), ("team-b", "m")]
 SHAPES = [
     GroupShape(1, 8),
@@ -53,7 +53,7 @@ def request(shape: GroupShape, cpus: int) -> dict[str, int]:
 
 
 def pod_obj(owner, group: str, pod: str, pin: str, req: dict[str, int], **changes) -> dict:
-    return k.pod(
+    return kube_objects.pod(
         pod,
         owner[1],
         owner[0],
@@ -317,7 +317,7 @@ class LedgerMachine(RuleBasedStateMachine):
         if name in self.down:
             return
         base = NODES[name]
-        changed = k.node(
+        changed = kube_objects.node(
             name,
             DOMAIN_OF[name],
             base["status"]["allocatable"][GPU],
@@ -355,9 +355,9 @@ class LedgerMachine(RuleBasedStateMachine):
         for r in self.ledger.reservations():
             per_group.setdefault((r.owner, r.group), set()).add(DOMAIN_OF[r.node])
         for p in self.view.all_pods():
-            per_group.setdefault(((p.namespace, p.deployment), p.labels[k.c.LABEL_GROUP]), set()).add(
-                DOMAIN_OF[p.pinned or ""]
-            )
+            per_group.setdefault(
+                ((p.namespace, p.deployment), p.labels[kube_objects.c.LABEL_GROUP]), set()
+            ).add(DOMAIN_OF[p.pinned or ""])
         assert all(len(ds) == 1 for ds in per_group.values()), per_group
 
 
@@ -435,12 +435,14 @@ def test_a_pod_seen_while_the_ledger_reads_is_counted_once_not_never():
     """The reserved pod's watch event lands while the next plan reads capacity: it must count either as
     the view's (the pod) or the ledger's (the reservation), never as neither."""
     view = DeliveringView()
-    view.on_node("ADDED", k.node("a-0", "a", 4))
+    view.on_node("ADDED", kube_objects.node("a-0", "a", 4))
     ledger = Ledger(view)
-    req = {k.GPU: 4}
+    req = {kube_objects.GPU: 4}
     with ledger.session() as s:
         s.reserve(("ml", "m"), "m-w-0", {"m-w-0-0": ("a-0", req)}, 0.0)
-    view.deliver = lambda: view.on_pod("ADDED", k.pod("m-w-0-0", "m", pinned="a-0", gpus=4, group="m-w-0"))
+    view.deliver = lambda: view.on_pod(
+        "ADDED", kube_objects.pod("m-w-0-0", "m", pinned="a-0", gpus=4, group="m-w-0")
+    )
     with ledger.session() as s:  # another deployment's pass
         free = s.domains(req, Constraints())["a"].free.get("a-0", 0)
     assert free == 0, f"a-0 is full, but a plan saw {free} GPUs free there"

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tokenfab.adapters import metrics
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool comes with Prometheus (e2e/test.sh)")
@@ -22,12 +22,12 @@ QUERIES = {
     "kv": (
         metrics.kv_query("ns", "llama", "decode"),
         metrics.KV_METRIC,
-        {c.PROM_LABEL_ROLE: "decode"},
+        {contract.PROM_LABEL_ROLE: "decode"},
     ),
     "queue": (
         metrics.queue_query("ns", "llama", "prefill"),
         metrics.QUEUE_METRIC,
-        {c.PROM_LABEL_ROLE: "prefill"},
+        {contract.PROM_LABEL_ROLE: "prefill"},
     ),
     "inflight": (
         metrics.inflight_query("ns", "llama"),
@@ -41,8 +41,8 @@ def _series(name: str, extra: dict[str, str], group: str, rank: int) -> str:
     labels = {
         "__name__": name,
         "namespace": "ns",
-        c.PROM_LABEL_DEPLOYMENT: "llama",
-        c.PROM_LABEL_GROUP: group,
+        contract.PROM_LABEL_DEPLOYMENT: "llama",
+        contract.PROM_LABEL_GROUP: group,
         "rank": str(rank),
         **extra,
     }
@@ -70,8 +70,8 @@ def _promtool(
                         "expr": expr,
                         "eval_time": "3m",
                         "exp_samples": [
-                            {"labels": "{" + f'{c.PROM_LABEL_GROUP}="live"' + "}", "value": 180},
-                            {"labels": "{" + f'{c.PROM_LABEL_GROUP}="dead"' + "}", "value": 60},
+                            {"labels": "{" + f'{contract.PROM_LABEL_GROUP}="live"' + "}", "value": 180},
+                            {"labels": "{" + f'{contract.PROM_LABEL_GROUP}="dead"' + "}", "value": 60},
                         ],
                     }
                 ],
@@ -126,7 +126,7 @@ def test_read_asks_the_twin_and_ages_samples_by_it(monkeypatch: pytest.MonkeyPat
         def custom_query(self, q: str) -> list[dict[str, object]]:
             asked.append(q)
             value = "1000" if "timestamp" in q else "0.7"
-            return [{"metric": {c.PROM_LABEL_GROUP: "g0"}, "value": [1100, value]}]
+            return [{"metric": {contract.PROM_LABEL_GROUP: "g0"}, "value": [1100, value]}]
 
     monkeypatch.setattr(metrics, "PrometheusConnect", Prom)
     query = metrics.kv_query("ns", "llama", "decode")

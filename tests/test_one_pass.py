@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from testing.cases import load_example
 from tokenfab.api.errors import parse_model_deployment
 from tokenfab.api.models import ModelDeployment, RoleName
-from tokenfab.planning import builders as b
+from tokenfab.planning import builders
 from tokenfab.planning.capacity import NodeFacts
 from tokenfab.planning.lifecycle import GroupView, NodeHealth, PodView, classify
 from tokenfab.planning.one_pass import Plan, Snapshot, plan
@@ -66,9 +66,9 @@ def snapshot(
     used: dict[str, dict[str, int]],
     groups: dict[RoleName, list[GroupView]],
 ) -> Snapshot:
-    owner = b.Owner(name=md.metadata.name or "", namespace="ns", uid="uid-1")
+    owner = builders.Owner(name=md.metadata.name or "", namespace="ns", uid="uid-1")
     health = {n.name: NodeHealth(n.ready, n.not_ready_since) for n in nodes}
-    room = Room.fixed(nodes, used, b.placement_constraints(md.spec))
+    room = Room.fixed(nodes, used, builders.placement_constraints(md.spec))
     return Snapshot(owner=owner, md=md, groups=groups, health=health, room=room, now=NOW, bind_timeout=90.0)
 
 
@@ -77,9 +77,11 @@ def materialize(snap: Snapshot, p: Plan) -> dict[RoleName, list[GroupView]]:
     out = {role: list(gs) for role, gs in snap.groups.items()}
     for rp in p.roles:
         for cr in rp.create:
-            name = b.group_name(snap.owner, cr.role, cr.slot)
+            name = builders.group_name(snap.owner, cr.role, cr.slot)
             pods = tuple(
-                PodView(b.pod_name(name, r), r, "Running", True, n, False, ready_since=NOW - 60, pinned=n)
+                PodView(
+                    builders.pod_name(name, r), r, "Running", True, n, False, ready_since=NOW - 60, pinned=n
+                )
                 for r, n in enumerate(cr.nodes)
             )
             shape = (cr.domain, len(cr.nodes), rp.shape.gpus)
@@ -103,7 +105,7 @@ def materialize(snap: Snapshot, p: Plan) -> dict[RoleName, list[GroupView]]:
 def used_by(groups: dict[RoleName, list[GroupView]], md: ModelDeployment) -> dict[str, dict[str, int]]:
     used: dict[str, dict[str, int]] = {}
     for role, gs in groups.items():
-        req = b.pod_requests(md.spec, role)
+        req = builders.pod_requests(md.spec, role)
         for g in gs:
             for pod in g.pods:
                 node = used.setdefault(pod.node or pod.pinned or "", {})
@@ -122,7 +124,7 @@ def check(snap: Snapshot, p: Plan) -> None:
     for rp in p.roles:
         for cr in rp.create:
             assert {domain_of[n] for n in cr.nodes} == {cr.domain}, (cr, "split across domains")
-            r = reserved.pop(b.group_name(snap.owner, cr.role, cr.slot))
+            r = reserved.pop(builders.group_name(snap.owner, cr.role, cr.slot))
             assert sorted(node for node, _ in r.pods.values()) == sorted(cr.nodes)
     assert not reserved, f"reservations for groups not created: {sorted(reserved)}"
     # Never more room promised than free.

@@ -17,8 +17,7 @@ from tokenfab import pod_logs
 from tokenfab.adapters.kube import ApiError
 from tokenfab.fleet.facts import PodFacts, pod_facts
 from tokenfab.launcher import progress
-from tokenfab.planning import contract as c
-from tokenfab.planning import launcher_log, weights_cache
+from tokenfab.planning import contract, launcher_log, weights_cache
 from tokenfab.planning.launcher_log import Outcome
 from tokenfab.planning.one_pass import plan
 from tokenfab.planning.status import placement
@@ -137,7 +136,7 @@ class FakeCtx:
 def _pod(
     name: str, component: str, ready: bool = True, phase: str = "Running", group: str = "", node: str = ""
 ) -> PodFacts:
-    labels = {c.COMPONENT: component, **({c.LABEL_GROUP: group} if group else {})}
+    labels = {contract.COMPONENT: component, **({contract.LABEL_GROUP: group} if group else {})}
     conditions = [{"type": "Ready", "status": "True" if ready else "False"}]
     return pod_facts({
         "metadata": {"name": name, "namespace": "ns", "labels": labels, "creationTimestamp": CREATED},
@@ -156,7 +155,7 @@ def test_a_pass_reads_running_downloads_each_time_and_each_workers_log_once():
     })  # fmt: skip
     ctx = FakeCtx(kube)
     pods = [
-        _pod("m-fetch", c.COMPONENT_WEIGHTS_FETCH),
+        _pod("m-fetch", contract.COMPONENT_WEIGHTS_FETCH),
         _pod("m-decode-0-0", "worker", group="m-decode-0"),
         _pod("m-decode-0-1", "worker", group="m-decode-0"),
         _pod("m-prefill-0-0", "worker", group="m-prefill-0"),
@@ -327,7 +326,9 @@ def test_status_shows_the_bytes_so_far_and_each_groups_weights():
 
 def test_the_launcher_and_the_operator_name_the_same_lines():
     """The marker words the launcher writes are the ones the operator looks for."""
-    line = progress.line(c.LOG_WEIGHTS_RESULT, {"source": "cache", "bytes": 3, "files": 1, "seconds": 0.0})
+    line = progress.line(
+        contract.LOG_WEIGHTS_RESULT, {"source": "cache", "bytes": 3, "files": 1, "seconds": 0.0}
+    )
     assert launcher_log.read(f"tokenfab-launcher: {line}").result == Outcome("cache", 3, 1, 0.0)
-    line = progress.line(c.LOG_WEIGHTS_PROGRESS, {"bytes": 7, "seconds": 1.5})
+    line = progress.line(contract.LOG_WEIGHTS_PROGRESS, {"bytes": 7, "seconds": 1.5})
     assert launcher_log.read(f"tokenfab-launcher: {line}").progress == launcher_log.Progress(7, 1.5)

@@ -11,9 +11,7 @@ from tests.test_one_pass import deployment, materialize, nodes_of, snapshot, use
 from tokenfab.api.models import ModelDeployment, ModelDeploymentStatus, RoleBounds
 from tokenfab.fleet.facts import child_facts
 from tokenfab.fleet.view import ClusterView
-from tokenfab.planning import builders as b
-from tokenfab.planning import contract as c
-from tokenfab.planning import weights_cache
+from tokenfab.planning import builders, contract, weights_cache
 from tokenfab.planning.eviction import NodeCaches
 from tokenfab.planning.one_pass import Plan, plan
 
@@ -29,15 +27,18 @@ def staged(md: ModelDeployment, groups: int) -> ModelDeployment:
 def fetch_pods(p: Plan) -> dict[str, dict[str, Any]]:
     """node -> the weights-fetch pod the plan makes there."""
     return {
-        m["metadata"]["annotations"][c.ANN_NODE]: m
+        m["metadata"]["annotations"][contract.ANN_NODE]: m
         for m in p.children.rest
-        if m["kind"] == "Pod" and m["metadata"]["labels"][c.COMPONENT] == c.COMPONENT_WEIGHTS_FETCH
+        if m["kind"] == "Pod"
+        and m["metadata"]["labels"][contract.COMPONENT] == contract.COMPONENT_WEIGHTS_FETCH
     }
 
 
 def claim_marks(p: Plan) -> dict[str, str]:
     return {
-        m["metadata"]["annotations"][c.ANN_NODE]: "".join(child_facts("PersistentVolumeClaim", m).holds)
+        m["metadata"]["annotations"][contract.ANN_NODE]: "".join(
+            child_facts("PersistentVolumeClaim", m).holds
+        )
         for m in p.children.rest
         if m["kind"] == "PersistentVolumeClaim"
     }
@@ -55,10 +56,10 @@ def test_the_next_groups_nodes_get_a_fetch_pod_and_a_claim_and_the_scale_up_land
     assert set(fetch) <= set(claims)  # each fetch pod's node has its model cache claim
     for node, pod in fetch.items():
         volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "model-cache")
-        assert volume["persistentVolumeClaim"]["claimName"] == b.model_cache_claim_name(
+        assert volume["persistentVolumeClaim"]["claimName"] == builders.model_cache_claim_name(
             first_owner(), md.spec, node
         )
-        assert pod["metadata"]["annotations"][c.ANN_WEIGHTS] == weights_cache.weights_key(md.spec)
+        assert pod["metadata"]["annotations"][contract.ANN_WEIGHTS] == weights_cache.weights_key(md.spec)
     # The fetches complete: their claims are marked, and their pods go.
     groups = materialize(snapshot(md, NODES, {}, {}), first)
     after = snapshot(md, NODES, used_by(groups, md), groups)
@@ -89,8 +90,8 @@ def test_the_next_groups_nodes_get_a_fetch_pod_and_a_claim_and_the_scale_up_land
     assert new[0].path == "warm"
 
 
-def first_owner() -> b.Owner:
-    return b.Owner(name="deepseek-r1", namespace="ns", uid="uid-1")
+def first_owner() -> builders.Owner:
+    return builders.Owner(name="deepseek-r1", namespace="ns", uid="uid-1")
 
 
 def test_stale_failed_or_unwanted_fetch_pods_go_and_running_ones_stay():
@@ -103,7 +104,7 @@ def test_stale_failed_or_unwanted_fetch_pods_go_and_running_ones_stay():
         node: str, phase: str = "Running", weights: str = key, name: str = "", **kw: Any
     ) -> weights_cache.FetchPod:
         return weights_cache.FetchPod(
-            name or b.weights_fetch_pod_name(first_owner(), md.spec, node), node, phase, weights, **kw
+            name or builders.weights_fetch_pod_name(first_owner(), md.spec, node), node, phase, weights, **kw
         )
 
     other_class = md.spec.model_copy(deep=True)
@@ -114,7 +115,7 @@ def test_stale_failed_or_unwanted_fetch_pods_go_and_running_ones_stay():
         pod(wanted[2], "Failed"),
         pod("c-3"),  # running where nothing is wanted any more
         pod("c-2", "Pending", waiting="CrashLoopBackOff: hub unreachable"),
-        pod("c-1", "Succeeded", name=b.weights_fetch_pod_name(first_owner(), other_class, "c-1")),
+        pod("c-1", "Succeeded", name=builders.weights_fetch_pod_name(first_owner(), other_class, "c-1")),
     )
     again = plan(replace(snapshot(md, NODES, {}, {}), fetch_pods=pods))
     names = {f.node: f.name for f in pods}
@@ -141,7 +142,7 @@ def test_a_running_fetch_pod_stays_where_a_group_lands():
     node = "c-3"  # out of the headroom (the staged nodes are the first free ones in best-fit order)
     assert node not in fetch_pods(first)
     running = weights_cache.FetchPod(
-        b.weights_fetch_pod_name(first_owner(), md.spec, node), node, "Running", key
+        builders.weights_fetch_pod_name(first_owner(), md.spec, node), node, "Running", key
     )
     # a group of the deployment is there: its download goes on
     kept = plan(replace(snapshot(md, NODES, {}, {}), fetch_pods=(running,), pod_nodes=frozenset({node})))
@@ -159,12 +160,12 @@ def test_no_prestaging_no_fetch_pods_and_no_rollout():
     assert not p.fetch_deletes
     # pre-staging changes where weights wait, not what a worker runs: the same revision
     for role in ("prefill", "decode"):
-        assert b.role_revision(staged(md, 3).spec, role) == b.role_revision(md.spec, role)  # type: ignore[arg-type]
+        assert builders.role_revision(staged(md, 3).spec, role) == builders.role_revision(md.spec, role)  # type: ignore[arg-type]
 
 
 def test_the_fetch_pod_needs_no_gpu_and_no_api_access():
     md = staged(deployment(decode=1), 1)
-    pod = b.weights_fetch_pod(first_owner(), md.spec, "a-2", "hf://x/y@abc")
+    pod = builders.weights_fetch_pod(first_owner(), md.spec, "a-2", "hf://x/y@abc")
     spec = pod["spec"]
     ctr = spec["containers"][0]
     assert ctr["command"][-1] == "--fetch-only"
@@ -176,11 +177,11 @@ def test_the_fetch_pod_needs_no_gpu_and_no_api_access():
     ]
     assert term == [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["a-2"]}]}]
     env = {e["name"]: e.get("value") for e in ctr["env"]}
-    assert env[c.ENV_MODEL_SOURCE] == md.spec.model.source
-    assert env[c.ENV_MODEL_CACHE] == c.MODEL_CACHE_DIR
+    assert env[contract.ENV_MODEL_SOURCE] == md.spec.model.source
+    assert env[contract.ENV_MODEL_CACHE] == contract.MODEL_CACHE_DIR
     # the workers' security contexts (restricted; e2e/test_prestage.py runs it where restricted is enforced)
-    assert spec["securityContext"] == b.POD_SECURITY
-    assert ctr["securityContext"] == b.container_security()
+    assert spec["securityContext"] == builders.POD_SECURITY
+    assert ctr["securityContext"] == builders.container_security()
 
 
 def test_no_more_is_staged_than_the_autoscaler_may_still_add():
@@ -287,15 +288,17 @@ def test_s3_weights_are_cached_and_pre_staged_like_hf_ones():
     assert len(fetch) == 3  # (the same headroom as for hf:// weights)
     for pod in fetch.values():
         envs = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
-        assert envs[c.ENV_MODEL_SOURCE] == "s3://weights/deepseek/r1"
-        assert pod["metadata"]["annotations"][c.ANN_WEIGHTS] == "s3://weights/deepseek/r1@" + (
+        assert envs[contract.ENV_MODEL_SOURCE] == "s3://weights/deepseek/r1"
+        assert pod["metadata"]["annotations"][contract.ANN_WEIGHTS] == "s3://weights/deepseek/r1@" + (
             spec.model.revision or "main"
         )
     # the workers mount their node's cache claim, and name the objects the launcher fetches and points at
     owner = first_owner()
-    pod = b.group_pods(owner, spec, "decode", 0, "a", b.role_revision(spec, "decode"), ["a-0", "a-1"])[0]
+    pod = builders.group_pods(
+        owner, spec, "decode", 0, "a", builders.role_revision(spec, "decode"), ["a-0", "a-1"]
+    )[0]
     volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "model-cache")
-    assert volume["persistentVolumeClaim"]["claimName"] == b.model_cache_claim_name(owner, spec, "a-0")
+    assert volume["persistentVolumeClaim"]["claimName"] == builders.model_cache_claim_name(owner, spec, "a-0")
     args = pod["spec"]["containers"][0]["args"]
     assert args[args.index("--model-path") + 1] == "weights/deepseek/r1"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tokenfab.planning import recovery as r
+from tokenfab.planning import recovery
 from tokenfab.planning.groups import plan_role
 from tokenfab.planning.lifecycle import GroupView, NodeHealth, PodView
 from tokenfab.planning.topology import Domain, GroupShape
@@ -19,10 +19,10 @@ CRASH = "pod m-decode-0-0 failed: exit code 1, Error, boom"
     [(1, 0.0), (2, 10.0), (3, 20.0), (4, 40.0), (5, 80.0), (6, 160.0), (7, 300.0), (30, 300.0)],
 )
 def test_each_failure_in_a_row_doubles_the_wait_up_to_five_minutes(count, wait):
-    f = r.Failures(count, NOW, CRASH)
+    f = recovery.Failures(count, NOW, CRASH)
     assert f.retry_at() - NOW == wait
-    assert r.hold(f, NOW) == wait
-    assert r.hold(f, NOW + wait) == 0.0
+    assert recovery.hold(f, NOW) == wait
+    assert recovery.hold(f, NOW + wait) == 0.0
 
 
 @pytest.mark.parametrize(
@@ -38,28 +38,28 @@ def test_each_failure_in_a_row_doubles_the_wait_up_to_five_minutes(count, wait):
     ],
 )
 def test_only_failures_of_the_group_itself_count(why, counts):
-    assert r.recurring(why) is counts
-    after = r.update(None, [why], 0, 1, None, NOW)
+    assert recovery.recurring(why) is counts
+    after = recovery.update(None, [why], 0, 1, None, NOW)
     assert (after is not None) is counts
 
 
 def test_failures_accumulate_and_the_last_message_is_kept():
-    f = r.update(None, [CRASH], 0, 1, None, NOW)
-    f = r.update(f, ["pod m-decode-1-0 failed: exit code 137, OOMKilled"], 0, 1, None, NOW + 12)
-    assert f == r.Failures(2, NOW + 12, "pod m-decode-1-0 failed: exit code 137, OOMKilled")
+    f = recovery.update(None, [CRASH], 0, 1, None, NOW)
+    f = recovery.update(f, ["pod m-decode-1-0 failed: exit code 137, OOMKilled"], 0, 1, None, NOW + 12)
+    assert f == recovery.Failures(2, NOW + 12, "pod m-decode-1-0 failed: exit code 137, OOMKilled")
 
 
 def test_the_count_is_forgotten_after_two_minutes_of_health_not_before():
-    f = r.Failures(3, NOW, CRASH)
-    assert r.update(f, [], 1, 1, NOW + 10, NOW + 100) == f  # healthy for 90 s only
-    assert r.update(f, [], 0, 1, None, NOW + 500) == f  # not all groups serving
-    assert r.update(f, [], 1, 1, NOW + 10, NOW + 10 + r.HEALTHY_SECONDS) is None
+    f = recovery.Failures(3, NOW, CRASH)
+    assert recovery.update(f, [], 1, 1, NOW + 10, NOW + 100) == f  # healthy for 90 s only
+    assert recovery.update(f, [], 0, 1, None, NOW + 500) == f  # not all groups serving
+    assert recovery.update(f, [], 1, 1, NOW + 10, NOW + 10 + recovery.HEALTHY_SECONDS) is None
 
 
 def test_summary_says_when_the_next_attempt_comes():
-    text = r.summary({"decode": r.Failures(3, NOW, CRASH)}, NOW + 5)
+    text = recovery.summary({"decode": recovery.Failures(3, NOW, CRASH)}, NOW + 5)
     assert text == f"decode: 3 group failure(s) in a row (next attempt in 15 s); last: {CRASH}"
-    assert "retrying now" in r.summary({"decode": r.Failures(3, NOW, CRASH)}, NOW + 60)
+    assert "retrying now" in recovery.summary({"decode": recovery.Failures(3, NOW, CRASH)}, NOW + 60)
 
 
 def _domains() -> dict[str, Domain]:

@@ -14,16 +14,14 @@ from tests.test_one_pass import deployment, nodes_of, snapshot
 from tokenfab.fleet.facts import child_facts
 from tokenfab.fleet.view import ClusterView
 from tokenfab.observe import held, node_caches, usable_claims
-from tokenfab.planning import builders as b
-from tokenfab.planning import contract as c
-from tokenfab.planning import weights_cache
+from tokenfab.planning import builders, contract, weights_cache
 from tokenfab.planning.eviction import CacheEntry, NodeCaches, evictions, merged
 from tokenfab.planning.one_pass import plan
 from tokenfab.planning.status import rfc3339
 from tokenfab.planning.topology import Domain
 
-A = b.Owner(name="r1-a", namespace="team", uid="uid-a")
-B = b.Owner(name="r1-b", namespace="team", uid="uid-b")
+A = builders.Owner(name="r1-a", namespace="team", uid="uid-a")
+B = builders.Owner(name="r1-b", namespace="team", uid="uid-b")
 NOW = 1_000_000.0
 TI = 2**40
 
@@ -39,27 +37,31 @@ def spec(source: str = "", size: str = "") -> Any:
 
 def test_the_claim_is_named_by_node_source_class_and_size_not_by_deployment():
     same = spec()
-    assert b.model_cache_claim_name(A, same, "n1") == b.model_cache_claim_name(B, same, "n1")
-    assert b.model_cache_claim_name(A, same, "n1") != b.model_cache_claim_name(A, same, "n2")
-    assert b.model_cache_claim_name(A, same, "n1") != b.model_cache_claim_name(A, spec("hf://o/other"), "n1")
-    assert b.model_cache_claim_name(A, same, "n1") != b.model_cache_claim_name(A, spec(size="9Ti"), "n1")
+    assert builders.model_cache_claim_name(A, same, "n1") == builders.model_cache_claim_name(B, same, "n1")
+    assert builders.model_cache_claim_name(A, same, "n1") != builders.model_cache_claim_name(A, same, "n2")
+    assert builders.model_cache_claim_name(A, same, "n1") != builders.model_cache_claim_name(
+        A, spec("hf://o/other"), "n1"
+    )
+    assert builders.model_cache_claim_name(A, same, "n1") != builders.model_cache_claim_name(
+        A, spec(size="9Ti"), "n1"
+    )
     # (each deployment's fetch pod is its own: two never collide on one name)
-    assert b.weights_fetch_pod_name(A, same, "n1") != b.weights_fetch_pod_name(B, same, "n1")
+    assert builders.weights_fetch_pod_name(A, same, "n1") != builders.weights_fetch_pod_name(B, same, "n1")
 
 
 def test_each_deployment_applies_the_claim_as_a_co_owner_with_its_own_manager_and_hash():
     s = spec()
-    key = b.weights_key(s)
-    ma, mb = b.model_cache_claim(A, s, "n1", key), b.model_cache_claim(B, s, "n1", "")
+    key = builders.weights_key(s)
+    ma, mb = builders.model_cache_claim(A, s, "n1", key), builders.model_cache_claim(B, s, "n1", "")
     for m, owner in ((ma, A), (mb, B)):
         (ref,) = m["metadata"]["ownerReferences"]
         assert (ref["uid"], ref["controller"]) == (owner.uid, False)  # (no single controller)
-        assert c.LABEL_DEPLOYMENT not in m["metadata"]["labels"]
-        assert b.field_manager(m) == f"{c.CACHE_FIELD_MANAGER_PREFIX}{owner.uid}"
-        assert b.applied_annotation(m) == f"{c.ANN_APPLIED_BY_PREFIX}{owner.uid}"
+        assert contract.LABEL_DEPLOYMENT not in m["metadata"]["labels"]
+        assert builders.field_manager(m) == f"{contract.CACHE_FIELD_MANAGER_PREFIX}{owner.uid}"
+        assert builders.applied_annotation(m) == f"{contract.ANN_APPLIED_BY_PREFIX}{owner.uid}"
     # the applied hashes live side by side: one deployment's write does not make the other's stale
-    both = {**ma["metadata"]["annotations"], **b.with_applied_hash(ma)["metadata"]["annotations"],
-            **b.with_applied_hash(mb)["metadata"]["annotations"]}  # fmt: skip
+    both = {**ma["metadata"]["annotations"], **builders.with_applied_hash(ma)["metadata"]["annotations"],
+            **builders.with_applied_hash(mb)["metadata"]["annotations"]}  # fmt: skip
     obj = {**ma, "metadata": {**ma["metadata"], "annotations": both,
                               "ownerReferences": [*ma["metadata"]["ownerReferences"],
                                                   *mb["metadata"]["ownerReferences"]]}}  # fmt: skip
@@ -67,33 +69,33 @@ def test_each_deployment_applies_the_claim_as_a_co_owner_with_its_own_manager_an
     assert facts.owners == ("r1-a", "r1-b")
     assert facts.holds == (key,)
     applied = dict(facts.applied)
-    assert applied[b.applied_annotation(ma)] == b.applied_hash(ma)
-    assert applied[b.applied_annotation(mb)] == b.applied_hash(mb)
+    assert applied[builders.applied_annotation(ma)] == builders.applied_hash(ma)
+    assert applied[builders.applied_annotation(mb)] == builders.applied_hash(mb)
     # other children keep the one annotation and the one manager
-    other = b.with_applied_hash(b.pod_disruption_budget(A, "decode", 2))
-    assert b.applied_annotation(other) == c.ANN_APPLIED_HASH
-    assert b.field_manager(other) == c.FIELD_MANAGER
+    other = builders.with_applied_hash(builders.pod_disruption_budget(A, "decode", 2))
+    assert builders.applied_annotation(other) == contract.ANN_APPLIED_HASH
+    assert builders.field_manager(other) == contract.FIELD_MANAGER
 
 
-def _claim(owner: b.Owner, s: Any, node: str, weights: str, *more: b.Owner) -> dict[str, Any]:
-    m = b.model_cache_claim(owner, s, node, weights)
+def _claim(owner: builders.Owner, s: Any, node: str, weights: str, *more: builders.Owner) -> dict[str, Any]:
+    m = builders.model_cache_claim(owner, s, node, weights)
     refs = [
         *m["metadata"]["ownerReferences"],
-        *(b.model_cache_claim(o, s, node)["metadata"]["ownerReferences"][0] for o in more),
+        *(builders.model_cache_claim(o, s, node)["metadata"]["ownerReferences"][0] for o in more),
     ]
     return {**m, "metadata": {**m["metadata"], "ownerReferences": refs}}
 
 
 def test_a_claim_another_deployment_filled_starts_this_one_warm():
     s = spec()
-    key = b.weights_key(s)
+    key = builders.weights_key(s)
     view = ClusterView()
     view.on_child("PersistentVolumeClaim", "ADDED", _claim(A, s, "b-2", key))
     view.on_child("PersistentVolumeClaim", "ADDED", _claim(A, s, "b-3", key))
     view.on_child(
         "PersistentVolumeClaim", "ADDED", _claim(A, spec("hf://o/other"), "a-0", "hf://o/other@main")
     )
-    elsewhere = b.Owner(name="r1-c", namespace="other-team", uid="uid-c")
+    elsewhere = builders.Owner(name="r1-c", namespace="other-team", uid="uid-c")
     claims = usable_claims(view, B, s)
     assert sorted(p.node for p in claims) == ["b-2", "b-3"]  # (not another source's claim)
     assert usable_claims(view, elsewhere, s) == []  # (a claim is namespaced: never another namespace's)
@@ -145,15 +147,15 @@ def test_the_view_gives_each_other_owners_idle_time_of_a_shared_claim():
     s = spec()
     view = ClusterView()
     view.on_node(
-        "ADDED", {"metadata": {"name": "n1", "labels": {c.LABEL_CACHE_CAPACITY: "6Ti"}}, "status": {}}
+        "ADDED", {"metadata": {"name": "n1", "labels": {contract.LABEL_CACHE_CAPACITY: "6Ti"}}, "status": {}}
     )
-    third = b.Owner(name="r1-c", namespace="team", uid="uid-c")
+    third = builders.Owner(name="r1-c", namespace="team", uid="uid-c")
     view.on_child("PersistentVolumeClaim", "ADDED", _claim(A, s, "n1", "", B, third))
     status = {"weightsCache": {"weights": "x", "idleSince": {"n1": rfc3339(NOW - 60)}}}
     view.on_model_deployment("ADDED", {"metadata": {"namespace": "team", "name": "r1-b"}, "spec": {},
                                        "status": status})  # fmt: skip
     got = node_caches(view, ("team", "r1-a"), ["n1"])
-    name = f"team/{b.model_cache_claim_name(A, s, 'n1')}"
+    name = f"team/{builders.model_cache_claim_name(A, s, 'n1')}"
     # B idle for a minute, C (no status: counted as pinned); A's own entry comes from its pass
     assert sorted((e.claim, e.idle_since or 0.0) for e in got.others) == [(name, 0.0), (name, NOW - 60)]
 
@@ -162,7 +164,7 @@ def test_another_deployments_staged_warm_nodes_take_this_ones_groups_but_not_its
     md = deployment(decode=1)
     spec = md.spec.model_copy(deep=True)
     spec.model.cache.prestage_groups = 1
-    key = b.weights_key(spec)
+    key = builders.weights_key(spec)
     # A staged b-2 and b-3 (its headroom): the shared claims there hold the weights
     theirs = frozenset({"b-2", "b-3"})
     snap = replace(
@@ -175,7 +177,7 @@ def test_another_deployments_staged_warm_nodes_take_this_ones_groups_but_not_its
     assert set(decode.nodes) == theirs  # (B's group starts warm where A staged)
     assert decode.path == "warm"
     # B's headroom: decode's next group goes to free nodes other than A's, warm as they are for B too
-    shape = b.group_shape(spec, "decode")
+    shape = builders.group_shape(spec, "decode")
     free = {"b": Domain("b", 16, {"b-0": 4, "b-1": 4, "b-2": 4, "b-3": 4}, 4, 4)}
     warm = weights_cache.node_warmth(spec, dict.fromkeys(theirs, key), theirs)
     assert warm == dict.fromkeys(theirs, 0)  # (placement: warm, whoever staged them)
@@ -225,13 +227,13 @@ def test_letting_go_of_a_shared_claim_keeps_it_for_the_others_and_deletes_it_whe
     from tokenfab.adapters.kube_rest import ApiError
     from tokenfab.execute import release_claim
 
-    manager = b.field_manager(b.model_cache_claim(B, spec(), "n1"))
+    manager = builders.field_manager(builders.model_cache_claim(B, spec(), "n1"))
     a_ref = {"kind": "ModelDeployment", "name": "r1-a", "uid": "uid-a"}
     # another owner left: one empty apply under B's manager, nothing deleted
     kept = FakeKube({"metadata": {"uid": "c1", "resourceVersion": "7", "ownerReferences": [a_ref]}})
     release_claim(kept, B, "model-cache-x", manager)  # type: ignore[arg-type]
     ((verb, manifest, used),) = kept.calls
-    assert (verb, used) == ("apply", f"{c.CACHE_FIELD_MANAGER_PREFIX}uid-b")
+    assert (verb, used) == ("apply", f"{contract.CACHE_FIELD_MANAGER_PREFIX}uid-b")
     assert manifest == {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
                         "metadata": {"name": "model-cache-x", "namespace": "team"}}  # fmt: skip
     # no owner left (the others let go meanwhile, or are gone): deleted, if still the object written
@@ -300,8 +302,8 @@ def test_a_pass_deletes_lets_go_of_and_keeps_the_right_claims():
 
 def _pod(ns: str, name: str, deployment: str, claim: str, node: str | None, pinned: str) -> dict[str, Any]:
     return {
-        "metadata": {"namespace": ns, "name": name, "labels": {c.LABEL_DEPLOYMENT: deployment},
-                     "annotations": {c.ANN_NODE: pinned}},
+        "metadata": {"namespace": ns, "name": name, "labels": {contract.LABEL_DEPLOYMENT: deployment},
+                     "annotations": {contract.ANN_NODE: pinned}},
         "spec": {"nodeName": node, "volumes": [{"name": "model-cache",
                                                 "persistentVolumeClaim": {"claimName": claim}}]},
         "status": {"phase": "Pending"},
@@ -310,10 +312,10 @@ def _pod(ns: str, name: str, deployment: str, claim: str, node: str | None, pinn
 
 def test_a_claim_another_deployments_pods_mount_before_owning_it_is_neither_evicted_nor_deleted():
     s = spec()
-    name = b.model_cache_claim_name(A, s, "n1")
+    name = builders.model_cache_claim_name(A, s, "n1")
     view = ClusterView()
     view.on_node(
-        "ADDED", {"metadata": {"name": "n1", "labels": {c.LABEL_CACHE_CAPACITY: "6Ti"}}, "status": {}}
+        "ADDED", {"metadata": {"name": "n1", "labels": {contract.LABEL_CACHE_CAPACITY: "6Ti"}}, "status": {}}
     )
     view.on_child("PersistentVolumeClaim", "ADDED", _claim(A, s, "n1", ""))
     # B's new pod is pinned to n1 and mounts A's claim; B is no owner yet (not bound yet either)
@@ -334,23 +336,23 @@ def test_an_owners_own_applied_hash_wakes_no_one_but_is_seen():
     view = ClusterView()
     shared = _claim(A, s, "n1", "", B)
     view.on_child("PersistentVolumeClaim", "ADDED", shared)
-    rewritten = b.with_applied_hash(shared)  # (A applied again: only its hash annotation differs)
+    rewritten = builders.with_applied_hash(shared)  # (A applied again: only its hash annotation differs)
     assert view.on_child("PersistentVolumeClaim", "MODIFIED", rewritten).keys == set()
     seen = view.child("PersistentVolumeClaim", "team", shared["metadata"]["name"])
     assert seen is not None
-    assert dict(seen.applied)[b.applied_annotation(shared)] == b.applied_hash(
+    assert dict(seen.applied)[builders.applied_annotation(shared)] == builders.applied_hash(
         shared
     )  # (so not applied again)
 
 
 def test_a_claims_change_wakes_the_deployments_whose_pods_mount_it_before_they_own_it():
     s = spec()
-    name = b.model_cache_claim_name(A, s, "n1")
+    name = builders.model_cache_claim_name(A, s, "n1")
     view = ClusterView()
     view.on_child("PersistentVolumeClaim", "ADDED", _claim(A, s, "n1", ""))
     view.on_pod("ADDED", _pod("team", "r1-b-decode-0-0", "r1-b", name, None, "n1"))
     view.on_pod("ADDED", _pod("team", "r1-b-decode-0-1", "r1-b", name, None, "n1"))
-    filled = _claim(A, s, "n1", b.weights_key(s))  # (A's fetch finished: the claim holds the weights)
+    filled = _claim(A, s, "n1", builders.weights_key(s))  # (A's fetch finished: the claim holds the weights)
     assert view.on_child("PersistentVolumeClaim", "MODIFIED", filled).keys == {
         ("team", "r1-a"),
         ("team", "r1-b"),

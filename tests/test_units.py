@@ -15,8 +15,7 @@ from testing.cases import load_example
 from tests.test_one_pass import materialize, nodes_of, snapshot, used_by
 from tokenfab.api.errors import parse_model_deployment
 from tokenfab.api.models import ModelDeployment
-from tokenfab.planning import builders as b
-from tokenfab.planning import units
+from tokenfab.planning import builders, units
 from tokenfab.planning.faults import NodeFault
 from tokenfab.planning.one_pass import Plan, Snapshot, Written, plan, settle
 
@@ -134,9 +133,9 @@ def test_a_units_compute_domain_is_deleted_once_the_unit_has_no_group():
     groups = materialize(first, plan(first))
     snap = snapshot(md, nodes, used_by(groups, md), groups)
     owner = snap.owner
-    stale = {b.unit_domain_name(owner, 0): 0, b.unit_domain_name(owner, 7): 7}
+    stale = {builders.unit_domain_name(owner, 0): 0, builders.unit_domain_name(owner, 7): 7}
     p = plan(replace(snap, unit_domains=stale))
-    assert p.domain_deletes == (b.unit_domain_name(owner, 7),)
+    assert p.domain_deletes == (builders.unit_domain_name(owner, 7),)
     assert p.units is not None
     assert sorted(p.units.members) == [0]
 
@@ -157,7 +156,9 @@ def test_status_names_each_units_groups_domain_and_path():
     md = deepseek()
     snap = snapshot(md, nodes_of({"r0": 18, "r1": 18, "r2": 18, "r3": 18}), {}, {})
     p = plan(snap)
-    created = frozenset(b.group_name(snap.owner, cr.role, cr.slot) for rp in p.roles for cr in rp.create)
+    created = frozenset(
+        builders.group_name(snap.owner, cr.role, cr.slot) for rp in p.roles for cr in rp.create
+    )
     status, _ = settle(snap, p, Written(created=created))
     assert [(u.unit, u.groups, u.path) for u in status.units] == [
         (0, ["deepseek-r1-decode-0", "deepseek-r1-prefill-0"], "nvlink"),
@@ -191,12 +192,12 @@ def test_a_unit_whose_compute_domain_failed_is_replaced_as_a_new_unit_and_its_do
     fault = NodeFault("ComputeDomainNotReady", "ComputeDomain ns/deepseek-r1-unit-0-imex is NotReady", True)
     snap = snapshot(md, nodes, used_by(groups, md), groups)
     health = {n: replace(h, faults=(fault,)) if n in lost else h for n, h in snap.health.items()}
-    names = {b.unit_domain_name(snap.owner, u): u for u in (0, 1)}
+    names = {builders.unit_domain_name(snap.owner, u): u for u in (0, 1)}
     p = plan(replace(snap, health=health, unit_domains=names, units_down=frozenset({0})))
     creates = [cr for rp in p.roles for cr in rp.create]
     assert sorted((cr.role, cr.unit) for cr in creates) == [("decode", 2), ("prefill", 2)]
     assert len({cr.domain for cr in creates}) == 1
-    assert p.domain_deletes == (b.unit_domain_name(snap.owner, 0),)
+    assert p.domain_deletes == (builders.unit_domain_name(snap.owner, 0),)
 
 
 def test_independent_prefill_groups_are_dealt_over_the_decode_groups_and_placed_beside_them():

@@ -27,17 +27,16 @@ from testing.cases import VARIANTS, env, rendered, spec_of
 from testing.upstream import DYNAMO_PYTHON, dynamo_site, parse_all
 from tokenfab.adapters import metrics
 from tokenfab.api.models import RESERVED_ENGINE_KEYS
-from tokenfab.planning import builders as b
-from tokenfab.planning import contract as c
+from tokenfab.planning import builders, contract
 from tokenfab.planning.engine import engine_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TRTLLM = json.loads((ROOT / "tests" / "data" / "upstream" / "tensorrt_llm.json").read_text())
 # Variables ai-dynamo 1.6.1 logs as "deprecated and no longer used" that still decide its behaviour.
 STILL_EFFECTIVE = {
-    c.ENV_DYN_HEALTH_ENDPOINTS: "without it a worker's /health stays 503 (status notready, every endpoint "
-    "ready) for ever, so its pod never becomes Ready and never routable; with it /health is 200 within a "
-    "second (dynamo.mocker 1.6.1, measured)",
+    contract.ENV_DYN_HEALTH_ENDPOINTS: "without it a worker's /health stays 503 (status notready, every "
+    "endpoint ready) for ever, so its pod never becomes Ready and never routable; with it /health is 200 "
+    "within a second (dynamo.mocker 1.6.1, measured)",
 }
 # Engine YAML sections and the LLM-API class each is validated as.
 SECTIONS = {
@@ -58,19 +57,20 @@ def test_rendered_command_lines_parse_with_dynamo_1_6_1():
         if role == "frontend":
             cases.append({"kind": "frontend", "argv": ctr["args"], "env": environ})
             expected.append((variant, role, {
-                "http_port": c.FRONTEND_PORT, "router_mode": spec.serving.router_mode,
+                "http_port": contract.FRONTEND_PORT, "router_mode": spec.serving.router_mode,
                 "namespace_prefix": ctr["args"][ctr["args"].index("--namespace-prefix") + 1],
-                "discovery_backend": spec.serving.discovery, "request_plane": c.REQUEST_PLANE,
+                "discovery_backend": spec.serving.discovery, "request_plane": contract.REQUEST_PLANE,
             }))  # fmt: skip
             continue
-        assert ctr["command"] == [c.PYTHON, "-m", c.LAUNCHER_MODULE]
+        assert ctr["command"] == [contract.PYTHON, "-m", contract.LAUNCHER_MODULE]
         cases.append({"kind": "worker", "argv": ctr["args"], "env": environ})
         mode = "prefill" if role == "prefill" and spec.serving.mode == "disaggregated" else None
         expected.append((variant, role, {
-            "model": b.model_path(spec), "served_model_name": spec.model.name,
-            "extra_engine_args": c.ENGINE_CONFIG_PATH, "publish_kv_events": True, "publish_metrics": True,
-            "discovery_backend": spec.serving.discovery, "request_plane": c.REQUEST_PLANE,
-            "namespace": environ[c.ENV_DYNAMO_NAMESPACE], "component": mode or "backend",
+            "model": builders.model_path(spec), "served_model_name": spec.model.name,
+            "extra_engine_args": contract.ENGINE_CONFIG_PATH,
+            "publish_kv_events": True, "publish_metrics": True,
+            "discovery_backend": spec.serving.discovery, "request_plane": contract.REQUEST_PLANE,
+            "namespace": environ[contract.ENV_DYNAMO_NAMESPACE], "component": mode or "backend",
         }))  # fmt: skip
     results = parse_all(cases)
     assert len(results) == len(cases)
@@ -107,8 +107,19 @@ def test_the_kubernetes_discovery_names_tokenfab_relies_on_are_in_dynamos_runtim
     plural are all in the compiled runtime of the pinned ai-dynamo (its kubernetes discovery backend)."""
     runtime = b"".join(p.read_bytes() for p in dynamo_site().glob("_core*.so"))
     names = [
-        *(c.ENV_POD_NAME, c.ENV_POD_UID, c.ENV_POD_NAMESPACE, c.ENV_ETCD_ENDPOINTS, c.DISCOVERY_KUBERNETES),
-        *(*c.DISCOVERY_LABELS, c.DYNAMO_METADATA_API, c.DYNAMO_METADATA_KIND, c.DYNAMO_METADATA_PLURAL),
+        *(
+            contract.ENV_POD_NAME,
+            contract.ENV_POD_UID,
+            contract.ENV_POD_NAMESPACE,
+            contract.ENV_ETCD_ENDPOINTS,
+            contract.DISCOVERY_KUBERNETES,
+        ),
+        *(
+            *contract.DISCOVERY_LABELS,
+            contract.DYNAMO_METADATA_API,
+            contract.DYNAMO_METADATA_KIND,
+            contract.DYNAMO_METADATA_PLURAL,
+        ),
     ]
     missing = [n for n in names if n.encode() not in runtime]
     assert not missing, f"not in ai-dynamo-runtime 1.6.1: {missing}"
@@ -118,7 +129,11 @@ def test_the_kubernetes_discovery_names_tokenfab_relies_on_are_in_dynamos_runtim
 def test_every_dyn_variable_tokenfab_sets_is_read_by_dynamo_1_6_1():
     site = dynamo_site()
     names = _set_dyn_variables()
-    assert {c.ENV_DYN_DISCOVERY_BACKEND, c.ENV_DYN_SYSTEM_PORT, c.ENV_DYNAMO_NAMESPACE} <= names
+    assert {
+        contract.ENV_DYN_DISCOVERY_BACKEND,
+        contract.ENV_DYN_SYSTEM_PORT,
+        contract.ENV_DYNAMO_NAMESPACE,
+    } <= names
     sources = "\n".join(p.read_text(errors="replace") for p in site.rglob("*.py"))
     runtime = b"".join(p.read_bytes() for p in site.glob("_core*.so"))
     assert runtime, f"no compiled runtime under {site}"

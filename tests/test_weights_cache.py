@@ -11,9 +11,7 @@ from dataclasses import replace
 from tests.test_one_pass import deployment, materialize, nodes_of, snapshot, used_by
 from tokenfab.api.models import ModelDeploymentSpec
 from tokenfab.fleet.facts import child_facts
-from tokenfab.planning import builders as b
-from tokenfab.planning import contract as c
-from tokenfab.planning import weights_cache
+from tokenfab.planning import builders, contract, weights_cache
 from tokenfab.planning.one_pass import plan
 from tokenfab.planning.role_plan import Create
 from tokenfab.planning.topology import Domain, GroupShape, best_fit_nodes, choose_domain
@@ -70,7 +68,7 @@ def test_a_scale_up_goes_to_the_nodes_whose_cache_holds_the_weights_and_serving_
     idle = sorted({n.name for n in nodes} - served)[0]
     again = plan(replace(after, claims={"b-2": "", idle: "x@y"}, pod_nodes=frozenset(served)))
     marked = {
-        m["metadata"]["annotations"][c.ANN_NODE]: child_facts("PersistentVolumeClaim", m).holds
+        m["metadata"]["annotations"][contract.ANN_NODE]: child_facts("PersistentVolumeClaim", m).holds
         for m in again.children.rest
         if m["kind"] == "PersistentVolumeClaim"
     }
@@ -90,17 +88,21 @@ def test_without_per_node_claims_placement_is_unchanged():
 
 def test_the_claims_mark_is_read_from_its_annotation():
     # (a claim made before claims were shared: one mark, and the deployment's label)
-    obj = {"metadata": {"name": "m-model-1", "namespace": "ns", "labels": {c.LABEL_DEPLOYMENT: "m"},
-                        "annotations": {c.ANN_NODE: "n1", c.ANN_WEIGHTS: "hf://x@y"}}}  # fmt: skip
+    annotations = {contract.ANN_NODE: "n1", contract.ANN_WEIGHTS: "hf://x@y"}
+    labels = {contract.LABEL_DEPLOYMENT: "m"}
+    obj = {"metadata": {"name": "m-model-1", "namespace": "ns", "labels": labels, "annotations": annotations}}
     facts = child_facts("PersistentVolumeClaim", obj)
     assert (facts.node, facts.holds, facts.deployment) == ("n1", ("hf://x@y",), "m")
-    own = b.Owner(name="m", namespace="ns", uid="u")
+    own = builders.Owner(name="m", namespace="ns", uid="u")
     spec = deployment().spec
     key = weights_cache.weights_key(spec)
-    claim = child_facts("PersistentVolumeClaim", b.model_cache_claim(own, spec, "n1", key))
+    claim = child_facts("PersistentVolumeClaim", builders.model_cache_claim(own, spec, "n1", key))
     assert (claim.holds, claim.owners, claim.deployment) == ((key,), ("m",), None)
     # only the spec's own weights are marked by its deployment (another revision's mark is not its to make)
-    assert child_facts("PersistentVolumeClaim", b.model_cache_claim(own, spec, "n1", "hf://x@y")).holds == ()
+    assert (
+        child_facts("PersistentVolumeClaim", builders.model_cache_claim(own, spec, "n1", "hf://x@y")).holds
+        == ()
+    )
 
 
 # ------------------------------------------------------------------------ lead time per start path
@@ -120,9 +122,9 @@ def test_each_new_group_carries_its_start_path_onto_its_pods_and_back():
     assert paths["decode"] == "warm"  # (b-2 and b-3)
     assert paths["prefill"] in ("fetching", "cold")
     decode = next(cr for r in p.roles for cr in r.create if cr.role == "decode")
-    pods = b.group_pods(snap.owner, md.spec, "decode", decode.slot, decode.domain, decode.revision,
+    pods = builders.group_pods(snap.owner, md.spec, "decode", decode.slot, decode.domain, decode.revision,
                         decode.nodes, start_path=decode.path)  # fmt: skip
-    assert {pod["metadata"]["annotations"][c.ANN_START_PATH] for pod in pods} == {"warm"}
+    assert {pod["metadata"]["annotations"][contract.ANN_START_PATH] for pod in pods} == {"warm"}
     for pod in pods:
         pod["metadata"].update(namespace="ns", creationTimestamp="2026-11-26T10:00:00Z")
     (view,) = group_views([pod_facts(pod) for pod in pods], set())["decode"]
@@ -140,10 +142,12 @@ def test_each_new_group_carries_its_start_path_onto_its_pods_and_back():
     assert _paths(snap.owner, mounted.spec, replace(creates[0], path="cold")) == set()
 
 
-def _paths(owner: b.Owner, spec: ModelDeploymentSpec, cr: Create) -> set[str]:
+def _paths(owner: builders.Owner, spec: ModelDeploymentSpec, cr: Create) -> set[str]:
     """The start paths the pods of a planned group carry."""
-    pods = b.group_pods(owner, spec, cr.role, cr.slot, cr.domain, cr.revision, cr.nodes, start_path=cr.path)
-    return {a for pod in pods if (a := pod["metadata"]["annotations"].get(c.ANN_START_PATH))}
+    pods = builders.group_pods(
+        owner, spec, cr.role, cr.slot, cr.domain, cr.revision, cr.nodes, start_path=cr.path
+    )
+    return {a for pod in pods if (a := pod["metadata"]["annotations"].get(contract.ANN_START_PATH))}
 
 
 def test_the_start_time_is_learned_per_path_and_the_horizon_is_the_next_groups_path():
@@ -174,8 +178,8 @@ def test_the_start_time_is_learned_per_path_and_the_horizon_is_the_next_groups_p
     warm_a = {"a-0": 0, "a-1": 0, "a-2": 0, "a-3": 0}
     from tokenfab.planning.room import FreeDomains, Room
 
-    capacity = FreeDomains(Room.fixed(nodes, {}, b.placement_constraints(md.spec)), md.spec,
-                        b.Owner(name="m", namespace="ns", uid="u"))  # fmt: skip
+    capacity = FreeDomains(Room.fixed(nodes, {}, builders.placement_constraints(md.spec)), md.spec,
+                        builders.Owner(name="m", namespace="ns", uid="u"))  # fmt: skip
     assert _lead_time(step, "decode", capacity) == 100.0  # (no warmth known: every path's)
     step.warmth = warm_a
     assert _lead_time(step, "decode", capacity) == 40.0
@@ -194,8 +198,8 @@ def test_kubectl_get_nvlinkdomains_shows_which_weights_each_domains_caches_hold(
                                "status": {"conditions": [{"type": "Ready", "status": "True"}]}})  # fmt: skip
 
     def claim(ns: str, dep: str, node: str, weights: str) -> dict:
-        ann = {c.ANN_NODE: node, **({c.ANN_WEIGHTS: weights} if weights else {})}
-        meta = {"name": f"{dep}-model-{node}", "namespace": ns, "labels": {c.LABEL_DEPLOYMENT: dep},
+        ann = {contract.ANN_NODE: node, **({contract.ANN_WEIGHTS: weights} if weights else {})}
+        meta = {"name": f"{dep}-model-{node}", "namespace": ns, "labels": {contract.LABEL_DEPLOYMENT: dep},
                 "annotations": ann}  # fmt: skip
         return {"metadata": meta}
 

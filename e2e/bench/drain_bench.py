@@ -41,7 +41,7 @@ from typing import Any
 from e2e import record
 from e2e.fleet import fleet, load, plot
 from e2e.helpers import apply_yaml, get_json, kubectl, start_operator, wait_established, wait_for
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 from tokenfab_factory.factory import Factory, FactoryConfig
 
 ROOT = record.ROOT
@@ -103,8 +103,8 @@ def manifest(f: Factory, ns: str, scenario: str, policy: tuple[int, str], plan: 
 
 def groups(f: Factory, ns: str) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
-    for p in get_json(f, "pods", "-n", ns, "-l", f"{c.COMPONENT}=worker")["items"]:
-        out.setdefault(p["metadata"]["labels"][c.LABEL_GROUP], []).append(p)
+    for p in get_json(f, "pods", "-n", ns, "-l", f"{contract.COMPONENT}=worker")["items"]:
+        out.setdefault(p["metadata"]["labels"][contract.LABEL_GROUP], []).append(p)
     return out
 
 
@@ -117,7 +117,7 @@ def trigger(f: Factory, ns: str, scenario: str, doc: dict[str, Any]) -> dict[str
         apply_yaml(f, doc)
         return {"what": "decode maxBatchSize changed"}
     decode = sorted(
-        (g for g in groups(f, ns).items() if g[1][0]["metadata"]["labels"][c.LABEL_ROLE] == "decode"),
+        (g for g in groups(f, ns).items() if g[1][0]["metadata"]["labels"][contract.LABEL_ROLE] == "decode"),
         key=lambda kv: kv[0],
     )
     node = decode[0][1][0]["spec"]["nodeName"]
@@ -131,7 +131,9 @@ def settled(f: Factory, ns: str, scenario: str, plan: Plan, old_revision: str) -
     if status.get("drainingGroups"):
         return False
     pods = [p for g in groups(f, ns).values() for p in g]
-    if scenario == "rollout" and any(p["metadata"]["labels"][c.LABEL_REVISION] == old_revision for p in pods):
+    if scenario == "rollout" and any(
+        p["metadata"]["labels"][contract.LABEL_REVISION] == old_revision for p in pods
+    ):
         return False
     want = 1 if scenario == "scale_down" else plan.decode
     ready = ((status.get("roles") or {}).get("decode") or {}).get("readyGroups")
@@ -151,7 +153,7 @@ def run_one(
         timeout=240,
     )
     url = fleet.serving(f, ns, "drainee")
-    old_revision = next(iter(groups(f, ns).values()))[0]["metadata"]["labels"][c.LABEL_REVISION]
+    old_revision = next(iter(groups(f, ns).values()))[0]["metadata"]["labels"][contract.LABEL_REVISION]
     run = load.AiperfRun(
         aiperf=tools.aiperf,
         url=url,

@@ -35,7 +35,7 @@ import yaml
 from e2e import record
 from tokenfab.api.errors import parse_model_deployment
 from tokenfab.api.models import ModelDeployment
-from tokenfab.planning import builders as b
+from tokenfab.planning import builders
 from tokenfab.planning.capacity import NodeFacts, Resources, add
 from tokenfab.planning.lifecycle import NodeHealth
 from tokenfab.planning.one_pass import Plan, Snapshot, plan
@@ -99,8 +99,8 @@ def place(
     health = {n.name: NodeHealth(True) for n in nodes}
     out = []
     for md in mds:
-        owner = b.Owner(name=md.metadata.name or "", namespace="bench", uid=md.metadata.uid or "")
-        room = Room.fixed(nodes, dict(used), b.placement_constraints(md.spec))
+        owner = builders.Owner(name=md.metadata.name or "", namespace="bench", uid=md.metadata.uid or "")
+        room = Room.fixed(nodes, dict(used), builders.placement_constraints(md.spec))
         snap = Snapshot(owner=owner, md=md, groups={}, health=health, room=room, now=NOW, units=units)
         p = plan(snap)
         for r in p.reservations:

@@ -51,7 +51,7 @@ from typing import Any
 from e2e import record
 from e2e.fleet import fleet, load
 from e2e.helpers import apply_yaml, get_json, kubectl, operator_up, wait_established, wait_for
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 from tokenfab_factory import faults
 from tokenfab_factory.factory import Factory, FactoryConfig
 from tokenfab_factory.racks import CLIQUE_LABEL, RACK_LABEL
@@ -112,13 +112,13 @@ def manifest(f: Factory, ns: str, plan: Plan) -> dict[str, Any]:
 
 
 def pods(f: Factory, ns: str) -> list[dict[str, Any]]:
-    sel = f"{c.LABEL_DEPLOYMENT}={NAME}"
+    sel = f"{contract.LABEL_DEPLOYMENT}={NAME}"
     items: list[dict[str, Any]] = get_json(f, "pods", "-n", ns, "-l", sel)["items"]
     return items
 
 
 def _role(p: dict[str, Any]) -> str:
-    return str(p["metadata"]["labels"].get(c.LABEL_ROLE, ""))
+    return str(p["metadata"]["labels"].get(contract.LABEL_ROLE, ""))
 
 
 def _ready(p: dict[str, Any]) -> bool:
@@ -140,8 +140,8 @@ def sample(f: Factory, ns: str, faulted: set[str], t0: float) -> Sample:
     nodes = {n["metadata"]["name"]: n["metadata"]["labels"] for n in get_json(f, "nodes")["items"]}
     by_group: dict[str, list[dict[str, Any]]] = {}
     for p in pods(f, ns):
-        if c.LABEL_GROUP in p["metadata"]["labels"]:
-            by_group.setdefault(p["metadata"]["labels"][c.LABEL_GROUP], []).append(p)
+        if contract.LABEL_GROUP in p["metadata"]["labels"]:
+            by_group.setdefault(p["metadata"]["labels"][contract.LABEL_GROUP], []).append(p)
     gpus = on_faulted = split = 0
     for group, members in by_group.items():
         bound = [p["spec"].get("nodeName") for p in members if p["spec"].get("nodeName")]
@@ -150,7 +150,7 @@ def sample(f: Factory, ns: str, faulted: set[str], t0: float) -> Sample:
         if group in faulted or any(n in faulted for n in bound):
             on_faulted += 1
         if all(_ready(p) and p["spec"].get("nodeName") in nodes for p in members):
-            gpus += int(members[0]["metadata"]["annotations"].get(c.ANN_GROUP_GPUS, 0))
+            gpus += int(members[0]["metadata"]["annotations"].get(contract.ANN_GROUP_GPUS, 0))
     return Sample(round(time.monotonic() - t0, 2), gpus, on_faulted, split)
 
 
@@ -162,7 +162,7 @@ def target(f: Factory, ns: str) -> tuple[str, list[str]]:
     front = {
         nodes[p["spec"]["nodeName"]][RACK_LABEL]
         for p in items
-        if p["metadata"]["labels"].get(c.COMPONENT) == "frontend"
+        if p["metadata"]["labels"].get(contract.COMPONENT) == "frontend"
     }
     decode = sorted(
         (p for p in items if _role(p) == "decode" and p["spec"].get("nodeName")),
@@ -184,7 +184,7 @@ def inject(
         on_node = [p for p in pods(f, ns) if _role(p) == "decode" and p["spec"].get("nodeName") == node]
         worker = on_node[0]["metadata"]
         print(faults.hang(f, ns, worker["name"]), flush=True)
-        return {worker["labels"][c.LABEL_GROUP]}, None  # (recovered once that group is gone)
+        return {worker["labels"][contract.LABEL_GROUP]}, None  # (recovered once that group is gone)
     if kind == "node_quarantine":
         faults.quarantine(f, node)
         later = lambda: faults.drain(f, node, timeout=60)  # noqa: E731

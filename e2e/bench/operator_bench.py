@@ -47,7 +47,7 @@ from e2e.helpers import (
 )
 from testing.cases import EXAMPLES
 from tokenfab.fleet.view import node_facts
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 from tokenfab.planning.capacity import Constraints, snapshot
 from tokenfab.planning.topology import GroupShape, first_fit
 from tokenfab_factory.factory import Factory, FactoryConfig
@@ -173,11 +173,11 @@ def apply_to_ready(f: Factory, trials: int = 3) -> dict[str, Any]:
             )
             tokenfab_s.append(round(time.monotonic() - t0, 2))
             workers = get_json(
-                f, "pods", "-n", NS, "-l", f"{c.LABEL_DEPLOYMENT}=bench-ds,{c.COMPONENT}=worker"
+                f, "pods", "-n", NS, "-l", f"{contract.LABEL_DEPLOYMENT}=bench-ds,{contract.COMPONENT}=worker"
             )
             spans: dict[str, set[str | None]] = {}
             for p in workers["items"]:
-                spans.setdefault(p["metadata"]["labels"][c.LABEL_GROUP], set()).add(
+                spans.setdefault(p["metadata"]["labels"][contract.LABEL_GROUP], set()).add(
                     cliques.get(p["spec"].get("nodeName") or "")
                 )
             groups_seen.append(len(spans))
@@ -186,7 +186,7 @@ def apply_to_ready(f: Factory, trials: int = 3) -> dict[str, Any]:
                 groups = get_json(f, "podgroups.scheduling.k8s.io", "-n", NS)["items"]
                 gang = gang_copy(workers["items"], groups)
             custom.delete_namespaced_custom_object(*md, "bench-ds")
-            _wait_gone(f, f"{c.LABEL_DEPLOYMENT}=bench-ds")
+            _wait_gone(f, f"{contract.LABEL_DEPLOYMENT}=bench-ds")
 
             t0 = time.monotonic()
             apps.create_namespaced_deployment(NS, plain)
@@ -307,7 +307,7 @@ def kube_scheduler(f: Factory, sizes: list[int], affinity: bool) -> dict[str, An
     apply_yaml(f, pods)
 
     def unschedulable(p: dict[str, Any]) -> bool:
-        cond = next((c for c in p["status"].get("conditions") or [] if c["type"] == "PodScheduled"), None)
+        cond = next((x for x in p["status"].get("conditions") or [] if x["type"] == "PodScheduled"), None)
         return bool(cond and cond["status"] == "False" and cond.get("reason") == "Unschedulable")
 
     last: list[Any] = [None, 0.0]

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from e2e.fleet.pods import resolve_env
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 
 Obj = dict[str, Any]
 IMEX_DRIVER = "compute-domain.nvidia.com"  # NVIDIA's DRA driver for ComputeDomains
@@ -96,16 +96,16 @@ def unit_path(pod: Obj, pods: Sequence[Obj], claims: Mapping[str, Obj], cliques:
     what the operator reports): nvlink when the unit's pods all sit on one node, or in one NVLink domain
     each holding an IMEX channel of one ComputeDomain; else tcp (the factory has no RDMA devices)."""
     meta = pod["metadata"]
-    unit = (meta.get("labels") or {}).get(c.LABEL_UNIT)
-    deployment = (meta.get("labels") or {}).get(c.LABEL_DEPLOYMENT)
+    unit = (meta.get("labels") or {}).get(contract.LABEL_UNIT)
+    deployment = (meta.get("labels") or {}).get(contract.LABEL_DEPLOYMENT)
     if unit is None:
         return "tcp"
     members = [
         p
         for p in pods
         if p["metadata"]["namespace"] == meta["namespace"]
-        and (p["metadata"].get("labels") or {}).get(c.LABEL_UNIT) == unit
-        and (p["metadata"].get("labels") or {}).get(c.LABEL_DEPLOYMENT) == deployment
+        and (p["metadata"].get("labels") or {}).get(contract.LABEL_UNIT) == unit
+        and (p["metadata"].get("labels") or {}).get(contract.LABEL_DEPLOYMENT) == deployment
         and not p["metadata"].get("deletionTimestamp")
     ]
     nodes = {str(p["spec"].get("nodeName") or "") for p in members}
@@ -120,14 +120,14 @@ def unit_path(pod: Obj, pods: Sequence[Obj], claims: Mapping[str, Obj], cliques:
 def group_of(pod: Obj, pods: Sequence[Obj]) -> list[Obj]:
     """The pods of `pod`'s group in rank order (the pod alone when it names no group)."""
     meta = pod["metadata"]
-    name = (meta.get("labels") or {}).get(c.LABEL_GROUP)
+    name = (meta.get("labels") or {}).get(contract.LABEL_GROUP)
     if not name:
         return [pod]
     same = [
         p
         for p in pods
         if p["metadata"]["namespace"] == meta["namespace"]
-        and (p["metadata"].get("labels") or {}).get(c.LABEL_GROUP) == name
+        and (p["metadata"].get("labels") or {}).get(contract.LABEL_GROUP) == name
         and not p["metadata"].get("deletionTimestamp")
     ]
-    return sorted(same, key=lambda p: int(resolve_env(p).get(c.ENV_RANK, "0") or 0))
+    return sorted(same, key=lambda p: int(resolve_env(p).get(contract.ENV_RANK, "0") or 0))

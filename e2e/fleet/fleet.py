@@ -20,7 +20,7 @@ from typing import Any
 from e2e.fleet import runner
 from e2e.helpers import get_json, kubectl, wait_for
 from tokenfab.adapters import metrics
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 from tokenfab_factory import lanes
 from tokenfab_factory.factory import Factory
 
@@ -190,12 +190,13 @@ def by_group(rows: list[dict[str, Any]]) -> dict[str, float]:
     for row in rows:
         value = float(row["value"][1])
         if value == value:
-            out[row["metric"].get(c.PROM_LABEL_GROUP, "")] = value
+            out[row["metric"].get(contract.PROM_LABEL_GROUP, "")] = value
     return out
 
 
 def sel(namespace: str, name: str, role: str) -> str:
-    return f'namespace="{namespace}", {c.PROM_LABEL_DEPLOYMENT}="{name}", {c.PROM_LABEL_ROLE}="{role}"'
+    deployment, role_label = contract.PROM_LABEL_DEPLOYMENT, contract.PROM_LABEL_ROLE
+    return f'namespace="{namespace}", {deployment}="{name}", {role_label}="{role}"'
 
 
 def kv_by_group(f: Factory, namespace: str, name: str, role: str) -> dict[str, float]:
@@ -206,7 +207,8 @@ def kv_by_group(f: Factory, namespace: str, name: str, role: str) -> dict[str, f
 def requests_by_group(f: Factory, namespace: str, name: str, role: str) -> dict[str, float]:
     """Requests each group's engine has served (Dynamo's per-endpoint counter on the worker)."""
     q = (
-        f"sum by ({c.PROM_LABEL_GROUP}) (dynamo_component_requests_total{{{sel(namespace, name, role)}, "
+        f"sum by ({contract.PROM_LABEL_GROUP}) "
+        f"(dynamo_component_requests_total{{{sel(namespace, name, role)}, "
         'dynamo_endpoint="generate"})'
     )
     return by_group(prom(f, q))
@@ -300,7 +302,7 @@ def waiting_by_group(f: Factory, namespace: str, name: str, role: str) -> dict[s
 def frontend_ttft(f: Factory, namespace: str, name: str, window: str = "15s") -> dict[str, float]:
     """TTFT p50/p99 the frontend measured over the last window (its histogram, through Prometheus)."""
     out = {}
-    s = f'namespace="{namespace}", {c.PROM_LABEL_DEPLOYMENT}="{name}"'
+    s = f'namespace="{namespace}", {contract.PROM_LABEL_DEPLOYMENT}="{name}"'
     for q in (0.5, 0.99):
         rows = prom(
             f,

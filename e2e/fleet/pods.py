@@ -32,7 +32,7 @@ from typing import Any
 
 from tokenfab.launcher.plan import ConfigError, plan_launch, read_identity
 from tokenfab.launcher.run import parse_args as launcher_args
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 
 Pod = dict[str, Any]
 LOOPBACK = "127.0.0.1"
@@ -44,8 +44,8 @@ HOST_ENV = (
     "DYN_SYSTEM_HOST",
     "DYN_HTTP_HOST",
 )
-LAUNCHER = [c.PYTHON, "-m", c.LAUNCHER_MODULE]
-FRONTEND = [c.PYTHON, "-m", c.DYNAMO_FRONTEND_MODULE]
+LAUNCHER = [contract.PYTHON, "-m", contract.LAUNCHER_MODULE]
+FRONTEND = [contract.PYTHON, "-m", contract.DYNAMO_FRONTEND_MODULE]
 
 
 class PodError(Exception):
@@ -127,9 +127,9 @@ def engine_configmap(pod: Pod) -> str:
     """The ConfigMap mounted at the engine config directory (the launcher reads the engine YAML there)."""
     mounts = {m["name"]: m["mountPath"] for m in container(pod).get("volumeMounts") or []}
     for v in (pod.get("spec") or {}).get("volumes") or []:
-        if mounts.get(v["name"]) == c.ENGINE_CONFIG_DIR and "configMap" in v:
+        if mounts.get(v["name"]) == contract.ENGINE_CONFIG_DIR and "configMap" in v:
             return str(v["configMap"]["name"])
-    raise PodError(f"no ConfigMap mounted at {c.ENGINE_CONFIG_DIR}")
+    raise PodError(f"no ConfigMap mounted at {contract.ENGINE_CONFIG_DIR}")
 
 
 def argv_of(pod: Pod) -> list[str]:
@@ -158,7 +158,10 @@ def engine_of(pod: Pod, env: Mapping[str, str], engine_yaml: str) -> Engine | No
     if argv[:3] != LAUNCHER:
         raise PodError(f"a worker pod runs {' '.join(LAUNCHER)}, not {' '.join(argv[:3])}")
     _help, _dry, dynamo_args = launcher_args(argv[3:])
-    environ = {**env, c.ENV_ENGINE_CONFIG: env.get(c.ENV_ENGINE_CONFIG, c.ENGINE_CONFIG_PATH)}
+    environ = {
+        **env,
+        contract.ENV_ENGINE_CONFIG: env.get(contract.ENV_ENGINE_CONFIG, contract.ENGINE_CONFIG_PATH),
+    }
     try:
         identity = read_identity(environ)
         plan = plan_launch(identity, engine_yaml, dynamo_args, environ=environ, run_dir="/run", as_root=False)
@@ -167,8 +170,8 @@ def engine_of(pod: Pod, env: Mapping[str, str], engine_yaml: str) -> Engine | No
     if plan.kind == "follower":
         return None
     command = list(plan.command)
-    at = command.index(c.DYNAMO_WORKER_MODULE)  # (rank 0 of a multi-node group: inside mpirun)
-    if command[at - 2 : at] != [c.PYTHON, "-m"]:
+    at = command.index(contract.DYNAMO_WORKER_MODULE)  # (rank 0 of a multi-node group: inside mpirun)
+    if command[at - 2 : at] != [contract.PYTHON, "-m"]:
         raise PodError(f"unexpected engine command {command}")
     return Engine(tuple(command[at + 1 :]), plan.engine.gpus)
 
@@ -191,7 +194,7 @@ class Mocker:
 # dynamo.trtllm flags with a value, and what becomes of them on the mocker.
 _VALUED = {"--model-path", "--model", "--served-model-name", "--extra-engine-args", "--disaggregation-mode"}
 # Flags the mocker does by itself: it always publishes KV events and its metrics.
-_PUBLISHERS = {c.PUBLISH_KV_EVENTS_FLAG, c.PUBLISH_METRICS_FLAG}
+_PUBLISHERS = {contract.PUBLISH_KV_EVENTS_FLAG, contract.PUBLISH_METRICS_FLAG}
 
 
 def mocker_argv(engine: Engine, m: Mocker, bootstrap_port: int | None) -> list[str]:
@@ -250,7 +253,7 @@ def frontend_args(pod: Pod, http_port: int) -> list[str]:
         args[args.index("--http-port") + 1] = str(http_port)
     else:
         args += ["--http-port", str(http_port)]
-    return ["-m", c.DYNAMO_FRONTEND_MODULE, *args]
+    return ["-m", contract.DYNAMO_FRONTEND_MODULE, *args]
 
 
 def process_env(

@@ -56,7 +56,7 @@ from kubernetes import config as kconfig
 from urllib3.util.retry import Retry
 
 from e2e.fleet import fabric, isolation, pods, weights_model
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 from tokenfab_factory import process
 
 # Both ranges lie below the kernel's ephemeral range (32768-60999 by default). A port the runner gives a
@@ -182,9 +182,9 @@ def pod_labels(pod: dict[str, Any], role: str, group: str) -> dict[str, str]:
     return {
         "namespace": meta["namespace"],
         "pod": meta["name"],
-        c.PROM_LABEL_DEPLOYMENT: meta.get("labels", {}).get(c.LABEL_DEPLOYMENT, ""),
-        c.PROM_LABEL_ROLE: role,
-        c.PROM_LABEL_GROUP: group,
+        contract.PROM_LABEL_DEPLOYMENT: meta.get("labels", {}).get(contract.LABEL_DEPLOYMENT, ""),
+        contract.PROM_LABEL_ROLE: role,
+        contract.PROM_LABEL_GROUP: group,
     }
 
 
@@ -200,7 +200,7 @@ def _grace(pod: dict[str, Any]) -> tuple[float, float]:
 
 def _routable(pod: dict[str, Any]) -> bool | None:
     for cond in (pod.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == c.ROUTABLE_CONDITION:
+        if cond.get("type") == contract.ROUTABLE_CONDITION:
             return bool(cond.get("status") == "True")
     return None
 
@@ -250,7 +250,7 @@ def _deleting(pod: dict[str, Any] | None) -> bool:
 
 
 def _is_fetch(pod: dict[str, Any]) -> bool:
-    return bool(pod["metadata"].get("labels", {}).get(c.COMPONENT) == c.COMPONENT_WEIGHTS_FETCH)
+    return bool(pod["metadata"].get("labels", {}).get(contract.COMPONENT) == contract.COMPONENT_WEIGHTS_FETCH)
 
 
 def wanted(pod: dict[str, Any]) -> str | None:
@@ -261,10 +261,10 @@ def wanted(pod: dict[str, Any]) -> str | None:
     if not pod["spec"].get("nodeName"):
         return None
     labels = meta.get("labels", {})
-    if labels.get(c.MANAGED_BY) != c.MANAGED_BY_VALUE:
+    if labels.get(contract.MANAGED_BY) != contract.MANAGED_BY_VALUE:
         return None
-    component = labels.get(c.COMPONENT)
-    if component == "worker" and labels.get(c.LABEL_RANK, "0") == "0":
+    component = labels.get(contract.COMPONENT)
+    if component == "worker" and labels.get(contract.LABEL_RANK, "0") == "0":
         return "mocker"
     if component == "frontend":
         return "frontend"
@@ -349,9 +349,9 @@ class Runner:
         ns = self.opts.namespaces
         path = f"/api/v1/namespaces/{ns[0]}/pods" if len(ns) == 1 else "/api/v1/pods"
         try:
-            items = self.api("GET", path, [("labelSelector", f"{c.MANAGED_BY}={c.MANAGED_BY_VALUE}")])[
-                "items"
-            ]
+            items = self.api(
+                "GET", path, [("labelSelector", f"{contract.MANAGED_BY}={contract.MANAGED_BY_VALUE}")]
+            )["items"]
             return [p for p in items if not ns or p["metadata"]["namespace"] in ns]
         except (pods.PodError, ValueError, KeyError, TypeError) as exc:
             self.errors += 1
@@ -394,16 +394,16 @@ class Runner:
             proc = Proc(key, meta["uid"], kind, 0, ports, pod_labels(pod, "frontend", ""), time.time(), url)
             proc.node = pod["spec"].get("nodeName") or ""
             proc.metrics_url = f"{url}/metrics"
-            proc.health_url = f"{url}{c.HEALTH_PATH}"
+            proc.health_url = f"{url}{contract.HEALTH_PATH}"
             proc.target = pods.target_labels(pod, "http")
             return argv, penv, proc
         engine = pods.engine_of(pod, env, self.configmap(meta["namespace"], pods.engine_configmap(pod)))
         if engine is None:
             raise pods.PodError("a follower rank runs no engine")
-        mode = env.get(c.ENV_DISAGGREGATION_MODE, c.MODE_AGGREGATED)
+        mode = env.get(contract.ENV_DISAGGREGATION_MODE, contract.MODE_AGGREGATED)
         engine_type = o.engine_type
         if engine_type == ENGINE_AUTO:
-            engine_type = "trtllm" if mode == c.MODE_AGGREGATED else "vllm"
+            engine_type = "trtllm" if mode == contract.MODE_AGGREGATED else "vllm"
         ports["system"] = self.system_ports.take()
         if mode == "prefill":
             ports["bootstrap"] = self.ports.take()
@@ -413,14 +413,14 @@ class Runner:
             gbps, fabric.KV_BYTES_PER_TOKEN if mode == "prefill" else None,
         )  # fmt: skip
         argv = [o.dynamo_python, *pods.mocker_argv(engine, mocker, ports.get("bootstrap"))]
-        swapped = {c.ENV_DYN_SYSTEM_PORT: str(ports["system"])}
+        swapped = {contract.ENV_DYN_SYSTEM_PORT: str(ports["system"])}
         penv = pods.process_env(env, path=path, home=str(home), kubeconfig=config, ports=swapped)
-        role = labels.get(c.LABEL_ROLE, "worker")
-        group = labels.get(c.LABEL_GROUP, meta["name"])
+        role = labels.get(contract.LABEL_ROLE, "worker")
+        group = labels.get(contract.LABEL_GROUP, meta["name"])
         proc = Proc(key, meta["uid"], "mocker", 0, ports, pod_labels(pod, role, group), time.time())
         proc.node = pod["spec"].get("nodeName") or ""
         proc.metrics_url = f"http://127.0.0.1:{ports['system']}/metrics"
-        proc.health_url = f"http://127.0.0.1:{ports['system']}{c.HEALTH_PATH}"
+        proc.health_url = f"http://127.0.0.1:{ports['system']}{contract.HEALTH_PATH}"
         proc.target = pods.target_labels(pod, "metrics")
         return argv, penv, proc
 
@@ -492,7 +492,7 @@ class Runner:
     def configmap(self, namespace: str, name: str) -> str:
         """The engine YAML the pod mounts (as the kubelet would project the ConfigMap)."""
         doc = self.api("GET", f"/api/v1/namespaces/{namespace}/configmaps/{name}")
-        return str((doc.get("data") or {}).get(c.ENGINE_CONFIG_FILE, ""))
+        return str((doc.get("data") or {}).get(contract.ENGINE_CONFIG_FILE, ""))
 
     def pod_kubeconfig(self, pod: dict[str, Any]) -> str:
         """The pod's ServiceAccount token, as a kubelet projects it: a TokenRequest bound to the pod (void
@@ -543,7 +543,8 @@ class Runner:
         env = {
             e["name"]: e.get("value", "") for ctr in pod["spec"]["containers"] for e in ctr.get("env") or []
         }
-        return f"{uid.strip()}:{env.get(c.ENV_MODEL_SOURCE, '')}@{env.get(c.ENV_MODEL_REVISION) or 'main'}"
+        source, revision = env.get(contract.ENV_MODEL_SOURCE, ""), env.get(contract.ENV_MODEL_REVISION)
+        return f"{uid.strip()}:{source}@{revision or 'main'}"
 
     def start(self, kind: str, pod: dict[str, Any]) -> None:
         argv, env, proc = self.argv_for(kind, pod)
@@ -568,7 +569,7 @@ class Runner:
                 # the pod's creation (the scale-up) and its first healthy probe (serving), wall clock
                 "created_at": _epoch(pod["metadata"].get("creationTimestamp")),
                 "healthy_at": None,
-                "generation": pod["metadata"].get("labels", {}).get(c.LABEL_REVISION, "")[:8],
+                "generation": pod["metadata"].get("labels", {}).get(contract.LABEL_REVISION, "")[:8],
                 "labels": proc.labels,
                 # the modeled weights path and hold (weights_model), for an engine held back
                 **({"weights": self.paths.pop(proc.key)} if proc.key in self.paths else {}),
@@ -865,7 +866,7 @@ class Runner:
 
     def write_state(self, running: bool = True) -> None:
         frontends = {
-            f"{p.labels['namespace']}/{p.labels[c.PROM_LABEL_DEPLOYMENT]}": p.url
+            f"{p.labels['namespace']}/{p.labels[contract.PROM_LABEL_DEPLOYMENT]}": p.url
             for p in self.procs.values()
             if p.kind == "frontend"
         }

@@ -30,7 +30,7 @@ from typing import Any
 from e2e import record
 from e2e.fleet import fleet, load
 from e2e.helpers import apply_yaml, install_crds, kubectl, start_operator, wait_for
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 from tokenfab_factory import process
 from tokenfab_factory.factory import Factory, FactoryConfig
 
@@ -153,26 +153,26 @@ class Controller(threading.Thread):
         raise NotImplementedError
 
     def run(self) -> None:
-        c = self.cfg
+        cfg = self.cfg
         while not self.stop_event.wait(self.period_s):
             try:
                 got = self.want()
             except Exception as exc:  # a lost decision is not a lost run
-                print(f"{c.policy}: {exc}", file=sys.stderr)
+                print(f"{cfg.policy}: {exc}", file=sys.stderr)
                 continue
             if got is None:
                 continue
             want, why = got
-            want = max(1, min(c.max_decode, want))
+            want = max(1, min(cfg.max_decode, want))
             if want == self.replicas:
                 continue
             kubectl(
                 self.f,
                 "patch",
                 "mdep",
-                c.name,
+                cfg.name,
                 "-n",
-                c.namespace,
+                cfg.namespace,
                 "--type=merge",
                 "-p",
                 json.dumps({"spec": {"decode": {"replicas": want}}}),
@@ -186,14 +186,14 @@ class ThresholdController(Controller):
     cooldown."""
 
     def want(self) -> tuple[int, dict[str, Any]] | None:
-        c = self.cfg
-        kv = fleet.kv_by_group(self.f, c.namespace, c.name, "decode")
-        if not kv or time.monotonic() - self.last_change < c.threshold_cooldown_s:
+        cfg = self.cfg
+        kv = fleet.kv_by_group(self.f, cfg.namespace, cfg.name, "decode")
+        if not kv or time.monotonic() - self.last_change < cfg.threshold_cooldown_s:
             return None
         mean = sum(kv.values()) / len(kv)
-        if mean > c.threshold_up:
+        if mean > cfg.threshold_up:
             return self.replicas + 1, {"kv": mean}
-        if mean < c.threshold_down:
+        if mean < cfg.threshold_down:
             return self.replicas - 1, {"kv": mean}
         return None
 
@@ -208,18 +208,18 @@ class PlannerBaseline(Controller):
     scale-up threshold, removes one. Prefill follows decode by the deployment's fixed ratio."""
 
     def want(self) -> tuple[int, dict[str, Any]] | None:
-        c = self.cfg
-        kv = fleet.kv_by_group(self.f, c.namespace, c.name, "decode")
-        waiting = fleet.waiting_by_group(self.f, c.namespace, c.name, "decode")
+        cfg = self.cfg
+        kv = fleet.kv_by_group(self.f, cfg.namespace, cfg.name, "decode")
+        waiting = fleet.waiting_by_group(self.f, cfg.namespace, cfg.name, "decode")
         if not kv:
             return None
-        capacity = c.kv_tokens_per_gpu * 2  # decode groups of 2 GPUs (fleet.manifest)
-        load_ = {g: v + waiting.get(g, 0.0) * (c.isl + c.osl) / capacity for g, v in kv.items()}
+        capacity = cfg.kv_tokens_per_gpu * 2  # decode groups of 2 GPUs (fleet.manifest)
+        load_ = {g: v + waiting.get(g, 0.0) * (cfg.isl + cfg.osl) / capacity for g, v in kv.items()}
         n = len(load_)
-        if any(u > c.planner_up for u in load_.values()):
+        if any(u > cfg.planner_up for u in load_.values()):
             return self.replicas + 1, {"load": load_}
         spread = sum(load_.values()) / (n - 1) if n > 1 else float("inf")
-        if all(u < c.planner_down for u in load_.values()) and spread < c.planner_up:
+        if all(u < cfg.planner_down for u in load_.values()) and spread < cfg.planner_up:
             return self.replicas - 1, {"load": load_}
         return None
 
@@ -250,7 +250,7 @@ class OracleController(Controller):
         )
 
     def want(self) -> tuple[int, dict[str, Any]] | None:
-        c = self.cfg
+        cfg = self.cfg
         if self.t0 is None:
             n = self.started()
             if self.baseline is None:
@@ -259,9 +259,9 @@ class OracleController(Controller):
             if n <= self.baseline:
                 return None
             self.t0 = time.monotonic()
-        t = time.monotonic() - self.t0 + c.oracle_lead_s
-        high = load.rate_at(c.trace(), t) > (c.quiet_qps + c.burst_qps) / 2
-        return (c.max_decode if high else 1), {"t": round(t, 2)}
+        t = time.monotonic() - self.t0 + cfg.oracle_lead_s
+        high = load.rate_at(cfg.trace(), t) > (cfg.quiet_qps + cfg.burst_qps) / 2
+        return (cfg.max_decode if high else 1), {"t": round(t, 2)}
 
 
 CONTROLLERS: dict[str, type[Controller]] = {
@@ -487,7 +487,7 @@ def weights_paths(
     engines = [
         {
             "t": round(h["started_at"] - t_start, 1),
-            "role": h["labels"].get(c.PROM_LABEL_ROLE, ""),
+            "role": h["labels"].get(contract.PROM_LABEL_ROLE, ""),
             "path": h["weights"]["path"],
             "hold_s": h["weights"]["hold_s"],
             "start_s": _span(h.get("created_at"), h.get("healthy_at")),

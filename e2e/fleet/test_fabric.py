@@ -11,16 +11,15 @@ import pytest
 
 from e2e.fleet import fabric
 from testing.cases import DOMAIN, owner, spec_of
-from tokenfab.planning import builders as b
-from tokenfab.planning import contract as c
+from tokenfab.planning import builders, contract
 
 pytestmark = pytest.mark.unit  # (beside the code it tests; needs no factory)
 
 
 def _group(example: str, role: str, patch: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     spec = spec_of(example, patch)
-    nodes = [f"gb200-r00-t{i:02d}" for i in range(b.group_shape(spec, role).nodes)]
-    pods = b.group_pods(owner("ds"), spec, role, 0, DOMAIN, "rev", nodes)  # type: ignore[arg-type]
+    nodes = [f"gb200-r00-t{i:02d}" for i in range(builders.group_shape(spec, role).nodes)]
+    pods = builders.group_pods(owner("ds"), spec, role, 0, DOMAIN, "rev", nodes)  # type: ignore[arg-type]
     out = []
     for i, pod in enumerate(pods):
         pod = copy.deepcopy(pod)
@@ -125,14 +124,22 @@ def test_group_of_finds_the_ranks_in_order_and_leaves_deleting_pods_out():
     gone["metadata"]["deletionTimestamp"] = "2026-11-27T00:00:00Z"
     listed = [*reversed(group[:3]), gone, *group[4:], *other]
     found = fabric.group_of(group[0], listed)
-    assert [p["metadata"]["labels"][c.LABEL_RANK] for p in found] == ["0", "1", "2", "4", "5", "6", "7"]
+    assert [p["metadata"]["labels"][contract.LABEL_RANK] for p in found] == [
+        "0",
+        "1",
+        "2",
+        "4",
+        "5",
+        "6",
+        "7",
+    ]
 
 
 def _unit(example: str = "deepseek-r1-disaggregated.yaml") -> list[dict[str, Any]]:
     pods = []
     for role in ("decode", "prefill"):
         for pod in _group(example, role):
-            pod["metadata"]["labels"][c.LABEL_UNIT] = "0"
+            pod["metadata"]["labels"][contract.LABEL_UNIT] = "0"
             pods.append(pod)
     for i, pod in enumerate(pods):  # (each pod on a node of its own, as the unit's placement has it)
         pod["spec"]["nodeName"] = f"gb200-r00-t{i:02d}"
@@ -141,18 +148,18 @@ def _unit(example: str = "deepseek-r1-disaggregated.yaml") -> list[dict[str, Any
 
 def test_a_whole_unit_holding_one_compute_domains_channels_hands_kv_over_nvlink():
     pods = _unit()
-    prefill = next(p for p in pods if p["metadata"]["labels"][c.LABEL_ROLE] == "prefill")
+    prefill = next(p for p in pods if p["metadata"]["labels"][contract.LABEL_ROLE] == "prefill")
     assert fabric.unit_path(prefill, pods, _claims(pods), _cliques(pods)) == "nvlink"
     assert fabric.PATH_GBPS["nvlink"] > fabric.PATH_GBPS["rdma"] > fabric.PATH_GBPS["tcp"]
 
 
 def test_a_unit_split_over_two_racks_or_without_channels_hands_kv_over_tcp():
     pods = _unit()
-    prefill = next(p for p in pods if p["metadata"]["labels"][c.LABEL_ROLE] == "prefill")
+    prefill = next(p for p in pods if p["metadata"]["labels"][contract.LABEL_ROLE] == "prefill")
     split = _cliques(pods, lambda i: "r0" if i < 8 else "r1")
     assert fabric.unit_path(prefill, pods, _claims(pods), split) == "tcp"
     assert fabric.unit_path(prefill, pods, _claims(pods, allocated=False), _cliques(pods)) == "tcp"
-    del prefill["metadata"]["labels"][c.LABEL_UNIT]
+    del prefill["metadata"]["labels"][contract.LABEL_UNIT]
     assert fabric.unit_path(prefill, pods, _claims(pods), _cliques(pods)) == "tcp"
 
 

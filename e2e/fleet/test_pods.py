@@ -13,8 +13,7 @@ from e2e.fleet import pods
 from e2e.fleet.runner import foreign_connections
 from testing.cases import DOMAIN, owner, rendered, spec_of
 from testing.upstream import parse_all
-from tokenfab.planning import builders as b
-from tokenfab.planning import contract as c
+from tokenfab.planning import builders, contract
 from tokenfab.planning.engine import engine_config, render
 
 pytestmark = pytest.mark.unit  # (beside the code it tests; needs no factory)
@@ -28,11 +27,11 @@ def live(pod: dict) -> dict:
 
 def test_the_pods_own_environment_with_the_downward_api_resolved():
     spec = spec_of("deepseek-r1-disaggregated.yaml")
-    pod = live(b.group_pods(owner("ds"), spec, "decode", 0, DOMAIN, "rev")[0])
+    pod = live(builders.group_pods(owner("ds"), spec, "decode", 0, DOMAIN, "rev")[0])
     env = pods.resolve_env(pod)
-    assert env[c.ENV_POD_NAME] == "ds-decode-0-0"
-    assert env[c.ENV_POD_UID] == "1234-uid"
-    assert env[c.ENV_DYN_DISCOVERY_BACKEND] == "kubernetes"
+    assert env[contract.ENV_POD_NAME] == "ds-decode-0-0"
+    assert env[contract.ENV_POD_UID] == "1234-uid"
+    assert env[contract.ENV_DYN_DISCOVERY_BACKEND] == "kubernetes"
     assert pods.mounts_token(pod)
     assert pods.service_account(pod) == "ds-dynamo"
     bad = live(pod)
@@ -44,14 +43,14 @@ def test_the_pods_own_environment_with_the_downward_api_resolved():
 
 def test_only_the_host_ports_and_kubelet_additions_differ_from_the_pod():
     spec = spec_of("deepseek-r1-disaggregated.yaml")
-    pod = live(b.group_pods(owner("ds"), spec, "prefill", 0, DOMAIN, "rev")[0])
+    pod = live(builders.group_pods(owner("ds"), spec, "prefill", 0, DOMAIN, "rev")[0])
     env = pods.resolve_env(pod)
     out = pods.process_env(
-        env, path="/bin", home="/h", kubeconfig="/k", ports={c.ENV_DYN_SYSTEM_PORT: "26001"}
+        env, path="/bin", home="/h", kubeconfig="/k", ports={contract.ENV_DYN_SYSTEM_PORT: "26001"}
     )
     added = {k: v for k, v in out.items() if env.get(k) != v}
     assert set(added) == {
-        "PATH", "HOME", "KUBECONFIG", c.ENV_DYN_SYSTEM_PORT, *pods.HOST_ENV, "HF_HUB_OFFLINE",
+        "PATH", "HOME", "KUBECONFIG", contract.ENV_DYN_SYSTEM_PORT, *pods.HOST_ENV, "HF_HUB_OFFLINE",
         "TRANSFORMERS_OFFLINE", "PYTHONUNBUFFERED",
     }  # fmt: skip
     assert all(out[h] == "127.0.0.1" for h in pods.HOST_ENV)
@@ -64,11 +63,11 @@ def test_only_the_host_ports_and_kubelet_additions_differ_from_the_pod():
 def test_the_engine_is_what_the_launcher_plans_and_only_it_is_swapped():
     spec = spec_of("deepseek-r1-disaggregated.yaml")
     own = owner("ds")
-    leader, follower = (live(p) for p in b.group_pods(own, spec, "decode", 0, DOMAIN, "rev")[:2])
+    leader, follower = (live(p) for p in builders.group_pods(own, spec, "decode", 0, DOMAIN, "rev")[:2])
     text = render(engine_config(spec, "decode"))
     engine = pods.engine_of(leader, pods.resolve_env(leader), text)
     assert engine is not None
-    assert engine.dynamo_args == tuple(b.worker_args(spec, "decode"))  # mpirun's inner command
+    assert engine.dynamo_args == tuple(builders.worker_args(spec, "decode"))  # mpirun's inner command
     assert engine.gpus == 32
     assert pods.engine_of(follower, pods.resolve_env(follower), text) is None  # sshd: no engine
     mocker = pods.mocker_argv(engine, pods.Mocker("/m", 48, 16, 0.3, "vllm"), None)
@@ -83,7 +82,7 @@ def test_the_engine_is_what_the_launcher_plans_and_only_it_is_swapped():
 
 def test_prometheus_sees_a_pod_as_its_kubernetes_discovery_would():
     spec = spec_of("aggregated-small.yaml")
-    pod = live(b.group_pods(owner("s"), spec, "worker", 0, DOMAIN, "rev")[0])
+    pod = live(builders.group_pods(owner("s"), spec, "worker", 0, DOMAIN, "rev")[0])
     labels = pods.target_labels(pod, "metrics")
     assert labels["__meta_kubernetes_pod_label_tokenfab_dev_deployment"] == "s"
     assert labels["__meta_kubernetes_pod_label_app_kubernetes_io_managed_by"] == "tokenfab"
@@ -202,10 +201,10 @@ def test_the_runners_port_ranges_lie_below_the_kernels_ephemeral_ports():
 
 def test_downward_volumes_are_projected_from_the_pods_own_metadata():
     spec = spec_of("deepseek-r1-disaggregated.yaml")
-    pod = live(b.group_pods(owner("ds"), spec, "prefill", 1, DOMAIN, "rev", unit=4)[0])
+    pod = live(builders.group_pods(owner("ds"), spec, "prefill", 1, DOMAIN, "rev", unit=4)[0])
     [(name, mount, files)] = pods.downward_volumes(pod)
-    assert (name, mount, files) == ("topology", c.TOPOLOGY_DIR, {c.KV_TRANSFER_DOMAIN: "4"})
-    plain = live(b.group_pods(owner("ds"), spec, "prefill", 1, DOMAIN, "rev")[0])
+    assert (name, mount, files) == ("topology", contract.TOPOLOGY_DIR, {contract.KV_TRANSFER_DOMAIN: "4"})
+    plain = live(builders.group_pods(owner("ds"), spec, "prefill", 1, DOMAIN, "rev")[0])
     assert pods.downward_volumes(plain) == []
 
 
@@ -213,7 +212,7 @@ def test_a_prefill_engine_pays_its_units_kv_path_and_a_decode_engine_nothing():
     spec = spec_of("deepseek-r1-disaggregated.yaml")
     m = pods.Mocker("/m", 48, 16, 0.3, "vllm", 12.5, 35136)
     for role, port in (("prefill", 27100), ("decode", None)):
-        pod = live(b.group_pods(owner("ds"), spec, role, 0, DOMAIN, "rev", unit=0)[0])
+        pod = live(builders.group_pods(owner("ds"), spec, role, 0, DOMAIN, "rev", unit=0)[0])
         text = render(engine_config(spec, role))
         engine = pods.engine_of(pod, pods.resolve_env(pod), text)
         assert engine is not None

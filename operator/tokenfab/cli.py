@@ -11,8 +11,7 @@ import yaml
 
 from tokenfab.api.crd import all_crds
 from tokenfab.api.errors import SpecError, load_manifests
-from tokenfab.planning import contract as c
-from tokenfab.planning import sla
+from tokenfab.planning import contract, sla
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 
@@ -135,7 +134,7 @@ def doctor(
     RBAC. Exit 0: ready (warnings allowed); 1: a check failed (each says the fix); 2: no API server."""
     from kubernetes import config
 
-    from tokenfab import doctor as d
+    from tokenfab import doctor
     from tokenfab.adapters.kube import Kube
 
     try:
@@ -151,19 +150,19 @@ def doctor(
                 api = client.ApiClient()
     except Exception as exc:
         typer.echo(f"FAIL  kubernetes     no kubeconfig: {exc}", err=True)
-        raise typer.Exit(d.EXIT_UNREACHABLE) from exc
+        raise typer.Exit(doctor.EXIT_UNREACHABLE) from exc
     kube = Kube(api, timeout=(5.0, 20.0))
     try:
-        checks = d.run(
+        checks = doctor.run(
             kube, prometheus_url=prometheus_url, service_account=service_account, namespace=namespace
         )
-    except d.UnreachableError as exc:
+    except doctor.UnreachableError as exc:
         typer.echo(f"FAIL  kubernetes     the API server does not answer: {exc}", err=True)
-        raise typer.Exit(d.EXIT_UNREACHABLE) from exc
+        raise typer.Exit(doctor.EXIT_UNREACHABLE) from exc
     finally:
         kube.pool.shutdown(wait=False)
-    typer.echo(d.report(checks, output == "json"))
-    raise typer.Exit(d.exit_code(checks))
+    typer.echo(doctor.report(checks, output == "json"))
+    raise typer.Exit(doctor.exit_code(checks))
 
 
 def _cluster_domains(kubeconfig: Path, domain_label: str, gpu_resource: str) -> dict[str, Any]:
@@ -183,7 +182,11 @@ def _cluster_domains(kubeconfig: Path, domain_label: str, gpu_resource: str) -> 
     view.replace("ForeignPod", [p for p in pods if (p["spec"] or {}).get("nodeName")])
     view.replace(
         "Pod",
-        [p for p in pods if (p["metadata"].get("labels") or {}).get(c.MANAGED_BY) == c.MANAGED_BY_VALUE],
+        [
+            p
+            for p in pods
+            if (p["metadata"].get("labels") or {}).get(contract.MANAGED_BY) == contract.MANAGED_BY_VALUE
+        ],
     )
     kube.pool.shutdown(wait=False)
     return dict(domains(view, Ledger(view), domain_label, gpu_resource)[0])

@@ -31,14 +31,14 @@ from tokenfab.fleet.expectations import Expectations
 from tokenfab.fleet.ledger import Ledger
 from tokenfab.fleet.view import Change, ClusterView, Key
 from tokenfab.fleet.workqueue import WorkQueue
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 from tokenfab.planning.scaler import burst_watch
 from tokenfab.reconcile import begin
 from tokenfab.runtime import Context, Result, Settings
 
 log = logging.getLogger("tokenfab")
 FleetReader = Callable[[str, str], tuple[dict[tuple[str, str], float] | None, str]]
-MANAGED = f"{c.MANAGED_BY}={c.MANAGED_BY_VALUE}"
+MANAGED = f"{contract.MANAGED_BY}={contract.MANAGED_BY_VALUE}"
 SLOW_PASS_SECONDS = 1.0
 STUCK_SECONDS = 600.0  # a pass this long means a hang (every request has a timeout): fail liveness
 
@@ -103,7 +103,9 @@ class Controller:
                     # Serving every namespace, tokenfab's own pods come by the Pod watch only (each of
                     # their updates would otherwise arrive twice); serving some, those of the others
                     # count here as anyone's.
-                    label_selector="" if self.options.namespaces else f"{c.MANAGED_BY}!={c.MANAGED_BY_VALUE}",
+                    label_selector=""
+                    if self.options.namespaces
+                    else f"{contract.MANAGED_BY}!={contract.MANAGED_BY_VALUE}",
                     field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed",
                 ),
                 self.view.on_foreign_pod,
@@ -182,9 +184,11 @@ class Controller:
         # The writer's threads run, and which optional kinds the cluster serves is known, before the
         # first pass needs them.
         self.kube.start_writers()
-        self.kube.warm_kinds([(c.POD_GROUP_API, "PodGroup"), (c.COMPUTE_DOMAIN_API, "ComputeDomain")])
-        if self.kube.has_kind(c.DEVICE_TAINT_RULE_API, "DeviceTaintRule"):  # (Kubernetes 1.37: GA)
-            source = Source("DeviceTaintRule", c.DEVICE_TAINT_RULE_API, "DeviceTaintRule")
+        self.kube.warm_kinds(
+            [(contract.POD_GROUP_API, "PodGroup"), (contract.COMPUTE_DOMAIN_API, "ComputeDomain")]
+        )
+        if self.kube.has_kind(contract.DEVICE_TAINT_RULE_API, "DeviceTaintRule"):  # (Kubernetes 1.37: GA)
+            source = Source("DeviceTaintRule", contract.DEVICE_TAINT_RULE_API, "DeviceTaintRule")
             self.informers.append(
                 Informer(
                     self.kube,
@@ -193,11 +197,15 @@ class Controller:
                     on_list=self._list_handler(source),
                 )
             )
-        if self.kube.has_kind(c.COMPUTE_DOMAIN_API, "ComputeDomain"):  # (NVIDIA's DRA driver installed)
+        if self.kube.has_kind(
+            contract.COMPUTE_DOMAIN_API, "ComputeDomain"
+        ):  # (NVIDIA's DRA driver installed)
             scopes: list[str | None] = list(self.options.namespaces) or [None]
             for ns in scopes:
                 suffix = f"@{ns}" if ns else ""
-                source = Source(f"ComputeDomain{suffix}", c.COMPUTE_DOMAIN_API, "ComputeDomain", ns, MANAGED)
+                source = Source(
+                    f"ComputeDomain{suffix}", contract.COMPUTE_DOMAIN_API, "ComputeDomain", ns, MANAGED
+                )
                 self.informers.append(
                     Informer(
                         self.kube,

@@ -27,7 +27,7 @@ from typing import Any, Literal
 from tokenfab.adapters.kube import ApiError, Kube
 from tokenfab.api.crd import DYNAMO_GROUP, DYNAMO_METADATA_PLURAL
 from tokenfab.api.models import DOMAIN_PLURAL, GROUP, PLURAL
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 
 Outcome = Literal["pass", "warn", "fail"]
 EXIT_OK, EXIT_FAILED, EXIT_UNREACHABLE = 0, 1, 2
@@ -204,7 +204,7 @@ def check_prometheus(url: str | None, autoscaled: int) -> Check:
             "pass --prometheus-url, the URL your ModelDeployments name in spec.autoscaling.prometheusUrl",
         )
     try:
-        rows = _prometheus(url, f'count(up{{{c.PROM_LABEL_DEPLOYMENT}!=""}} == 1)')
+        rows = _prometheus(url, f'count(up{{{contract.PROM_LABEL_DEPLOYMENT}!=""}} == 1)')
     except Exception as exc:
         return Check("prometheus", "fail", f"{url} does not answer: {exc}", "check the URL and that it runs")
     scraped = int(float(rows[0]["value"][1])) if rows else 0
@@ -214,7 +214,7 @@ def check_prometheus(url: str | None, autoscaled: int) -> Check:
         "prometheus",
         "fail" if autoscaled else "warn",
         f"{url} answers but scrapes no tokenfab worker or frontend (no series with "
-        f"{c.PROM_LABEL_DEPLOYMENT})"
+        f"{contract.PROM_LABEL_DEPLOYMENT})"
         + (f"; {autoscaled} autoscaled ModelDeployments read it" if autoscaled else ""),
         "enable the chart's workloadMonitor (Prometheus Operator) or add "
         "charts/tokenfab/prometheus/scrape-config.yaml to your Prometheus",

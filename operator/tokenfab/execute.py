@@ -16,8 +16,7 @@ from tokenfab.api.models import (
     RoleName,
 )
 from tokenfab.fleet.view import Key
-from tokenfab.planning import builders as b
-from tokenfab.planning import contract as c
+from tokenfab.planning import builders, contract
 from tokenfab.planning.groups import Create, RolePlan
 from tokenfab.planning.one_pass import Plan
 from tokenfab.routing import (
@@ -35,20 +34,20 @@ log = logging.getLogger(__name__)
 
 
 def compute_domain_block(ctx: Context, spec: ModelDeploymentSpec) -> Callable[[RoleName], str]:
-    if not any(b.uses_compute_domain(spec, r) for r, _ in spec.roles()):
+    if not any(builders.uses_compute_domain(spec, r) for r, _ in spec.roles()):
         return lambda role: ""
     try:
-        served = ctx.kube.has_kind(c.COMPUTE_DOMAIN_API, "ComputeDomain")
+        served = ctx.kube.has_kind(contract.COMPUTE_DOMAIN_API, "ComputeDomain")
     except ApiError:
         served = False
     if served:
         return lambda role: ""
 
     def why(role: RoleName) -> str:
-        if not b.uses_compute_domain(spec, role):
+        if not builders.uses_compute_domain(spec, role):
             return ""
         return (
-            f"{role} groups need an NVIDIA ComputeDomain ({c.COMPUTE_DOMAIN_API}) but its CRD is not "
+            f"{role} groups need an NVIDIA ComputeDomain ({contract.COMPUTE_DOMAIN_API}) but its CRD is not "
             "installed: install NVIDIA's DRA driver, or set spec.topology.computeDomain to false"
         )
 
@@ -63,7 +62,7 @@ class Submitted:
     deletes: list[tuple[Future[Any], Any]]
     creates: list[tuple[Future[Any], Any]]
     pending: list[tuple[RolePlan, Create, str, list[Obj]]]
-    gang: b.GangMode
+    gang: builders.GangMode
     # new groups whose ComputeDomain has no IMEX channel template yet: only the ComputeDomain was written
     channel_waits: list[tuple[RolePlan, str, str]] = field(default_factory=list)  # (plan, group, domain)
 
@@ -71,7 +70,7 @@ class Submitted:
         return [f for f, _ in (*self.shared, *self.deletes, *self.creates)]
 
 
-def submit(ctx: Context, key: Key, owner: b.Owner, plan: Plan, now: float) -> Submitted:
+def submit(ctx: Context, key: Key, owner: builders.Owner, plan: Plan, now: float) -> Submitted:
     """Every apply and delete of the plan at once (the shared children that differ, groups to delete,
     every pod of every new group with its PodGroup), handed to the writer's threads. Nothing waits here
     but once in a deployment's life: its first groups wait for the ServiceAccount their pods name (a pod
@@ -106,7 +105,10 @@ def submit(ctx: Context, key: Key, owner: b.Owner, plan: Plan, now: float) -> Su
         (ctx.kube.pool.submit(ctx.kube.delete, "v1", "Pod", pod, key[0]), None) for pod in plan.fetch_deletes
     ]
     shared += [  # (the ComputeDomains of units left without a group: planning.units)
-        (ctx.kube.pool.submit(ctx.kube.delete, c.COMPUTE_DOMAIN_API, "ComputeDomain", cd, key[0]), None)
+        (
+            ctx.kube.pool.submit(ctx.kube.delete, contract.COMPUTE_DOMAIN_API, "ComputeDomain", cd, key[0]),
+            None,
+        )
         for cd in plan.domain_deletes
     ]
     shared += [  # (model caches evicted to make room on their node: planning.eviction)
@@ -135,7 +137,7 @@ def complete(
     _created(ctx, key, body, spec, sub, result, now)
     release_groups(ctx, key, plans, result, now)
     meta = body["metadata"]
-    owner = b.Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
+    owner = builders.Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
     admit_gangs(ctx, key, owner, spec, plans, result)
     route(ctx, key, body, plans, result, now)
 
@@ -158,7 +160,7 @@ def _deleted(ctx: Context, key: Key, body: Obj, sub: Submitted, result: Result, 
             continue
         ctx.ledger.release(key, d.name)
         result.deleted.append(d.name)
-        doomed = {p.name for p in ctx.view.pods(key) if p.labels.get(c.LABEL_GROUP) == d.name}
+        doomed = {p.name for p in ctx.view.pods(key) if p.labels.get(contract.LABEL_GROUP) == d.name}
         ctx.expectations.expect(key, now, deleted=doomed)
         why = plan.broken_reasons.get(d.name)
         if d.reason in ("Drained", "DrainTimedOut"):
@@ -208,7 +210,7 @@ def _created(
             ctx.ledger.release(key, group)
             plan.refused[group] = refusals.get(group, "refused")
             try:
-                ctx.kube.delete_group(key[0], group, b.uses_compute_domain(spec, cr.role))
+                ctx.kube.delete_group(key[0], group, builders.uses_compute_domain(spec, cr.role))
             except ApiError as exc:
                 result.errors.append(exc)
             continue
@@ -217,7 +219,7 @@ def _created(
         plan.unbound.setdefault(
             group,
             "created; its PodGroup follows once every pod's IMEX channel claim exists"
-            if b.admits_late(spec, cr.role, sub.gang)
+            if builders.admits_late(spec, cr.role, sub.gang)
             else "created; waiting for the scheduler to bind it",
         )
         if cr.reason != "Complete":
@@ -230,41 +232,43 @@ def _created(
                 + (f" ({', '.join(cr.nodes)})" if cr.nodes else "")
                 + _replacing(plan, cr.replaces),
             )
-        if b.gang_of(spec, cr.role, sub.gang) == "gates":
+        if builders.gang_of(spec, cr.role, sub.gang) == "gates":
             plan.release.append(group)  # released right away: every pod of it exists now
 
 
 def _apply_changed(
-    ctx: Context, key: Key, owner: b.Owner, wanted: list[Obj], now: float
+    ctx: Context, key: Key, owner: builders.Owner, wanted: list[Obj], now: float
 ) -> list[tuple[Future[Any], Any]]:
     """Apply each shared child only when its manifest differs from what the cluster (or this process's
     last write) holds."""
     mem = ctx.mem(key)
     futures: list[tuple[Future[Any], Any]] = []
     for manifest in wanted:
-        m = b.with_applied_hash(manifest)
-        h = m["metadata"]["annotations"][b.applied_annotation(m)]
+        m = builders.with_applied_hash(manifest)
+        h = m["metadata"]["annotations"][builders.applied_annotation(m)]
         ident = (m["kind"], m["metadata"]["name"])
         seen = ctx.view.child(m["kind"], owner.namespace, m["metadata"]["name"])
-        if seen is not None and dict(seen.applied).get(b.applied_annotation(m)) == h:
+        if seen is not None and dict(seen.applied).get(builders.applied_annotation(m)) == h:
             continue
         last = mem.applied.get(ident)
         if last is not None and last[0] == h and now - last[1] < ctx.settings.applied_grace:
             continue  # written moments ago; the watch has not shown it yet
-        futures.append((ctx.kube.pool.submit(ctx.kube.apply, m, b.field_manager(m)), (ident, h)))
+        futures.append((ctx.kube.pool.submit(ctx.kube.apply, m, builders.field_manager(m)), (ident, h)))
     return futures
 
 
 def _delete_stale(
-    ctx: Context, key: Key, owner: b.Owner, spec: ModelDeploymentSpec
+    ctx: Context, key: Key, owner: builders.Owner, spec: ModelDeploymentSpec
 ) -> list[tuple[Future[Any], Any]]:
     """Engine ConfigMaps of revisions no group uses any more, the budgets of roles that are gone, model
     cache claims of another storage class or size (a claim still mounted goes when its last pod does), and
     the discovery identity once no pod of the deployment needs it (serving.discovery left kubernetes and
     every pod is of the current revisions)."""
     futures: list[tuple[Future[Any], Any]] = []
-    in_use = {(p.labels.get(c.LABEL_ROLE), p.labels.get(c.LABEL_REVISION)) for p in ctx.view.pods(key)}
-    current = {(role, b.role_revision(spec, role)) for role, _ in spec.roles()}
+    in_use = {
+        (p.labels.get(contract.LABEL_ROLE), p.labels.get(contract.LABEL_REVISION)) for p in ctx.view.pods(key)
+    }
+    current = {(role, builders.role_revision(spec, role)) for role, _ in spec.roles()}
     legacy_done = {role for role, rev in current if all(r == rev for ro, r in in_use if ro == role)}
     for cm in ctx.view.children("ConfigMap", key):
         stale = cm.revision and (cm.role, cm.revision) not in in_use | current
@@ -286,7 +290,7 @@ def _delete_stale(
                 )
             )
     futures += _release_claims(ctx, key, owner, spec)
-    if not b.uses_kubernetes_discovery(spec) and in_use <= current:
+    if not builders.uses_kubernetes_discovery(spec) and in_use <= current:
         for api_version, kind in DISCOVERY_KINDS:
             for child in ctx.view.children(kind, key):
                 futures.append((ctx.kube.pool.submit(ctx.kube.delete, api_version, kind, child.name,
@@ -295,7 +299,7 @@ def _delete_stale(
 
 
 def _release_claims(
-    ctx: Context, key: Key, owner: b.Owner, spec: ModelDeploymentSpec
+    ctx: Context, key: Key, owner: builders.Owner, spec: ModelDeploymentSpec
 ) -> list[tuple[Future[Any], Any]]:
     """The model cache claims the deployment owns but would no longer mount (another source, storage
     class or size, or one made before claims were shared): deleted when no other deployment owns them (a
@@ -304,14 +308,16 @@ def _release_claims(
     namespace left with no owner at all (a release whose delete failed) is deleted too, unless mounted."""
     futures: list[tuple[Future[Any], Any]] = []
     claims = [pvc for pvc in ctx.view.children("PersistentVolumeClaim", key) if pvc.node]
-    wanted = {m["metadata"]["name"] for m in b.model_cache_claims(owner, spec, [p.node for p in claims])}
+    wanted = {
+        m["metadata"]["name"] for m in builders.model_cache_claims(owner, spec, [p.node for p in claims])
+    }
     busy: frozenset[str] | None = None  # (read only when a claim is to be deleted: a walk over the pods)
     for pvc in claims:
         if pvc.name in wanted:
             continue
         busy = ctx.view.mounted_elsewhere(key) if busy is None else busy
         if set(pvc.owners) - {key[1]}:
-            manager = b.cache_field_manager(owner.uid)
+            manager = builders.cache_field_manager(owner.uid)
             futures.append((ctx.kube.pool.submit(release_claim, ctx.kube, owner, pvc.name, manager,
                                                  pvc.name in busy), None))  # fmt: skip
         elif pvc.name not in busy:
@@ -333,7 +339,7 @@ def _release_claims(
     return futures
 
 
-def release_claim(kube: Kube, owner: b.Owner, name: str, manager: str, mounted: bool = False) -> None:
+def release_claim(kube: Kube, owner: builders.Owner, name: str, manager: str, mounted: bool = False) -> None:
     """Let go of a shared model cache claim: apply nothing under the deployment's field manager, so its
     owner reference and annotations go and the other owners' stay. A claim left with no owner (the
     others are gone, or let go meanwhile) is deleted, on the condition that it is still the object just
@@ -342,7 +348,7 @@ def release_claim(kube: Kube, owner: b.Owner, name: str, manager: str, mounted: 
     (422: the spec was this deployment's alone), the claim is read again and deleted the same way if no
     other deployment owns it."""
     try:
-        got: Obj | None = kube.apply(b.released_claim(owner, name), manager)
+        got: Obj | None = kube.apply(builders.released_claim(owner, name), manager)
     except ApiError as exc:
         if exc.status != 422:
             raise
@@ -375,13 +381,17 @@ def _submit_deletes(
     futures: list[tuple[Future[Any], Any]] = []
     for plan in plans:
         for d in plan.delete:
-            cd = spec.role(plan.role) is not None and b.uses_compute_domain(spec, plan.role)
+            cd = spec.role(plan.role) is not None and builders.uses_compute_domain(spec, plan.role)
             futures.append((ctx.kube.pool.submit(ctx.kube.delete_group, key[0], d.name, cd), (plan, d)))
     return futures
 
 
 def _submit_creates(
-    ctx: Context, owner: b.Owner, spec: ModelDeploymentSpec, plans: list[RolePlan], gang: b.GangMode
+    ctx: Context,
+    owner: builders.Owner,
+    spec: ModelDeploymentSpec,
+    plans: list[RolePlan],
+    gang: builders.GangMode,
 ) -> tuple[
     list[tuple[Future[Any], Any]],
     list[tuple[RolePlan, Create, str, list[Obj]]],
@@ -399,8 +409,8 @@ def _submit_creates(
     written: set[str] = set()  # (a unit's ComputeDomain is written once for all its new groups)
     for plan in plans:
         for cr in plan.create:
-            group = b.group_name(owner, cr.role, cr.slot)
-            cd = b.compute_domain(owner, spec, cr.role, cr.slot, cr.unit)
+            group = builders.group_name(owner, cr.role, cr.slot)
+            cd = builders.compute_domain(owner, spec, cr.role, cr.slot, cr.unit)
             if cd is not None:
                 # Written until seen (watched: the kind was served when the operator started); its
                 # template, which the driver makes after it, is looked for once it is seen.
@@ -413,13 +423,15 @@ def _submit_creates(
                 if unseen_yet or not channel_ready(ctx, owner.namespace, name):
                     waits.append((plan, group, name))
                     continue
-            pods = b.group_pods(
+            pods = builders.group_pods(
                 owner, spec, cr.role, cr.slot, cr.domain, cr.revision, cr.nodes, cr.ranks, gang, cr.path,
                 cr.unit,
             )  # fmt: skip
             objs: list[Obj] = []
-            if b.gang_of(spec, cr.role, gang) == "podgroup" and not b.admits_late(spec, cr.role, gang):
-                objs.append(b.pod_group(owner, spec, cr.role, cr.slot))
+            if builders.gang_of(spec, cr.role, gang) == "podgroup" and not builders.admits_late(
+                spec, cr.role, gang
+            ):
+                objs.append(builders.pod_group(owner, spec, cr.role, cr.slot))
             pending.append((plan, cr, group, pods))
             for m in [*objs, *pods]:
                 futures.append((ctx.kube.pool.submit(ctx.kube.apply, m), group))

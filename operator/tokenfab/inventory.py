@@ -13,7 +13,7 @@ from tokenfab.adapters.kube import Kube
 from tokenfab.api.models import API_VERSION, DOMAIN_KIND, CachedWeights, DomainGroup, NVLinkDomainStatus
 from tokenfab.fleet.ledger import Ledger
 from tokenfab.fleet.view import ClusterView
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 from tokenfab.planning.capacity import Constraints, Toleration
 from tokenfab.planning.status import rfc3339
 from tokenfab.planning.topology import Domain
@@ -67,9 +67,11 @@ def domains(
         nodes = session.nodes()
     groups: dict[str, dict[tuple[str, str], int]] = {}
     for p in view.all_pods():
-        if c.LABEL_GROUP in p.labels and c.LABEL_DOMAIN in p.labels and not p.terminal:
-            per = groups.setdefault(p.labels[c.LABEL_DOMAIN], {})
-            per[(p.namespace, p.labels[c.LABEL_GROUP])] = int(p.annotations.get(c.ANN_GROUP_GPUS, 0))
+        if contract.LABEL_GROUP in p.labels and contract.LABEL_DOMAIN in p.labels and not p.terminal:
+            per = groups.setdefault(p.labels[contract.LABEL_DOMAIN], {})
+            per[(p.namespace, p.labels[contract.LABEL_GROUP])] = int(
+                p.annotations.get(contract.ANN_GROUP_GPUS, 0)
+            )
     members = {
         d: [DomainGroup(namespace=ns, group=g, gpus=gpus) for (ns, g), gpus in per.items()]
         for d, per in groups.items()
@@ -106,7 +108,7 @@ def sync_domains(kube: Kube, view: ClusterView, ledger: Ledger, written: dict[st
     models = cached_models(view)
     writes = 0
     if "__listed__" not in written:  # first run: what the objects already say needs no write
-        managed = f"{c.MANAGED_BY}={c.MANAGED_BY_VALUE}"
+        managed = f"{contract.MANAGED_BY}={contract.MANAGED_BY_VALUE}"
         for item in kube.list_objects(API_VERSION, DOMAIN_KIND, selector=managed):
             stored = {k: v for k, v in (item.get("status") or {}).items() if k != "updated"}
             written[item["metadata"]["name"]] = stored
@@ -120,7 +122,9 @@ def sync_domains(kube: Kube, view: ClusterView, ledger: Ledger, written: dict[st
         obj = object_name(name)
         if written.get(obj) == same:
             continue
-        kube.apply_cluster_status(API_VERSION, DOMAIN_KIND, obj, body, {c.MANAGED_BY: c.MANAGED_BY_VALUE})
+        kube.apply_cluster_status(
+            API_VERSION, DOMAIN_KIND, obj, body, {contract.MANAGED_BY: contract.MANAGED_BY_VALUE}
+        )
         written[obj] = same
         writes += 1
     wanted = {object_name(n) for n in found}

@@ -7,8 +7,7 @@ from collections.abc import Iterable
 from tokenfab.api.models import ModelDeploymentSpec, RoleName
 from tokenfab.fleet.facts import ChildFacts
 from tokenfab.fleet.view import ClusterView, Key, PodFacts
-from tokenfab.planning import builders as b
-from tokenfab.planning import contract as c
+from tokenfab.planning import builders, contract
 from tokenfab.planning.capacity import Constraints, parse_quantity, untolerated
 from tokenfab.planning.eviction import CacheEntry, NodeCaches
 from tokenfab.planning.lifecycle import GroupView, NodeHealth, PodView
@@ -17,7 +16,7 @@ from tokenfab.planning.lifecycle import GroupView, NodeHealth, PodView
 def pod_view(p: PodFacts) -> PodView:
     return PodView(
         name=p.name,
-        rank=int(p.labels.get(c.LABEL_RANK, "0")),
+        rank=int(p.labels.get(contract.LABEL_RANK, "0")),
         phase=p.phase,
         ready=p.ready,
         node=p.node,
@@ -35,40 +34,46 @@ def pod_view(p: PodFacts) -> PodView:
 def group_views(pods: list[PodFacts], recorded: set[str]) -> dict[RoleName, list[GroupView]]:
     by_group: dict[str, list[PodFacts]] = {}
     for p in pods:
-        if p.labels.get(c.COMPONENT) == "worker" and c.LABEL_GROUP in p.labels:
-            by_group.setdefault(p.labels[c.LABEL_GROUP], []).append(p)
+        if p.labels.get(contract.COMPONENT) == "worker" and contract.LABEL_GROUP in p.labels:
+            by_group.setdefault(p.labels[contract.LABEL_GROUP], []).append(p)
     out: dict[RoleName, list[GroupView]] = {}
     for name, members in sorted(by_group.items()):
         first = members[0]
         labels, ann = first.labels, first.annotations
-        role: RoleName = labels[c.LABEL_ROLE]  # type: ignore[assignment]
+        role: RoleName = labels[contract.LABEL_ROLE]  # type: ignore[assignment]
         nodes: tuple[str, ...] = ()
         for m in members:
-            if c.ANN_GROUP_NODES in m.annotations:
-                nodes = tuple(m.annotations[c.ANN_GROUP_NODES].split(","))
+            if contract.ANN_GROUP_NODES in m.annotations:
+                nodes = tuple(m.annotations[contract.ANN_GROUP_NODES].split(","))
                 break
         released: float | None = None
         if not any(m.gated for m in members):
-            times = [float(m.annotations.get(c.ANN_RELEASED) or (m.created or 0.0)) for m in members]
+            times = [float(m.annotations.get(contract.ANN_RELEASED) or (m.created or 0.0)) for m in members]
             released = max(times) if times else None
-        draining = [float(m.annotations[c.ANN_DRAINING]) for m in members if c.ANN_DRAINING in m.annotations]
+        draining = [
+            float(m.annotations[contract.ANN_DRAINING])
+            for m in members
+            if contract.ANN_DRAINING in m.annotations
+        ]
         out.setdefault(role, []).append(
             GroupView(
                 name=name,
                 role=role,
-                slot=int(labels.get(c.LABEL_SLOT, "0")),
-                revision=labels.get(c.LABEL_REVISION, ""),
-                domain=labels.get(c.LABEL_DOMAIN, ""),
-                size=int(ann.get(c.ANN_GROUP_SIZE, len(members))),
-                gpus=int(ann.get(c.ANN_GROUP_GPUS, 0)),
+                slot=int(labels.get(contract.LABEL_SLOT, "0")),
+                revision=labels.get(contract.LABEL_REVISION, ""),
+                domain=labels.get(contract.LABEL_DOMAIN, ""),
+                size=int(ann.get(contract.ANN_GROUP_SIZE, len(members))),
+                gpus=int(ann.get(contract.ANN_GROUP_GPUS, 0)),
                 pods=tuple(pod_view(p) for p in members),
                 recorded=name in recorded,
                 nodes=nodes,
                 released_at=released,
                 draining_since=min(draining) if draining else None,
                 created_at=min((m.created for m in members if m.created is not None), default=None),
-                start_path=ann.get(c.ANN_START_PATH, ""),
-                unit=int(labels[c.LABEL_UNIT]) if labels.get(c.LABEL_UNIT, "").isdigit() else None,
+                start_path=ann.get(contract.ANN_START_PATH, ""),
+                unit=int(labels[contract.LABEL_UNIT])
+                if labels.get(contract.LABEL_UNIT, "").isdigit()
+                else None,
             )
         )
     return out
@@ -92,7 +97,7 @@ def node_caches(view: ClusterView, key: Key, nodes: Iterable[str]) -> NodeCaches
     capacity: dict[str, int] = {}
     for name in nodes:
         node = view.node(name)
-        raw = node.labels.get(c.LABEL_CACHE_CAPACITY) if node else None
+        raw = node.labels.get(contract.LABEL_CACHE_CAPACITY) if node else None
         try:
             capacity.update({name: int(parse_quantity(raw))} if raw else {})
         except ValueError:
@@ -118,15 +123,15 @@ def node_caches(view: ClusterView, key: Key, nodes: Iterable[str]) -> NodeCaches
     return NodeCaches(staged, others + mounted, capacity)
 
 
-def usable_claims(view: ClusterView, owner: b.Owner, spec: ModelDeploymentSpec) -> list[ChildFacts]:
+def usable_claims(view: ClusterView, owner: builders.Owner, spec: ModelDeploymentSpec) -> list[ChildFacts]:
     """The model cache claims of the namespace the deployment's pods would mount (those of its source,
     storage class and size), whichever deployment made them."""
-    if not b.uses_model_cache_claims(spec):
+    if not builders.uses_model_cache_claims(spec):
         return []
     return [
         pvc
         for pvc in view.model_caches(owner.namespace)
-        if pvc.name == b.model_cache_claim_name(owner, spec, pvc.node)
+        if pvc.name == builders.model_cache_claim_name(owner, spec, pvc.node)
     ]
 
 

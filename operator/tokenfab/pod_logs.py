@@ -23,9 +23,7 @@ from dataclasses import dataclass, field
 from tokenfab.api.models import ModelDeploymentSpec
 from tokenfab.fleet.facts import PodFacts
 from tokenfab.fleet.view import Key
-from tokenfab.planning import builders as b
-from tokenfab.planning import contract as c
-from tokenfab.planning import launcher_log
+from tokenfab.planning import builders, contract, launcher_log
 from tokenfab.runtime import Context, Memory
 
 log = logging.getLogger(__name__)
@@ -82,16 +80,20 @@ def _due(mem: Memory, ident: str, now: float) -> bool:
 
 
 def read(ctx: Context, key: Key, spec: ModelDeploymentSpec, pods: list[PodFacts], now: float) -> LogFacts:
-    if not ctx.settings.read_pod_logs or not b.fetches_weights(spec):
+    if not ctx.settings.read_pod_logs or not builders.fetches_weights(spec):
         return LogFacts()
     mem = ctx.mem(key)
     _collect(mem, now)
     fetching = {
         p.name: p
         for p in pods
-        if p.labels.get(c.COMPONENT) == c.COMPONENT_WEIGHTS_FETCH and p.phase == "Running" and not p.deleting
+        if p.labels.get(contract.COMPONENT) == contract.COMPONENT_WEIGHTS_FETCH
+        and p.phase == "Running"
+        and not p.deleting
     }
-    workers = [p for p in pods if p.labels.get(c.COMPONENT) == "worker" and c.LABEL_GROUP in p.labels]
+    workers = [
+        p for p in pods if p.labels.get(contract.COMPONENT) == "worker" and contract.LABEL_GROUP in p.labels
+    ]
     loading = {
         _ident(p): p
         for p in workers
@@ -118,12 +120,14 @@ def read(ctx: Context, key: Key, spec: ModelDeploymentSpec, pods: list[PodFacts]
     mem.tail_read_at = {k: v for k, v in mem.tail_read_at.items() if k in fetching or k in loading}
     groups: dict[str, list[launcher_log.Outcome | None]] = {}
     for p in workers:
-        groups.setdefault(p.labels[c.LABEL_GROUP], []).append((mem.launcher.get(_ident(p)) or (None, 0.0))[0])
+        groups.setdefault(p.labels[contract.LABEL_GROUP], []).append(
+            (mem.launcher.get(_ident(p)) or (None, 0.0))[0]
+        )
     weights = {g: w for g, rs in groups.items() if (w := launcher_log.group_words(rs))}
     busy: dict[str, list[launcher_log.Progress]] = {}
     for ident, p in loading.items():
         if (got := mem.progress.get(ident)) is not None:
-            busy.setdefault(p.labels[c.LABEL_GROUP], []).append(got)
+            busy.setdefault(p.labels[contract.LABEL_GROUP], []).append(got)
     weights.update({g: launcher_log.downloading_words(ps) for g, ps in busy.items()})
     downloads = tuple(
         (p.pinned or p.node or "", got) for ident, p in loading.items() if (got := mem.progress.get(ident))

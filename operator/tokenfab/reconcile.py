@@ -42,9 +42,7 @@ from tokenfab.api.models import (
 )
 from tokenfab.fleet.view import Key, PodFacts, parse_time
 from tokenfab.observe import group_views, held, node_caches, node_health, usable_claims
-from tokenfab.planning import builders as b
-from tokenfab.planning import contract as c
-from tokenfab.planning import launcher_log, model_source, one_pass, sla, weights_cache
+from tokenfab.planning import builders, contract, launcher_log, model_source, one_pass, sla, weights_cache
 from tokenfab.planning.autoscaling import Decision
 from tokenfab.planning.capacity import NodeFacts
 from tokenfab.planning.frontend import FrontendPod
@@ -252,15 +250,15 @@ def observe(ctx: Context, key: Key, now: float) -> tuple[Obj, Snapshot] | Result
     md = md.model_copy(update={"spec": profile.spec})
     if not ctx.expectations.satisfied(key, ctx.view, now):
         return Result(requeue_after=1.0, waited=True)
-    owner = b.Owner(name=key[1], namespace=key[0], uid=body["metadata"]["uid"])
-    constraints = b.placement_constraints(md.spec)
+    owner = builders.Owner(name=key[1], namespace=key[0], uid=body["metadata"]["uid"])
+    constraints = builders.placement_constraints(md.spec)
     pods = ctx.view.pods(key)
     groups = group_views(pods, {p.group for p in (md.status.placement if md.status else [])})
     health = node_health(ctx.view, pods, constraints)
     # What needs the API (discovery, Prometheus) is read before the ledger is taken.
     why = ex.compute_domain_block(ctx, md.spec)
     readings, urgent, kept, drain = _read(ctx, key, md, groups, now)
-    frontend = ctx.view.child("Deployment", key[0], b.frontend_name(owner))
+    frontend = ctx.view.child("Deployment", key[0], builders.frontend_name(owner))
     claims = usable_claims(ctx.view, owner, md.spec)
     logs = pod_logs.read(ctx, key, md.spec, pods, now)
     unit_domains = [ch for ch in ctx.view.children("ComputeDomain", key) if ch.unit.isdigit()]
@@ -284,7 +282,7 @@ def observe(ctx: Context, key: Key, now: float) -> tuple[Obj, Snapshot] | Result
         planned=profile.condition,
         source=model_source.condition(key[0], source_claim(ctx, key, md.spec, now)),
         pod_nodes=frozenset(n for p in pods if (n := p.pinned or p.node)),
-        claims={pvc.node: held(pvc, b.weights_key(md.spec)) for pvc in claims},
+        claims={pvc.node: held(pvc, builders.weights_key(md.spec)) for pvc in claims},
         fetch_pods=fetch_pods(pods, logs.progress),
         weights_sources=logs.weights,
         loading=logs.loading,
@@ -319,7 +317,7 @@ def frontend_pods(pods: list[PodFacts]) -> tuple[FrontendPod, ...]:
     return tuple(
         FrontendPod(p.name, p.node or "", p.deleting)
         for p in pods
-        if p.labels.get(c.COMPONENT) == "frontend" and not p.terminal
+        if p.labels.get(contract.COMPONENT) == "frontend" and not p.terminal
     )
 
 
@@ -333,14 +331,14 @@ def fetch_pods(
             p.name,
             p.pinned or p.node or "",
             p.phase,
-            p.annotations.get(c.ANN_WEIGHTS, ""),
+            p.annotations.get(contract.ANN_WEIGHTS, ""),
             p.waiting,
             p.deleting,
             p.exit_message,
             (progress or {}).get(p.name),
         )
         for p in pods
-        if p.labels.get(c.COMPONENT) == c.COMPONENT_WEIGHTS_FETCH
+        if p.labels.get(contract.COMPONENT) == contract.COMPONENT_WEIGHTS_FETCH
     )
 
 

@@ -13,8 +13,7 @@ from typing import Any
 from tokenfab.adapters.kube import ApiError, Obj
 from tokenfab.api.models import ModelDeploymentSpec
 from tokenfab.fleet.view import Key
-from tokenfab.planning import builders as b
-from tokenfab.planning import contract as c
+from tokenfab.planning import builders, contract
 from tokenfab.planning.groups import Delete, RolePlan
 from tokenfab.runtime import Context, Result
 
@@ -34,9 +33,14 @@ def wait_all(futures: list[tuple[Future[Any], Any]], result: Result) -> list[Any
 
 
 def drain_event(ctx: Context, key: Key, body: Obj, d: Delete) -> None:
-    pods = [p for p in ctx.view.pods(key) if p.labels.get(c.LABEL_GROUP) == d.name]
+    pods = [p for p in ctx.view.pods(key) if p.labels.get(contract.LABEL_GROUP) == d.name]
     started = next(
-        (p.annotations.get(c.ANN_DRAIN_INFLIGHT) for p in pods if c.ANN_DRAIN_INFLIGHT in p.annotations), ""
+        (
+            p.annotations.get(contract.ANN_DRAIN_INFLIGHT)
+            for p in pods
+            if contract.ANN_DRAIN_INFLIGHT in p.annotations
+        ),
+        "",
     )
     took = f"{d.drained_for:.0f} s" if d.drained_for is not None else "no time"
     waited = f", waited for {started} request(s) in flight" if started else ""
@@ -62,8 +66,8 @@ class _Router:
         self.mem = ctx.mem(key)
         self.by_group: dict[str, list[Any]] = {}
         for p in ctx.view.pods(key):
-            if c.LABEL_GROUP in p.labels:
-                self.by_group.setdefault(p.labels[c.LABEL_GROUP], []).append(p)
+            if contract.LABEL_GROUP in p.labels:
+                self.by_group.setdefault(p.labels[contract.LABEL_GROUP], []).append(p)
         self.futures: list[tuple[Future[Any], Any]] = []
 
     def once(self, pod: str, what: str) -> bool:
@@ -79,25 +83,25 @@ class _Router:
         kube = self.ctx.kube
         ann: dict[str, Any] = (
             {
-                c.ANN_DRAINING: f"{self.now:.3f}",
-                c.ANN_DRAIN_INFLIGHT: "" if inflight is None else f"{inflight:.0f}",
+                contract.ANN_DRAINING: f"{self.now:.3f}",
+                contract.ANN_DRAIN_INFLIGHT: "" if inflight is None else f"{inflight:.0f}",
             }
             if draining
-            else {c.ANN_DRAINING: None, c.ANN_DRAIN_INFLIGHT: None}
+            else {contract.ANN_DRAINING: None, contract.ANN_DRAIN_INFLIGHT: None}
         )
         for p in self.by_group.get(group, []):
             if self.once(p.name, f"mark-{draining}"):
                 patch = {"metadata": {"annotations": ann}}
                 fut = kube.pool.submit(kube.merge_patch, "v1", "Pod", self.key[0], p.name, patch)
                 self.futures.append((fut, group))
-            if p.labels.get(c.LABEL_RANK) == "0" and self.once(p.name, f"routable-{not draining}"):
+            if p.labels.get(contract.LABEL_RANK) == "0" and self.once(p.name, f"routable-{not draining}"):
                 why = "taken out of routing to drain" if draining else "serving"
                 self.routable(p.name, not draining, reason, why)
 
     def routable(self, pod: str, value: bool, reason: str, message: str) -> None:
         kube = self.ctx.kube
         fut = kube.pool.submit(
-            kube.set_pod_condition, self.key[0], pod, c.ROUTABLE_CONDITION, value, reason, message
+            kube.set_pod_condition, self.key[0], pod, contract.ROUTABLE_CONDITION, value, reason, message
         )
         self.futures.append((fut, pod))
 
@@ -109,11 +113,11 @@ class _Router:
                 continue
             for p in self.by_group.get(group, []):
                 if (
-                    p.labels.get(c.LABEL_RANK) == "0"
+                    p.labels.get(contract.LABEL_RANK) == "0"
                     and p.containers_ready
                     and p.routable is not True
                     and not p.deleting
-                    and c.ANN_DRAINING not in p.annotations
+                    and contract.ANN_DRAINING not in p.annotations
                     and self.once(p.name, "routable-True")
                 ):
                     self.routable(p.name, True, "Serving", "its containers are ready")
@@ -158,7 +162,7 @@ def channel_ready(ctx: Context, namespace: str, template: str) -> bool:
     makes it, in the ComputeDomain's namespace, under the name the ComputeDomain gives)."""
     try:
         return (
-            ctx.kube.get(c.RESOURCE_CLAIM_TEMPLATE_API, "ResourceClaimTemplate", template, namespace)
+            ctx.kube.get(contract.RESOURCE_CLAIM_TEMPLATE_API, "ResourceClaimTemplate", template, namespace)
             is not None
         )
     except ApiError:
@@ -168,7 +172,7 @@ def channel_ready(ctx: Context, namespace: str, template: str) -> bool:
 def admit_gangs(
     ctx: Context,
     key: Key,
-    owner: b.Owner,
+    owner: builders.Owner,
     spec: ModelDeploymentSpec,
     plans: list[RolePlan],
     result: Result,
@@ -177,7 +181,7 @@ def admit_gangs(
     group exists and has its resource claims; once per group in this process (a write of an unchanged
     PodGroup after a restart is harmless). A group with a bound pod has its PodGroup already."""
     mem = ctx.mem(key)
-    if not any(b.uses_compute_domain(spec, p.role) for p in plans):
+    if not any(builders.uses_compute_domain(spec, p.role) for p in plans):
         mem.admitted.clear()
         return
     gang = gang_mode(ctx, spec)
@@ -185,12 +189,12 @@ def admit_gangs(
     seen: set[str] = set()
     futures = []
     for plan in plans:
-        if not b.admits_late(spec, plan.role, gang):
+        if not builders.admits_late(spec, plan.role, gang):
             continue
         by_group: dict[str, list[Any]] = {}
         for p in pods:
-            if p.labels.get(c.LABEL_ROLE) == plan.role and c.LABEL_GROUP in p.labels:
-                by_group.setdefault(p.labels[c.LABEL_GROUP], []).append(p)
+            if p.labels.get(contract.LABEL_ROLE) == plan.role and contract.LABEL_GROUP in p.labels:
+                by_group.setdefault(p.labels[contract.LABEL_GROUP], []).append(p)
         for group, members in by_group.items():
             seen.add(group)
             if group in mem.admitted or group in result.created:
@@ -198,11 +202,13 @@ def admit_gangs(
             if any(p.node for p in members):
                 mem.admitted.add(group)
                 continue
-            whole = {int(p.labels.get(c.LABEL_RANK, "-1")) for p in members} == set(range(plan.shape.nodes))
+            whole = {int(p.labels.get(contract.LABEL_RANK, "-1")) for p in members} == set(
+                range(plan.shape.nodes)
+            )
             if not whole or any(p.deleting or p.claims_pending for p in members):
                 continue
-            slot = int(members[0].labels[c.LABEL_SLOT])
-            pg = b.pod_group(owner, spec, plan.role, slot)
+            slot = int(members[0].labels[contract.LABEL_SLOT])
+            pg = builders.pod_group(owner, spec, plan.role, slot)
             futures.append((ctx.kube.pool.submit(ctx.kube.apply, pg), group))
     failed = wait_all(futures, result)
     for _, group in futures:
@@ -216,7 +222,7 @@ def release_groups(ctx: Context, key: Key, plans: list[RolePlan], result: Result
     futures = []
     for plan in plans:
         for group in dict.fromkeys(plan.release):
-            gated = [p for p in ctx.view.pods(key) if p.labels.get(c.LABEL_GROUP) == group and p.gated]
+            gated = [p for p in ctx.view.pods(key) if p.labels.get(contract.LABEL_GROUP) == group and p.gated]
             names = {p.name for p in gated}
             created_now = group in result.created
             if created_now:  # its pods are not in the view yet: release every rank written
@@ -233,13 +239,13 @@ def release_groups(ctx: Context, key: Key, plans: list[RolePlan], result: Result
         ctx.expectations.expect(key, now, released=names)
 
 
-def gang_mode(ctx: Context, spec: ModelDeploymentSpec) -> b.GangMode:
+def gang_mode(ctx: Context, spec: ModelDeploymentSpec) -> builders.GangMode:
     mode = ctx.settings.gang
     if mode in ("podgroup", "gates"):
         return mode  # type: ignore[return-value]
-    if not any(b.group_shape(spec, r).nodes > 1 for r, _ in spec.roles()):
+    if not any(builders.group_shape(spec, r).nodes > 1 for r, _ in spec.roles()):
         return "gates"  # one-pod groups need neither
     try:
-        return "podgroup" if ctx.kube.has_kind(c.POD_GROUP_API, "PodGroup") else "gates"
+        return "podgroup" if ctx.kube.has_kind(contract.POD_GROUP_API, "PodGroup") else "gates"
     except ApiError:
         return "gates"

@@ -13,7 +13,7 @@ from tokenfab.adapters.kube import ApiError, Obj
 from tokenfab.api.errors import SpecError
 from tokenfab.api.models import API_VERSION, KIND, Condition, ModelDeployment, ModelDeploymentStatus
 from tokenfab.fleet.view import Key
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 from tokenfab.planning.status import merge_conditions
 from tokenfab.runtime import Context, Memory, Result
 
@@ -21,10 +21,10 @@ log = logging.getLogger(__name__)
 
 
 # Old kopf bookkeeping on objects made by earlier tokenfab versions (removed when seen).
-LEGACY_FINALIZER = c.FINALIZER
+LEGACY_FINALIZER = contract.FINALIZER
 
 
-LEGACY_ANNOTATIONS = (f"{c.DOMAIN}/last-handled-configuration", f"{c.DOMAIN}/last-handled")
+LEGACY_ANNOTATIONS = (f"{contract.DOMAIN}/last-handled-configuration", f"{contract.DOMAIN}/last-handled")
 
 
 def post_errors(ctx: Context, body: Obj, mem: Memory, result: Result, now: float) -> None:
@@ -166,7 +166,7 @@ def remove_legacy(ctx: Context, body: Obj) -> None:
     if mem.legacy_checked == meta.get("uid"):
         return
     ann = meta.get("annotations") or {}
-    legacy_ann = [k for k in ann if k in LEGACY_ANNOTATIONS or k.startswith(f"{c.DOMAIN}/reconcile-")]
+    legacy_ann = [k for k in ann if k in LEGACY_ANNOTATIONS or k.startswith(f"{contract.DOMAIN}/reconcile-")]
     finalizers = meta.get("finalizers") or []
     if LEGACY_FINALIZER not in finalizers and not legacy_ann:
         mem.legacy_checked = str(meta.get("uid"))

@@ -29,7 +29,7 @@ from tokenfab.adapters.kube_rest import ApiError as ApiError
 from tokenfab.adapters.kube_rest import api_prefix, error_of, resource_of
 from tokenfab.adapters.kube_rest import resource_path as resource_path
 from tokenfab.api.models import API_VERSION, KIND
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -297,7 +297,7 @@ class Kube:
         return self.list_page("v1", "Pod", field_selector="status.phase!=Succeeded,status.phase!=Failed")[0]
 
     # ----------------------------------------------------------------------------------- writes
-    def apply(self, manifest: Obj, manager: str = c.FIELD_MANAGER) -> Obj:
+    def apply(self, manifest: Obj, manager: str = contract.FIELD_MANAGER) -> Obj:
         """Server-side apply; tokenfab owns every field it sets (a model cache claim's owners each under a
         field manager of their own)."""
         meta = manifest["metadata"]
@@ -322,7 +322,7 @@ class Kube:
         result: Obj = self.request(
             "PATCH",
             resource_path(API_VERSION, KIND, namespace, name, "status"),
-            [("fieldManager", c.FIELD_MANAGER), ("force", "true")],
+            [("fieldManager", contract.FIELD_MANAGER), ("force", "true")],
             body=body,
             content_type="application/apply-patch+yaml",
             what=f"{KIND} {namespace}/{name} status",
@@ -338,7 +338,7 @@ class Kube:
         self.request(
             "PATCH",
             resource_path(api_version, kind, None, name, "status"),
-            [("fieldManager", c.FIELD_MANAGER), ("force", "true")],
+            [("fieldManager", contract.FIELD_MANAGER), ("force", "true")],
             body={**body, "status": status},
             content_type="application/apply-patch+yaml",
             what=f"{kind} {name} status",
@@ -348,7 +348,7 @@ class Kube:
         result: Obj = self.request(
             "PATCH",
             resource_path(api_version, kind, namespace, name),
-            [("fieldManager", c.FIELD_MANAGER)],
+            [("fieldManager", contract.FIELD_MANAGER)],
             body=patch,
             content_type="application/merge-patch+json",
             what=f"{kind} {namespace or ''}/{name}".replace(" /", " "),
@@ -362,7 +362,10 @@ class Kube:
             "Pod",
             namespace,
             name,
-            {"metadata": {"annotations": {c.ANN_RELEASED: f"{now:.3f}"}}, "spec": {"schedulingGates": None}},
+            {
+                "metadata": {"annotations": {contract.ANN_RELEASED: f"{now:.3f}"}},
+                "spec": {"schedulingGates": None},
+            },
         )
 
     def set_pod_condition(
@@ -380,7 +383,7 @@ class Kube:
         self.request(
             "PATCH",
             resource_path("v1", "Pod", namespace, name, "status"),
-            [("fieldManager", c.FIELD_MANAGER)],
+            [("fieldManager", contract.FIELD_MANAGER)],
             body={"status": {"conditions": [cond]}},
             content_type="application/strategic-merge-patch+json",
             what=f"Pod {namespace}/{name} status",
@@ -435,16 +438,16 @@ class Kube:
         self.request(
             "DELETE",
             resource_path("v1", "Pod", namespace),
-            [("labelSelector", f"{c.LABEL_GROUP}={group}")],
+            [("labelSelector", f"{contract.LABEL_GROUP}={group}")],
             what=f"pods of group {namespace}/{group}",
         )
-        if self.has_kind(c.POD_GROUP_API, "PodGroup"):
-            self.delete(c.POD_GROUP_API, "PodGroup", group, namespace)
-        if compute_domain and self.has_kind(c.COMPUTE_DOMAIN_API, "ComputeDomain"):
+        if self.has_kind(contract.POD_GROUP_API, "PodGroup"):
+            self.delete(contract.POD_GROUP_API, "PodGroup", group, namespace)
+        if compute_domain and self.has_kind(contract.COMPUTE_DOMAIN_API, "ComputeDomain"):
             for cd in self.list_objects(
-                c.COMPUTE_DOMAIN_API, "ComputeDomain", namespace, f"{c.LABEL_GROUP}={group}"
+                contract.COMPUTE_DOMAIN_API, "ComputeDomain", namespace, f"{contract.LABEL_GROUP}={group}"
             ):
-                self.delete(c.COMPUTE_DOMAIN_API, "ComputeDomain", cd["metadata"]["name"], namespace)
+                self.delete(contract.COMPUTE_DOMAIN_API, "ComputeDomain", cd["metadata"]["name"], namespace)
 
     def post_event(self, owner: Obj, type_: str, reason: str, message: str) -> None:
         """`event`, posted in the background (a pass does not wait for its Events)."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 from tokenfab.api.models import API_VERSION, DOMAIN_KIND, KIND
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 
 # (apiVersion, kind) -> (plural, namespaced)
 RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
@@ -28,16 +28,16 @@ RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
     ("coordination.k8s.io/v1", "Lease"): ("leases", True),
     (API_VERSION, KIND): ("modeldeployments", True),
     (API_VERSION, DOMAIN_KIND): ("nvlinkdomains", False),
-    (c.COMPUTE_DOMAIN_API, "ComputeDomain"): ("computedomains", True),
-    (c.POD_GROUP_API, "PodGroup"): ("podgroups", True),
-    (c.DEVICE_TAINT_RULE_API, "DeviceTaintRule"): ("devicetaintrules", False),
+    (contract.COMPUTE_DOMAIN_API, "ComputeDomain"): ("computedomains", True),
+    (contract.POD_GROUP_API, "PodGroup"): ("podgroups", True),
+    (contract.DEVICE_TAINT_RULE_API, "DeviceTaintRule"): ("devicetaintrules", False),
     ("v1", "ServiceAccount"): ("serviceaccounts", True),
     ("v1", "PersistentVolumeClaim"): ("persistentvolumeclaims", True),
-    (c.RESOURCE_CLAIM_TEMPLATE_API, "ResourceClaimTemplate"): ("resourceclaimtemplates", True),
+    (contract.RESOURCE_CLAIM_TEMPLATE_API, "ResourceClaimTemplate"): ("resourceclaimtemplates", True),
     ("rbac.authorization.k8s.io/v1", "Role"): ("roles", True),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): ("rolebindings", True),
     ("discovery.k8s.io/v1", "EndpointSlice"): ("endpointslices", True),
-    (c.DYNAMO_METADATA_API, c.DYNAMO_METADATA_KIND): (c.DYNAMO_METADATA_PLURAL, True),
+    (contract.DYNAMO_METADATA_API, contract.DYNAMO_METADATA_KIND): (contract.DYNAMO_METADATA_PLURAL, True),
 }
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from prometheus_api_client import PrometheusConnect
 from urllib3.util.retry import Retry
 
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 from tokenfab.planning.autoscaling import Sample
 from tokenfab.planning.signals import (
     FRONTEND_INFLIGHT as FRONTEND_INFLIGHT,
@@ -91,11 +91,11 @@ def read(url: str, query: str, timeout: float = 5.0, now: float | None = None) -
         return Reading(None, f"{type(exc).__name__}: {str(exc)[:200]}", query)
     ages: dict[str, float] = {}
     for row in stamps:
-        group = row.get("metric", {}).get(c.PROM_LABEL_GROUP, "")
+        group = row.get("metric", {}).get(contract.PROM_LABEL_GROUP, "")
         ages[group] = max(0.0, now - float(row["value"][1]))
     samples = {}
     for row in values:
-        group = row.get("metric", {}).get(c.PROM_LABEL_GROUP, "")
+        group = row.get("metric", {}).get(contract.PROM_LABEL_GROUP, "")
         try:
             value = float(row["value"][1])
         except (KeyError, ValueError, IndexError):
@@ -124,7 +124,7 @@ def read_by_deployment(
         if not isinstance(labels, dict):
             continue
         if value == value:
-            out[(labels.get("namespace", ""), labels.get(c.PROM_LABEL_DEPLOYMENT, ""))] = value
+            out[(labels.get("namespace", ""), labels.get(contract.PROM_LABEL_DEPLOYMENT, ""))] = value
     return out, ""
 
 

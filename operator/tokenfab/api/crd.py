@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from tokenfab.api import models as m
+from tokenfab.api import models
 from tokenfab.api.rules import NAME_RULE, NAME_SUFFIX_RULE
 
 JSON = dict[str, Any]
@@ -222,7 +222,7 @@ def _crd(
     if required:
         root["required"] = list(required)
     root["properties"] = {
-        "apiVersion": {"type": "string", "description": f"APIVersion of this object: {m.API_VERSION}."},
+        "apiVersion": {"type": "string", "description": f"APIVersion of this object: {models.API_VERSION}."},
         "kind": {"type": "string", "description": f"Kind of this object: {kind}."},
         "metadata": metadata or {"type": "object"},
         **properties,
@@ -230,9 +230,9 @@ def _crd(
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.{m.GROUP}"},
+        "metadata": {"name": f"{plural}.{models.GROUP}"},
         "spec": {
-            "group": m.GROUP,
+            "group": models.GROUP,
             "scope": scope,
             "names": {
                 "kind": kind,
@@ -240,11 +240,11 @@ def _crd(
                 "plural": plural,
                 "singular": singular,
                 "shortNames": list(short_names),
-                "categories": list(m.CATEGORIES),
+                "categories": list(models.CATEGORIES),
             },
             "versions": [
                 {
-                    "name": m.VERSION,
+                    "name": models.VERSION,
                     "served": True,
                     "storage": True,
                     "schema": {"openAPIV3Schema": root},
@@ -276,15 +276,15 @@ def model_deployment_metadata() -> JSON:
 
 def model_deployment_crd() -> JSON:
     """The ModelDeployment CRD."""
-    spec_schema = openapi_schema(m.ModelDeploymentSpec)
-    status_schema = _no_object_defaults(openapi_schema(m.ModelDeploymentStatus))
-    spec_schema["description"] = m.ModelDeploymentSpec.__doc__
-    status_schema["description"] = m.ModelDeploymentStatus.__doc__
+    spec_schema = openapi_schema(models.ModelDeploymentSpec)
+    status_schema = _no_object_defaults(openapi_schema(models.ModelDeploymentStatus))
+    spec_schema["description"] = models.ModelDeploymentSpec.__doc__
+    status_schema["description"] = models.ModelDeploymentStatus.__doc__
     return _crd(
-        m.KIND,
-        m.PLURAL,
-        m.SINGULAR,
-        m.SHORT_NAMES,
+        models.KIND,
+        models.PLURAL,
+        models.SINGULAR,
+        models.SHORT_NAMES,
         "Namespaced",
         "A model served by TensorRT-LLM worker groups behind an NVIDIA Dynamo frontend, each group placed "
         "whole inside one NVLink (NVL72) domain, scaled from KV-cache utilization.",
@@ -311,14 +311,14 @@ def nvlink_domain_crd() -> JSON:
         {"name": "Updated", "type": "date", "jsonPath": ".status.updated"},
     ]
     return _crd(
-        m.DOMAIN_KIND,
-        m.DOMAIN_PLURAL,
-        m.DOMAIN_SINGULAR,
-        m.DOMAIN_SHORT_NAMES,
+        models.DOMAIN_KIND,
+        models.DOMAIN_PLURAL,
+        models.DOMAIN_SINGULAR,
+        models.DOMAIN_SHORT_NAMES,
         "Cluster",
         "One NVLink domain (an NVL72 rack) and its free GPUs, as tokenfab sees it. Written by the operator; "
         "read it with `kubectl get nvlinkdomains`.",
-        {"status": openapi_schema(m.NVLinkDomainStatus)},
+        {"status": openapi_schema(models.NVLinkDomainStatus)},
         columns,
     )
 
@@ -392,7 +392,7 @@ def dynamo_worker_metadata_crd() -> JSON:
 def all_crds() -> dict[str, JSON]:
     """File name -> CRD, for everything tokenfab installs."""
     return {
-        f"{m.GROUP}_{m.PLURAL}.yaml": model_deployment_crd(),
-        f"{m.GROUP}_{m.DOMAIN_PLURAL}.yaml": nvlink_domain_crd(),
+        f"{models.GROUP}_{models.PLURAL}.yaml": model_deployment_crd(),
+        f"{models.GROUP}_{models.DOMAIN_PLURAL}.yaml": nvlink_domain_crd(),
         f"{DYNAMO_GROUP}_{DYNAMO_METADATA_PLURAL}.yaml": dynamo_worker_metadata_crd(),
     }

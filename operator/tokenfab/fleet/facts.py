@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from tokenfab.api.models import KIND
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 from tokenfab.planning.capacity import NodeFacts, Taint, add, parse_quantity, to_units
 from tokenfab.planning.faults import FaultKeys, NodeFault, device_fault, node_faults
 
@@ -103,7 +103,7 @@ class PodFacts:
 
     @property
     def deployment(self) -> str | None:
-        return self.labels.get(c.LABEL_DEPLOYMENT)
+        return self.labels.get(contract.LABEL_DEPLOYMENT)
 
 
 def _waiting(status: Obj) -> str:
@@ -136,21 +136,21 @@ def pod_facts(obj: Obj) -> PodFacts:
     conds = {str(cd.get("type")): cd for cd in status.get("conditions") or []}
     ready_cond: Obj = conds.get("Ready", {})
     ready = ready_cond.get("status") == "True"
-    routable = conds.get(c.ROUTABLE_CONDITION)
+    routable = conds.get(contract.ROUTABLE_CONDITION)
     ann = meta.get("annotations") or {}
     return PodFacts(
         namespace=meta.get("namespace") or "",
         name=meta["name"],
         labels=dict(meta.get("labels") or {}),
-        annotations={k: v for k, v in ann.items() if k.startswith(c.DOMAIN + "/")},
+        annotations={k: v for k, v in ann.items() if k.startswith(contract.DOMAIN + "/")},
         node=spec.get("nodeName") or None,
-        pinned=ann.get(c.ANN_NODE),
+        pinned=ann.get(contract.ANN_NODE),
         phase=status.get("phase") or "Pending",
         ready=ready,
         ready_since=parse_time(ready_cond.get("lastTransitionTime")) if ready else None,
         waiting=_waiting(status),
         deleting=bool(meta.get("deletionTimestamp")),
-        gated=any(g.get("name") == c.GANG_GATE for g in spec.get("schedulingGates") or []),
+        gated=any(g.get("name") == contract.GANG_GATE for g in spec.get("schedulingGates") or []),
         requests=pod_requests(spec),
         created=parse_time(meta.get("creationTimestamp")),
         exit_message=_exit_message(status) if status.get("phase") in ("Failed", "Succeeded") else "",
@@ -287,14 +287,14 @@ def child_facts(kind: str, obj: Obj) -> ChildFacts:
         kind=kind,
         namespace=meta.get("namespace") or "",
         name=meta["name"],
-        deployment=labels.get(c.LABEL_DEPLOYMENT),
-        applied_hash=(meta.get("annotations") or {}).get(c.ANN_APPLIED_HASH, ""),
+        deployment=labels.get(contract.LABEL_DEPLOYMENT),
+        applied_hash=(meta.get("annotations") or {}).get(contract.ANN_APPLIED_HASH, ""),
         available_replicas=int(status.get("availableReplicas") or 0),
-        role=labels.get(c.LABEL_ROLE, ""),
-        revision=labels.get(c.LABEL_REVISION, ""),
-        node=(meta.get("annotations") or {}).get(c.ANN_NODE, ""),
-        group=labels.get(c.LABEL_GROUP, "") if kind == "ComputeDomain" else "",
-        unit=labels.get(c.LABEL_UNIT, "") if kind == "ComputeDomain" else "",
+        role=labels.get(contract.LABEL_ROLE, ""),
+        revision=labels.get(contract.LABEL_REVISION, ""),
+        node=(meta.get("annotations") or {}).get(contract.ANN_NODE, ""),
+        group=labels.get(contract.LABEL_GROUP, "") if kind == "ComputeDomain" else "",
+        unit=labels.get(contract.LABEL_UNIT, "") if kind == "ComputeDomain" else "",
         state=str(status.get("status") or "") if kind == "ComputeDomain" else "",
         holds=_holds(meta) if kind == "PersistentVolumeClaim" else (),
         size=_claim_size(obj) if kind == "PersistentVolumeClaim" else 0,
@@ -303,10 +303,10 @@ def child_facts(kind: str, obj: Obj) -> ChildFacts:
             sorted(
                 (k, v)
                 for k, v in (meta.get("annotations") or {}).items()
-                if k == c.ANN_APPLIED_HASH or k.startswith(c.ANN_APPLIED_BY_PREFIX)
+                if k == contract.ANN_APPLIED_HASH or k.startswith(contract.ANN_APPLIED_BY_PREFIX)
             )
         ),
-        replaces=_template_annotations(obj).get(c.ANN_REPLACES, "") if kind == "Deployment" else "",
+        replaces=_template_annotations(obj).get(contract.ANN_REPLACES, "") if kind == "Deployment" else "",
         version=str(meta.get("resourceVersion") or "") if kind == "PersistentVolumeClaim" else "",
     )
 
@@ -315,7 +315,9 @@ def _holds(meta: Obj) -> tuple[str, ...]:
     """The weights a model cache claim is marked as holding (also the one mark of claims made before
     they were shared)."""
     ann = meta.get("annotations") or {}
-    marks = {v for k, v in ann.items() if k.startswith(c.ANN_HOLDS_PREFIX) or k == c.ANN_WEIGHTS}
+    marks = {
+        v for k, v in ann.items() if k.startswith(contract.ANN_HOLDS_PREFIX) or k == contract.ANN_WEIGHTS
+    }
     return tuple(sorted(m for m in marks if m))
 
 

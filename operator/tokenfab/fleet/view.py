@@ -36,7 +36,7 @@ from tokenfab.fleet.facts import (
     same_node,
     status_only,
 )
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 from tokenfab.planning.capacity import NodeFacts, add
 from tokenfab.planning.faults import FLAP_WINDOW, FaultKeys, NodeFault, flapping
 
@@ -176,7 +176,7 @@ class ClusterView:
             _, ns, name = key
             if not (ch.group or ch.unit) or not ch.deployment:
                 continue
-            label, value = (c.LABEL_UNIT, ch.unit) if ch.unit else (c.LABEL_GROUP, ch.group)
+            label, value = (contract.LABEL_UNIT, ch.unit) if ch.unit else (contract.LABEL_GROUP, ch.group)
             pods = [p for p in self._pods_of((ns, ch.deployment)) if p.labels.get(label) == value]
             if not any(p.ready_since is not None or p.ready for p in pods):
                 continue  # (a group still starting: its ComputeDomain is not Ready yet)
@@ -264,7 +264,7 @@ class ClusterView:
         serves are counted by on_pod."""
         meta = obj["metadata"]
         key = (meta.get("namespace") or "", meta["name"])
-        if (meta.get("labels") or {}).get(c.MANAGED_BY) == c.MANAGED_BY_VALUE and (
+        if (meta.get("labels") or {}).get(contract.MANAGED_BY) == contract.MANAGED_BY_VALUE and (
             self.namespaces is None or key[0] in self.namespaces
         ):
             return Change()
@@ -462,7 +462,7 @@ class ClusterView:
                 return self.on_node("DELETED", {"metadata": {"name": node.name}})
         ch = self._children.get((kind, *key))
         if ch is not None and ch.deployment:  # its owner must hear of it (and apply it again)
-            stub = {"metadata": {**stub["metadata"], "labels": {c.LABEL_DEPLOYMENT: ch.deployment}}}
+            stub = {"metadata": {**stub["metadata"], "labels": {contract.LABEL_DEPLOYMENT: ch.deployment}}}
         result: Change = handler("DELETED", stub)
         return result
 
@@ -498,4 +498,4 @@ def _pod_stub(p: PodFacts) -> Obj:
 
 
 def _cache_capacity(node: NodeFacts) -> str | None:
-    return node.labels.get(c.LABEL_CACHE_CAPACITY)
+    return node.labels.get(contract.LABEL_CACHE_CAPACITY)

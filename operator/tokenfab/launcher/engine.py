@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from tokenfab.launcher.identity import ConfigError, Identity
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 from tokenfab.planning import engine as eng
 
 
@@ -83,7 +83,7 @@ def _group_mismatch(tp: int, pp: int, cp: int, identity: Identity, where: str) -
         factors = [f"{factors[0]} x {eng.CONTEXT_PARALLEL_SIZE}", f"{factors[1]} x {cp}"]
     return (
         f"{where}: {factors[0]} = {factors[1]} = {tp * pp * cp} GPUs, but the group has "
-        f"{c.ENV_WORLD_SIZE} x {c.ENV_GPUS_PER_POD} = {identity.world_size} x "
+        f"{contract.ENV_WORLD_SIZE} x {contract.ENV_GPUS_PER_POD} = {identity.world_size} x "
         f"{identity.gpus_per_pod} = {group_gpus} GPUs: the engine ConfigMap and the pods come from "
         "different revisions of the ModelDeployment (or one was edited by hand); delete the "
         "group's pods so the operator recreates them from one revision"
@@ -92,7 +92,7 @@ def _group_mismatch(tp: int, pp: int, cp: int, identity: Identity, where: str) -
 
 def engine_shape(text: str, identity: Identity) -> EngineShape:
     """Parse and check the engine YAML against the group: its GPUs must be world size x GPUs per pod."""
-    where = f"engine config {identity.engine_config} (from {c.ENV_ENGINE_CONFIG})"
+    where = f"engine config {identity.engine_config} (from {contract.ENV_ENGINE_CONFIG})"
     cfg = _parse(text, where)
     problems: list[str] = []
     tp = _positive(cfg, eng.TENSOR_PARALLEL_SIZE, where, problems, None)

@@ -18,7 +18,7 @@ from pathlib import Path
 from tokenfab.launcher import manifest, modelexpress, progress
 from tokenfab.launcher.obtained import EXIT_FAILED, EXIT_NOT_FOUND, LaunchError, Obtained, log
 from tokenfab.launcher.weights import FETCHED, Fetch, weights_source
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 
 TERMINATION_LOG = "/dev/termination-log"  # the container's terminationMessagePath (Kubernetes' default)
 ENV_TERMINATION_LOG = "TOKENFAB_TERMINATION_LOG"  # another path (tests)
@@ -113,11 +113,11 @@ def _quiet_hub() -> None:
 def fetch_of_env(env: Mapping[str, str]) -> Fetch | None:
     """The hf:// or s3:// weights a weights-fetch pod stages (its model source, revision and cache
     directory, the names a worker pod carries too); None for another source or a missing variable."""
-    scheme, _, repo = env.get(c.ENV_MODEL_SOURCE, "").partition("://")
-    cache = env.get(c.ENV_MODEL_CACHE, "")
+    scheme, _, repo = env.get(contract.ENV_MODEL_SOURCE, "").partition("://")
+    cache = env.get(contract.ENV_MODEL_CACHE, "")
     if scheme not in FETCHED or not repo or not cache:
         return None
-    return Fetch(repo, env.get(c.ENV_MODEL_REVISION) or None, cache, scheme)
+    return Fetch(repo, env.get(contract.ENV_MODEL_REVISION) or None, cache, scheme)
 
 
 def _stop(signum: int, _frame: object) -> None:
@@ -133,8 +133,8 @@ def main_fetch_only(env: Mapping[str, str]) -> int:
         signal.signal(sig, _stop)
     fetch = fetch_of_env(env)
     if fetch is None:
-        log(f"--fetch-only needs {c.ENV_MODEL_SOURCE}=hf://<org>/<repo> or s3://<bucket>/<prefix> and "
-            f"{c.ENV_MODEL_CACHE} (the model cache's directory): nothing to fetch")  # fmt: skip
+        log(f"--fetch-only needs {contract.ENV_MODEL_SOURCE}=hf://<org>/<repo> or s3://<bucket>/<prefix> and "
+            f"{contract.ENV_MODEL_CACHE} (the model cache's directory): nothing to fetch")  # fmt: skip
         return 78
     what = fetch.url()
     try:
@@ -162,7 +162,7 @@ def result(got: Obtained) -> dict[str, object]:
 def log_result(got: Obtained) -> dict[str, object]:
     """`result` as the log's weights-result line (the operator reads it into the group's status)."""
     doc = result(got)
-    log(progress.line(c.LOG_WEIGHTS_RESULT, doc))
+    log(progress.line(contract.LOG_WEIGHTS_RESULT, doc))
     return doc
 
 

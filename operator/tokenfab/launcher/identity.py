@@ -11,14 +11,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from tokenfab.api.models import ROLES
-from tokenfab.planning import builders as b
-from tokenfab.planning import contract as c
+from tokenfab.planning import builders, contract
 from tokenfab.planning import engine as eng
 
 DEFAULT_PEER_WAIT_SECONDS = 1800  # image pulls of a new node can take many minutes
 DEFAULT_HEALTH_HOST = "0.0.0.0"  # the kubelet probes the pod IP
 
-MODES: tuple[str, ...] = (c.MODE_AGGREGATED, *eng.DISAGGREGATED_ROLES)
+MODES: tuple[str, ...] = (contract.MODE_AGGREGATED, *eng.DISAGGREGATED_ROLES)
 
 
 class ConfigError(Exception):
@@ -58,24 +57,24 @@ class Identity:
     def hosts(self) -> tuple[str, ...]:
         """Every rank's stable DNS name, in rank order (rank 0 first)."""
         return tuple(
-            b.worker_address(self.group, r, self.workers_service, self.namespace)
+            builders.worker_address(self.group, r, self.workers_service, self.namespace)
             for r in range(self.world_size)
         )
 
 
 REQUIRED = (
-    c.ENV_ROLE,
-    c.ENV_GROUP,
-    c.ENV_RANK,
-    c.ENV_WORLD_SIZE,
-    c.ENV_GPUS_PER_POD,
-    c.ENV_LEADER_ADDRESS,
-    c.ENV_WORKERS_SERVICE,
-    c.ENV_NAMESPACE,
-    c.ENV_ENGINE_CONFIG,
-    c.ENV_MODEL_NAME,
-    c.ENV_MODEL_PATH,
-    c.ENV_DISAGGREGATION_MODE,
+    contract.ENV_ROLE,
+    contract.ENV_GROUP,
+    contract.ENV_RANK,
+    contract.ENV_WORLD_SIZE,
+    contract.ENV_GPUS_PER_POD,
+    contract.ENV_LEADER_ADDRESS,
+    contract.ENV_WORKERS_SERVICE,
+    contract.ENV_NAMESPACE,
+    contract.ENV_ENGINE_CONFIG,
+    contract.ENV_MODEL_NAME,
+    contract.ENV_MODEL_PATH,
+    contract.ENV_DISAGGREGATION_MODE,
 )
 
 
@@ -110,18 +109,19 @@ def _missing(environ: Mapping[str, str]) -> list[str]:
 
 def _numbers(environ: Mapping[str, str], problems: list[str]) -> tuple[int, int, int, int, int]:
     """(rank, world size, GPUs per pod, health port, peer wait seconds), defaults for unset ones."""
-    rank_or_none = _int(environ, c.ENV_RANK, problems, low=0)
-    world_or_none = _int(environ, c.ENV_WORLD_SIZE, problems, low=1)
-    gpus = _int(environ, c.ENV_GPUS_PER_POD, problems, low=1) or 1
-    port = _int(environ, c.ENV_DYN_SYSTEM_PORT, problems, low=1) or c.WORKER_METRICS_PORT
+    rank_or_none = _int(environ, contract.ENV_RANK, problems, low=0)
+    world_or_none = _int(environ, contract.ENV_WORLD_SIZE, problems, low=1)
+    gpus = _int(environ, contract.ENV_GPUS_PER_POD, problems, low=1) or 1
+    port = _int(environ, contract.ENV_DYN_SYSTEM_PORT, problems, low=1) or contract.WORKER_METRICS_PORT
     if port > 65535:
-        problems.append(f"{c.ENV_DYN_SYSTEM_PORT}={port} is not a TCP port (1-65535)")
-    wait = _int(environ, c.ENV_PEER_WAIT_SECONDS, problems, low=0)
+        problems.append(f"{contract.ENV_DYN_SYSTEM_PORT}={port} is not a TCP port (1-65535)")
+    wait = _int(environ, contract.ENV_PEER_WAIT_SECONDS, problems, low=0)
     wait = DEFAULT_PEER_WAIT_SECONDS if wait is None else wait
     rank, world = rank_or_none or 0, world_or_none or 1
     if rank_or_none is not None and world_or_none is not None and rank >= world:
         problems.append(
-            f"{c.ENV_RANK}={rank} is not below {c.ENV_WORLD_SIZE}={world}: a group's ranks are 0.."
+            f"{contract.ENV_RANK}={rank} is not below {contract.ENV_WORLD_SIZE}={world}: a group's "
+            f"ranks are 0.."
             f"{world - 1}; this pod does not belong to the group it names (delete the group's pods so the "
             "operator recreates them)"
         )
@@ -130,17 +130,20 @@ def _numbers(environ: Mapping[str, str], problems: list[str]) -> tuple[int, int,
 
 def _role_and_mode(environ: Mapping[str, str], problems: list[str]) -> tuple[str, str]:
     """The worker's role and disaggregation mode, which must fit each other."""
-    role = _get(environ, c.ENV_ROLE)
+    role = _get(environ, contract.ENV_ROLE)
     if role and role not in ROLES:
-        problems.append(f"{c.ENV_ROLE}={role!r} is not a role: use one of {', '.join(ROLES)}")
-    mode = _get(environ, c.ENV_DISAGGREGATION_MODE)
+        problems.append(f"{contract.ENV_ROLE}={role!r} is not a role: use one of {', '.join(ROLES)}")
+    mode = _get(environ, contract.ENV_DISAGGREGATION_MODE)
     if mode and mode not in MODES:
-        problems.append(f"{c.ENV_DISAGGREGATION_MODE}={mode!r} is not a mode: use one of {', '.join(MODES)}")
+        problems.append(
+            f"{contract.ENV_DISAGGREGATION_MODE}={mode!r} is not a mode: use one of {', '.join(MODES)}"
+        )
     elif role in ROLES and mode in MODES:
-        expected = role if role in eng.DISAGGREGATED_ROLES else c.MODE_AGGREGATED
+        expected = role if role in eng.DISAGGREGATED_ROLES else contract.MODE_AGGREGATED
         if mode != expected:
             problems.append(
-                f"{c.ENV_DISAGGREGATION_MODE}={mode!r} does not fit {c.ENV_ROLE}={role!r}: a {role} worker "
+                f"{contract.ENV_DISAGGREGATION_MODE}={mode!r} does not fit "
+                f"{contract.ENV_ROLE}={role!r}: a {role} worker "
                 f"runs in mode {expected!r}"
             )
     return role, mode
@@ -148,11 +151,13 @@ def _role_and_mode(environ: Mapping[str, str], problems: list[str]) -> tuple[str
 
 def _ssh_dir(environ: Mapping[str, str], world: int, problems: list[str]) -> str | None:
     """Where the MPI key pair is mounted: a multi-node group needs it."""
-    ssh_dir = _get(environ, c.ENV_MPI_SSH_DIR) or None
+    ssh_dir = _get(environ, contract.ENV_MPI_SSH_DIR) or None
     if world > 1 and ssh_dir is None:
         problems.append(
-            f"{c.ENV_MPI_SSH_DIR} is not set, but the group has {world} ranks: a multi-node group needs the "
-            f"key pair of Secret {c.MPI_SSH_SECRET} mounted (the operator mounts it at {c.MPI_SSH_DIR} and "
+            f"{contract.ENV_MPI_SSH_DIR} is not set, but the group has {world} ranks: a multi-node "
+            f"group needs the "
+            f"key pair of Secret {contract.MPI_SSH_SECRET} mounted (the operator mounts it at "
+            f"{contract.MPI_SSH_DIR} and "
             "sets the variable)"
         )
     return ssh_dir
@@ -160,16 +165,17 @@ def _ssh_dir(environ: Mapping[str, str], world: int, problems: list[str]) -> str
 
 def _addresses(environ: Mapping[str, str], problems: list[str]) -> tuple[str, str, str, str]:
     """(group, workers Service, namespace, leader address); the leader must be rank 0's address."""
-    group = _get(environ, c.ENV_GROUP)
-    service = _get(environ, c.ENV_WORKERS_SERVICE)
-    namespace = _get(environ, c.ENV_NAMESPACE)
-    leader = _get(environ, c.ENV_LEADER_ADDRESS)
+    group = _get(environ, contract.ENV_GROUP)
+    service = _get(environ, contract.ENV_WORKERS_SERVICE)
+    namespace = _get(environ, contract.ENV_NAMESPACE)
+    leader = _get(environ, contract.ENV_LEADER_ADDRESS)
     if group and service and namespace and leader:
-        expected_leader = b.worker_address(group, 0, service, namespace)
+        expected_leader = builders.worker_address(group, 0, service, namespace)
         if leader != expected_leader:
             problems.append(
-                f"{c.ENV_LEADER_ADDRESS}={leader!r} is not rank 0's address {expected_leader!r} (from "
-                f"{c.ENV_GROUP}, {c.ENV_WORKERS_SERVICE} and {c.ENV_NAMESPACE}): the pod's variables "
+                f"{contract.ENV_LEADER_ADDRESS}={leader!r} is not rank 0's address {expected_leader!r} (from "
+                f"{contract.ENV_GROUP}, {contract.ENV_WORKERS_SERVICE} and "
+                f"{contract.ENV_NAMESPACE}): the pod's variables "
                 "disagree; delete the group's pods so the operator recreates them"
             )
     return group, service, namespace, leader
@@ -194,15 +200,15 @@ def read_identity(environ: Mapping[str, str]) -> Identity:
         workers_service=service,
         namespace=namespace,
         mode=mode,
-        engine_config=environ[c.ENV_ENGINE_CONFIG].strip(),
-        model_name=environ[c.ENV_MODEL_NAME].strip(),
-        model_path=environ[c.ENV_MODEL_PATH].strip(),
-        model_source=_get(environ, c.ENV_MODEL_SOURCE),
-        model_revision=_get(environ, c.ENV_MODEL_REVISION) or None,
-        model_cache=_get(environ, c.ENV_MODEL_CACHE) or c.MODEL_CACHE_DIR,
+        engine_config=environ[contract.ENV_ENGINE_CONFIG].strip(),
+        model_name=environ[contract.ENV_MODEL_NAME].strip(),
+        model_path=environ[contract.ENV_MODEL_PATH].strip(),
+        model_source=_get(environ, contract.ENV_MODEL_SOURCE),
+        model_revision=_get(environ, contract.ENV_MODEL_REVISION) or None,
+        model_cache=_get(environ, contract.ENV_MODEL_CACHE) or contract.MODEL_CACHE_DIR,
         mpi_ssh_dir=ssh_dir,
-        health_host=_get(environ, c.ENV_DYN_SYSTEM_HOST) or DEFAULT_HEALTH_HOST,
+        health_host=_get(environ, contract.ENV_DYN_SYSTEM_HOST) or DEFAULT_HEALTH_HOST,
         health_port=port,
         peer_wait_seconds=wait,
-        model_cache_set=bool(_get(environ, c.ENV_MODEL_CACHE)),
+        model_cache_set=bool(_get(environ, contract.ENV_MODEL_CACHE)),
     )

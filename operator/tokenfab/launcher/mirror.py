@@ -24,7 +24,7 @@ from pathlib import Path, PurePosixPath
 from tokenfab.launcher import manifest
 from tokenfab.launcher.obtained import LaunchError, Obtained, log
 from tokenfab.launcher.weights import Fetch
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 
 Listing = dict[str, tuple[int, str]]  # file name under the source -> (bytes, version stamp)
 ENV_MODEL_MOUNT = "TOKENFAB_MODEL_MOUNT"  # where the pvc:// claim is mounted (tests; the pod's is /models)
@@ -130,7 +130,7 @@ def copy(fetch: Fetch, env: Mapping[str, str], downloading: Callable[[bool], Non
     """pvc:// weights: from the claim mounted at /models into the model cache (pvc/<claim>/<path>), copying
     what changed since the last copy."""
     claim, _, sub = fetch.repo.partition("/")
-    source = Path(env.get(ENV_MODEL_MOUNT) or c.MODEL_MOUNT, *PurePosixPath(sub.strip("/")).parts)
+    source = Path(env.get(ENV_MODEL_MOUNT) or contract.MODEL_MOUNT, *PurePosixPath(sub.strip("/")).parts)
     local = Path(fetch.cache_dir, "pvc", claim, *PurePosixPath(sub.strip("/")).parts)
     what = fetch.url()
     if not source.is_dir():

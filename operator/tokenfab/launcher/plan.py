@@ -48,7 +48,7 @@ from tokenfab.launcher.weights import (
     weights_source,
     with_model_path,
 )
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 
 __all__ = [
     "DEFAULT_HEALTH_HOST",
@@ -111,9 +111,9 @@ RUN_SSHD_PID = "sshd.pid"
 NOT_FORWARDED = frozenset(
     {
         "HOSTNAME",
-        c.ENV_RANK,
-        c.ENV_POD_NAME,
-        c.ENV_POD_UID,
+        contract.ENV_RANK,
+        contract.ENV_POD_NAME,
+        contract.ENV_POD_UID,
         "NVIDIA_VISIBLE_DEVICES",
         "CUDA_VISIBLE_DEVICES",
         "PWD",
@@ -207,13 +207,13 @@ def forwarded_names(environ: Mapping[str, str]) -> tuple[str, ...]:
 
 
 def dynamo_command(dynamo_args: Sequence[str]) -> tuple[str, ...]:
-    return (c.PYTHON, "-m", c.DYNAMO_WORKER_MODULE, *dynamo_args)
+    return (contract.PYTHON, "-m", contract.DYNAMO_WORKER_MODULE, *dynamo_args)
 
 
 def ssh_args(key: str) -> str:
     """How mpirun reaches the followers' SSH daemons: their port, the Secret's key, no known_hosts."""
     return (
-        f"-p {c.MPI_SSH_PORT} -i {key} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
+        f"-p {contract.MPI_SSH_PORT} -i {key} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
         "-o BatchMode=yes -o LogLevel=ERROR"
     )
 
@@ -243,7 +243,7 @@ def sshd_config(identity: Identity, run_dir: str) -> str:
         [
             f"# Written by {PROGRAM}: rank {identity.rank} of group {identity.group}; mpirun on rank 0 "
             "connects here.",
-            f"Port {c.MPI_SSH_PORT}",
+            f"Port {contract.MPI_SSH_PORT}",
             f"HostKey {run_dir}/{RUN_HOST_KEY}",
             f"AuthorizedKeysFile {run_dir}/{RUN_AUTHORIZED_KEYS}",
             f"PidFile {run_dir}/{RUN_SSHD_PID}",
@@ -297,8 +297,8 @@ def _leader_plan(
         # (Open MPI 5's launcher, PRRTE, reads its ssh arguments under this name; 4 reads plm_rsh_args)
         env={**MPI_ENV, "PRTE_MCA_plm_ssh_args": ssh_args(key)},
         run_dir=run_dir,
-        copies=(Copy(f"{identity.mpi_ssh_dir}/{c.MPI_SSH_PRIVATE_KEY}", key),),
-        wait_for=tuple(Endpoint(host, c.MPI_SSH_PORT) for host in identity.hosts[1:]),
+        copies=(Copy(f"{identity.mpi_ssh_dir}/{contract.MPI_SSH_PRIVATE_KEY}", key),),
+        wait_for=tuple(Endpoint(host, contract.MPI_SSH_PORT) for host in identity.hosts[1:]),
         wait_seconds=identity.peer_wait_seconds,
         **common,
     )
@@ -313,7 +313,7 @@ def _follower_plan(identity: Identity, run_dir: str, common: dict[str, Any]) -> 
         kind="follower",
         command=(SSHD, "-D", "-e", "-f", config),
         run_dir=run_dir,
-        copies=(Copy(f"{identity.mpi_ssh_dir}/{c.MPI_SSH_PRIVATE_KEY}", key),),
+        copies=(Copy(f"{identity.mpi_ssh_dir}/{contract.MPI_SSH_PRIVATE_KEY}", key),),
         files=((config, sshd_config(identity, run_dir)),),
         setup=(
             # This pod's own host key, then the one key sshd accepts: the Secret's, as rank 0 uses it.

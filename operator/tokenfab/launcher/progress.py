@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 
 ENV_PROGRESS_SECONDS = "TOKENFAB_PROGRESS_SECONDS"
 DEFAULT_SECONDS = 10.0
@@ -83,7 +83,7 @@ class Progress:
     def report(self) -> None:
         grown = max(0, tree_bytes(self.root) - self._base)
         seconds = round(time.monotonic() - self._t0, 1)
-        self.emit(line(c.LOG_WEIGHTS_PROGRESS, {"bytes": grown, "seconds": seconds}))
+        self.emit(line(contract.LOG_WEIGHTS_PROGRESS, {"bytes": grown, "seconds": seconds}))
 
     def _run(self) -> None:
         while not self._stop.wait(self.every):

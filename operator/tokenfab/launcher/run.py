@@ -32,7 +32,7 @@ from tokenfab.launcher.identity import ConfigError, read_identity
 from tokenfab.launcher.obtained import EXIT_NOT_FOUND, LaunchError, log
 from tokenfab.launcher.plan import EXIT_CONFIG, Endpoint, LaunchPlan, plan_launch
 from tokenfab.launcher.weights import with_model_path
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 
 FORWARDED_SIGNALS = (
     signal.SIGTERM,
@@ -43,15 +43,16 @@ FORWARDED_SIGNALS = (
     signal.SIGUSR2,
 )
 
-USAGE = f"""usage: python3 -m {c.LAUNCHER_MODULE} [--dry-run] [--] DYNAMO_WORKER_ARGS...
+USAGE = f"""usage: python3 -m {contract.LAUNCHER_MODULE} [--dry-run] [--] DYNAMO_WORKER_ARGS...
 
-Start this pod's part of a tokenfab worker group: `{c.PYTHON} -m {c.DYNAMO_WORKER_MODULE} DYNAMO_WORKER_ARGS`
-on a one-pod group, the same under mpirun on rank 0 of a multi-node group, an SSH daemon for mpirun on
-the other ranks. The group identity comes from the TOKENFAB_* environment the operator sets.
+Start this pod's part of a tokenfab worker group:
+`{contract.PYTHON} -m {contract.DYNAMO_WORKER_MODULE} DYNAMO_WORKER_ARGS` on a one-pod group, the same
+under mpirun on rank 0 of a multi-node group, an SSH daemon for mpirun on the other ranks. The group
+identity comes from the TOKENFAB_* environment the operator sets.
 
   --dry-run   validate the configuration, print the launch plan as JSON and exit
 
-python3 -m {c.LAUNCHER_MODULE} --fetch-only
+python3 -m {contract.LAUNCHER_MODULE} --fetch-only
   download the hf:// weights of TOKENFAB_MODEL_SOURCE at TOKENFAB_MODEL_REVISION into TOKENFAB_MODEL_CACHE
   (verified by their manifest when already there) and exit: what a weights-fetch pod runs
 """
@@ -88,8 +89,9 @@ def read_engine(path: str) -> str:
     except OSError as exc:
         raise ConfigError(
             [
-                f"engine config {path} (from {c.ENV_ENGINE_CONFIG}) cannot be read: {exc.strerror or exc}; "
-                f"the operator mounts the role's engine ConfigMap at {c.ENGINE_CONFIG_DIR}"
+                f"engine config {path} (from {contract.ENV_ENGINE_CONFIG}) cannot be read: "
+                f"{exc.strerror or exc}; "
+                f"the operator mounts the role's engine ConfigMap at {contract.ENGINE_CONFIG_DIR}"
             ]
         ) from exc
 
@@ -154,8 +156,9 @@ class Runner:
             except OSError as exc:
                 raise LaunchError(
                     f"{copy.source} cannot be read ({exc.strerror or exc}): a multi-node group needs the "
-                    f"SSH key of Secret {c.MPI_SSH_SECRET} (key {c.MPI_SSH_PRIVATE_KEY}) mounted at "
-                    f"{c.ENV_MPI_SSH_DIR}; create it as runtime-images/README.md shows",
+                    f"SSH key of Secret {contract.MPI_SSH_SECRET} (key "
+                    f"{contract.MPI_SSH_PRIVATE_KEY}) mounted at "
+                    f"{contract.ENV_MPI_SSH_DIR}; create it as runtime-images/README.md shows",
                     EXIT_CONFIG,
                 ) from exc
             _write_private(copy.target, data)
@@ -214,7 +217,7 @@ class Runner:
                     f"gave up after {self.plan.wait_seconds} s waiting for "
                     + ", ".join(f"{ep.host}:{ep.port}" for ep in pending)
                     + ": are those pods running? (raise "
-                    + f"{c.ENV_PEER_WAIT_SECONDS} if image pulls are slow)"
+                    + f"{contract.ENV_PEER_WAIT_SECONDS} if image pulls are slow)"
                 )
             if now >= next_report:
                 log("still waiting for " + ", ".join(ep.host for ep in pending))
@@ -248,11 +251,11 @@ class Runner:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
-                if path == c.HEALTH_PATH:
+                if path == contract.HEALTH_PATH:
                     alive = runner.child is not None and runner.child.returncode is None
                     body = json.dumps({"status": "ready" if alive else "notready", "rank": runner.plan.rank})
                     self._send(200 if alive else 503, "application/json", body)
-                elif path == c.METRICS_PATH:
+                elif path == contract.METRICS_PATH:
                     self._send(200, "text/plain; version=0.0.4", runner.metrics_text())
                 else:
                     self._send(404, "text/plain", "not found\n")
@@ -274,7 +277,9 @@ class Runner:
             raise LaunchError(f"cannot serve health on {endpoint.host}:{endpoint.port}: {exc}") from exc
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, name="health", daemon=True).start()
-        log(f"answering {c.HEALTH_PATH} and {c.METRICS_PATH} on {endpoint.host}:{endpoint.port}")
+        log(
+            f"answering {contract.HEALTH_PATH} and {contract.METRICS_PATH} on {endpoint.host}:{endpoint.port}"
+        )
 
     # ------------------------------------------------------------------------------------------ run
 

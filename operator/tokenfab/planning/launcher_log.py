@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 
 
 @dataclass(frozen=True)
@@ -71,9 +71,9 @@ def outcome(doc: object) -> Outcome | None:
 
 def read(text: str) -> LauncherLog:
     """The progress and result lines of a launcher's log (or of a part of it)."""
-    p = _doc(text, c.LOG_WEIGHTS_PROGRESS)
+    p = _doc(text, contract.LOG_WEIGHTS_PROGRESS)
     progress = None if p is None else Progress(int(_num(p, "bytes")), _num(p, "seconds"))
-    return LauncherLog(progress, outcome(_doc(text, c.LOG_WEIGHTS_RESULT)))
+    return LauncherLog(progress, outcome(_doc(text, contract.LOG_WEIGHTS_RESULT)))
 
 
 def group_words(results: Iterable[Outcome | None]) -> str:

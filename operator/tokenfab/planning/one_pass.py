@@ -25,8 +25,7 @@ from tokenfab.api.models import (
     RoleName,
     WeightsCacheStatus,
 )
-from tokenfab.planning import builders as b
-from tokenfab.planning import fault_report, recovery, weights_cache
+from tokenfab.planning import builders, fault_report, recovery, weights_cache
 from tokenfab.planning.eviction import NodeCaches
 from tokenfab.planning.fabric import CONDITION as FABRIC
 from tokenfab.planning.fabric import condition as fabric_condition
@@ -45,7 +44,7 @@ from tokenfab.planning.status import Observed, build_status, placement, rfc3339
 from tokenfab.planning.topology import Domain, GroupShape
 from tokenfab.planning.units import UNIT_ROLES, Units, units_of
 
-Manifest = b.Manifest
+Manifest = builders.Manifest
 Event = tuple[str, str, str]  # (type, reason, message)
 
 # Decode (or the aggregated worker) is planned first: it is the larger role and prefill follows it.
@@ -58,7 +57,7 @@ SOURCE_LOOK_SECONDS = 60.0  # a pass this often while the ModelSource condition 
 class Snapshot:
     """What one pass observed; immutable while it plans."""
 
-    owner: b.Owner
+    owner: builders.Owner
     md: ModelDeployment  # the freshest status; the spec with the profile's plan merged in
     groups: Mapping[RoleName, list[GroupView]]
     health: Mapping[str, NodeHealth]
@@ -126,11 +125,11 @@ class Plan:
 def desired_groups(md: ModelDeployment) -> dict[RoleName, int]:
     """Groups per role: the spec's, or the autoscaler's decision (kept in status) when it is on."""
     spec = md.spec
-    wanted = b.spec_groups(spec)
+    wanted = builders.spec_groups(spec)
     scaler = md.status.autoscaling if md.status else None
     if spec.autoscaling.enabled and scaler is not None:
         wanted.update({role: n for role, n in scaler.desired.items() if role in wanted})
-    return b.with_ratio(spec, wanted)
+    return builders.with_ratio(spec, wanted)
 
 
 def removing(
@@ -140,7 +139,7 @@ def removing(
     rollout is under way (the engines' in-flight counts are read then)."""
     return any(g.draining_since is not None for gs in groups.values() for g in gs) or any(
         len(gs) > desired.get(role, 0)
-        or (spec.role(role) is not None and any(g.revision != b.role_revision(spec, role) for g in gs))
+        or (spec.role(role) is not None and any(g.revision != builders.role_revision(spec, role) for g in gs))
         for role, gs in groups.items()
     )
 
@@ -216,7 +215,7 @@ def serving_roles(
         for role, gs in groups.items()
         if spec.role(role) is not None
         and any(
-            g.revision == b.role_revision(spec, role) and classify(g, health, now, tol)[0] == "serving"
+            g.revision == builders.role_revision(spec, role) and classify(g, health, now, tol)[0] == "serving"
             for g in gs
         )
     }
@@ -252,12 +251,12 @@ def _plan_one(
 ) -> RolePlan:
     spec = x.spec
     in_spec = spec.role(role) is not None
-    shape = b.group_shape(spec, role) if in_spec else observed_shape(x.groups[role], spec)
+    shape = builders.group_shape(spec, role) if in_spec else observed_shape(x.groups[role], spec)
     domains = LazyDomains((lambda: capacity(role)) if in_spec else dict)
     plan, _ = plan_role(
         role,
         x.desired.get(role, 0),
-        b.role_revision(spec, role) if in_spec else "",
+        builders.role_revision(spec, role) if in_spec else "",
         shape,
         x.groups.get(role, []),
         domains,  # type: ignore[arg-type]
@@ -311,7 +310,7 @@ def role_units(x: RoleInputs, plans: list[RolePlan]) -> Units | None:
     spec = x.spec
     if not x.units:
         return None
-    shapes = {r: b.group_shape(spec, r) for r in UNIT_ROLES if spec.role(r) is not None}
+    shapes = {r: builders.group_shape(spec, r) for r in UNIT_ROLES if spec.role(r) is not None}
     return units_of(spec, x.groups, plans, x.desired.get("decode", 0), shapes, x.units_down)
 
 
@@ -362,7 +361,7 @@ class Children:
 
 
 def children(
-    owner: b.Owner,
+    owner: builders.Owner,
     spec: ModelDeploymentSpec,
     roles: list[RolePlan],
     nodes: frozenset[str],
@@ -375,14 +374,18 @@ def children(
     weights served from it); `fetch`: the nodes whose weights-fetch pod is to be made; `replaces`: the
     frontend pods its pod template replaces (planning.frontend)."""
     nodes = nodes | {n for r in roles for cr in r.create for n in cr.nodes}
-    rest: list[Manifest] = [*b.model_cache_claims(owner, spec, nodes, weights)]
-    rest += [b.weights_fetch_pod(owner, spec, n, weights_cache.weights_key(spec)) for n in fetch]
-    rest += [b.frontend_deployment(owner, spec, replaces), b.frontend_service(owner)]
-    rest += [b.engine_configmap(owner, spec, role) for role, _ in spec.roles()]
+    rest: list[Manifest] = [*builders.model_cache_claims(owner, spec, nodes, weights)]
+    rest += [builders.weights_fetch_pod(owner, spec, n, weights_cache.weights_key(spec)) for n in fetch]
+    rest += [builders.frontend_deployment(owner, spec, replaces), builders.frontend_service(owner)]
+    rest += [builders.engine_configmap(owner, spec, role) for role, _ in spec.roles()]
     rest += [
-        b.pod_disruption_budget(owner, p.role, p.desired * p.shape.nodes) for p in roles if spec.role(p.role)
+        builders.pod_disruption_budget(owner, p.role, p.desired * p.shape.nodes)
+        for p in roles
+        if spec.role(p.role)
     ]
-    return Children(b.workers_service(owner, spec), tuple(b.discovery_rbac(owner, spec)), tuple(rest))
+    return Children(
+        builders.workers_service(owner, spec), tuple(builders.discovery_rbac(owner, spec)), tuple(rest)
+    )
 
 
 def plan(s: Snapshot) -> Plan:
@@ -420,7 +423,7 @@ def plan(s: Snapshot) -> Plan:
         requeue_after=requeue_after(s, roles),
         force_delete=orphans(s) + lost if s.reaction.mode == "replace" else (),
         fetch_deletes=staged.delete,
-        claim_deletes=tuple(b.model_cache_claim_name(s.owner, spec, n) for n in staged.evict),
+        claim_deletes=tuple(builders.model_cache_claim_name(s.owner, spec, n) for n in staged.evict),
         domain_deletes=tuple(sorted(n for n, unit in s.unit_domains.items() if unit not in live)),
         units=units,
         weights_cache=weights_cache.report(spec, staged, s.fetch_pods, s.md.status, s.loading),
@@ -486,18 +489,18 @@ def settle(s: Snapshot, p: Plan, written: Written) -> tuple[ModelDeploymentStatu
         s.md.metadata.generation or 0,
         s.frontend_available,
         p.spec.serving.frontend_replicas,
-        b.endpoint(s.owner),
+        builders.endpoint(s.owner),
         written.errors,
         recovery.summary({r: _failures(f) for r, f in held.items()}, s.now) if held else "",
     )
     outcome = p.autoscaling
-    units = unit_statuses(p.spec, p.units, lambda role, slot: b.group_name(s.owner, role, slot))
+    units = unit_statuses(p.spec, p.units, lambda role, slot: builders.group_name(s.owner, role, slot))
     fabric = fabric_condition(p.spec, units)
     faults = fault_report.records(
         s.md.status.faults if s.md.status else [],
         p.roles,
         s.now,
-        lambda role, slot: b.group_name(s.owner, role, slot),  # type: ignore[arg-type]
+        lambda role, slot: builders.group_name(s.owner, role, slot),  # type: ignore[arg-type]
         written.created,
     )
     status, changed = build_status(

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from tokenfab.api.models import ModelDeploymentSpec, RoleName
-from tokenfab.planning import builders as b
+from tokenfab.planning import builders
 from tokenfab.planning.capacity import Constraints, NodeFacts, Resources, add, snapshot
 from tokenfab.planning.groups import RolePlan
 from tokenfab.planning.topology import Domain
@@ -58,7 +58,7 @@ class Reservation:
 class FreeDomains:
     """Per-role free domains inside one plan, the plan's own reservations taken off."""
 
-    def __init__(self, room: Room, spec: ModelDeploymentSpec, owner: b.Owner) -> None:
+    def __init__(self, room: Room, spec: ModelDeploymentSpec, owner: builders.Owner) -> None:
         self.room, self.spec, self.owner = room, spec, owner
         self.reserved: dict[str, dict[str, int]] = {}
         self.reservations: list[Reservation] = []
@@ -68,18 +68,18 @@ class FreeDomains:
         if role not in self._cache:
             nodes, used = self.room.read()
             mine = {n: add(used.get(n, {}), r) for n, r in self.reserved.items()}
-            request = b.pod_requests(self.spec, role)
+            request = builders.pod_requests(self.spec, role)
             self._cache[role] = snapshot(nodes, {**used, **mine}, request, self.room.constraints)
         return self._cache[role]
 
     def reserve(self, plan: RolePlan) -> None:
         if not plan.create:
             return
-        requests = b.pod_requests(self.spec, plan.role)
+        requests = builders.pod_requests(self.spec, plan.role)
         for cr in plan.create:
-            group = b.group_name(self.owner, cr.role, cr.slot)
+            group = builders.group_name(self.owner, cr.role, cr.slot)
             ranks = cr.ranks or tuple(range(len(cr.nodes)))
-            pods = {b.pod_name(group, r): (n, requests) for r, n in zip(ranks, cr.nodes, strict=True)}
+            pods = {builders.pod_name(group, r): (n, requests) for r, n in zip(ranks, cr.nodes, strict=True)}
             self.reservations.append(Reservation(group, pods))
             for node, req in pods.values():
                 self.reserved[node] = add(self.reserved.get(node, {}), req)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 from tokenfab.planning.autoscaling import Sample
 
 KV_METRIC = "dynamo_component_gpu_cache_usage_percent"
@@ -20,7 +20,7 @@ QUEUE_METRIC = "trtllm_num_requests_waiting"
 
 
 def _selector(name: str, namespace: str, deployment: str, role: str) -> str:
-    where = f'{c.PROM_LABEL_DEPLOYMENT}="{deployment}", {c.PROM_LABEL_ROLE}="{role}"'
+    where = f'{contract.PROM_LABEL_DEPLOYMENT}="{deployment}", {contract.PROM_LABEL_ROLE}="{role}"'
     return f'{name}{{namespace="{namespace}", {where}}}'
 
 
@@ -28,7 +28,7 @@ def kv_query(namespace: str, deployment: str, role: str, override: str | None = 
     """PromQL returning one KV-cache utilization sample per group (its busiest rank)."""
     if override:
         return override.format(namespace=namespace, deployment=deployment, role=role)
-    return f"max by ({c.PROM_LABEL_GROUP}) ({_selector(KV_METRIC, namespace, deployment, role)})"
+    return f"max by ({contract.PROM_LABEL_GROUP}) ({_selector(KV_METRIC, namespace, deployment, role)})"
 
 
 INFLIGHT_METRIC = "dynamo_component_inflight_requests"
@@ -38,8 +38,8 @@ def inflight_query(namespace: str, deployment: str) -> str:
     """PromQL returning the requests in flight per group of a deployment (every role), as each group's
     engine counts them at its request plane (prefill engines count too)."""
     return (
-        f'sum by ({c.PROM_LABEL_GROUP}) ({INFLIGHT_METRIC}{{namespace="{namespace}", '
-        f'{c.PROM_LABEL_DEPLOYMENT}="{deployment}", dynamo_endpoint="generate"}})'
+        f'sum by ({contract.PROM_LABEL_GROUP}) ({INFLIGHT_METRIC}{{namespace="{namespace}", '
+        f'{contract.PROM_LABEL_DEPLOYMENT}="{deployment}", dynamo_endpoint="generate"}})'
     )
 
 
@@ -49,7 +49,7 @@ FRONTEND_INFLIGHT = "dynamo_frontend_inflight_requests"
 
 
 def _frontend(namespace: str, deployment: str) -> str:
-    return f'{{namespace="{namespace}", {c.PROM_LABEL_DEPLOYMENT}="{deployment}"}}'
+    return f'{{namespace="{namespace}", {contract.PROM_LABEL_DEPLOYMENT}="{deployment}"}}'
 
 
 def arrival_query(namespace: str, deployment: str, window_seconds: int) -> str:
@@ -66,7 +66,7 @@ def frontend_inflight_query(namespace: str, deployment: str) -> str:
 def fleet_inflight_query() -> str:
     """PromQL returning the requests in flight at every deployment's frontend, one sample per namespace and
     deployment: the burst watch asks it once per scrape for the whole fleet."""
-    return f"sum by (namespace, {c.PROM_LABEL_DEPLOYMENT}) ({FRONTEND_INFLIGHT})"
+    return f"sum by (namespace, {contract.PROM_LABEL_DEPLOYMENT}) ({FRONTEND_INFLIGHT})"
 
 
 def input_tokens_query(namespace: str, deployment: str, window_seconds: int) -> str:
@@ -76,7 +76,7 @@ def input_tokens_query(namespace: str, deployment: str, window_seconds: int) -> 
 
 def queue_query(namespace: str, deployment: str, role: str) -> str:
     """PromQL returning the waiting requests per group."""
-    return f"sum by ({c.PROM_LABEL_GROUP}) ({_selector(QUEUE_METRIC, namespace, deployment, role)})"
+    return f"sum by ({contract.PROM_LABEL_GROUP}) ({_selector(QUEUE_METRIC, namespace, deployment, role)})"
 
 
 _AGGREGATION = re.compile(r"^\s*(?:max|min|sum|avg|count)\s+by\s*\(([\w\s,]*)\)\s*\((.*)\)\s*$", re.S)

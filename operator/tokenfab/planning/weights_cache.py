@@ -35,8 +35,7 @@ from tokenfab.api.models import (
     StagedWeights,
     WeightsCacheStatus,
 )
-from tokenfab.planning import builders as b
-from tokenfab.planning import launcher_log
+from tokenfab.planning import builders, launcher_log
 from tokenfab.planning.capacity import parse_quantity
 from tokenfab.planning.eviction import CacheEntry, NodeCaches, evictions, idle_times
 from tokenfab.planning.launcher_log import Progress
@@ -45,7 +44,7 @@ from tokenfab.planning.scaler.memory import parse
 from tokenfab.planning.status import rfc3339
 from tokenfab.planning.topology import COLD, ELSEWHERE, Domain, best_fit_nodes, choose_domain, take
 
-weights_key = b.weights_key
+weights_key = builders.weights_key
 
 
 def warmth(claims: Mapping[str, str], key: str, elsewhere: Iterable[str] = ()) -> dict[str, int]:
@@ -69,7 +68,7 @@ def node_warmth(
 ) -> dict[str, int]:
     """The nodes' model cache warmth for this spec's weights; `elsewhere`: the nodes other deployments
     pre-stage, left last by this one too when it has no per-node caches of its own."""
-    if not b.uses_model_cache_claims(spec):
+    if not builders.uses_model_cache_claims(spec):
         return dict.fromkeys(elsewhere, ELSEWHERE)
     return warmth(claims, weights_key(spec), elsewhere)
 
@@ -82,7 +81,7 @@ def served_nodes(spec: ModelDeploymentSpec, groups: Mapping[RoleName, list[Group
         for role, gs in groups.items()
         if spec.role(role) is not None
         for g in gs
-        if g.revision == b.role_revision(spec, role)
+        if g.revision == builders.role_revision(spec, role)
         for p in g.pods
         if p.ready and p.node is not None
     )
@@ -107,7 +106,7 @@ def headroom(spec: ModelDeploymentSpec, role: RoleName, desired: Mapping[RoleNam
     count, have = spec.model.cache.prestage_groups, desired.get(role, 0)
     ratio = spec.serving.prefill_decode_ratio
     if role == "prefill" and spec.serving.ratio_policy == "fixed" and ratio and "decode" in desired:
-        more = b.follow_ratio(spec, desired["decode"] + headroom(spec, "decode", desired), have)
+        more = builders.follow_ratio(spec, desired["decode"] + headroom(spec, "decode", desired), have)
         return max(0, min(count, more - have))
     bounds = getattr(spec.autoscaling, role, None) if spec.autoscaling.enabled else None
     return count if bounds is None else max(0, min(count, bounds.max_replicas - have))
@@ -123,11 +122,11 @@ def prestage_nodes(
     placed on, past the groups this pass plans (`domains_of`: a role's free domains with them taken off;
     `desired`: the groups it wants per role), chosen as placement chooses (warmest first, then the
     policy; whole groups only), so a scale-up lands where the weights are. None without per-node caches."""
-    if not spec.model.cache.prestage_groups or not b.uses_model_cache_claims(spec):
+    if not spec.model.cache.prestage_groups or not builders.uses_model_cache_claims(spec):
         return frozenset()
     out: set[str] = set()
     for role, _ in spec.roles():
-        shape, domains = b.group_shape(spec, role), dict(domains_of(role))
+        shape, domains = builders.group_shape(spec, role), dict(domains_of(role))
         for _ in range(headroom(spec, role, desired or {})):
             name = choose_domain(domains, shape, spec.topology.placement, warmth=warmth or None)
             nodes = (
@@ -173,7 +172,7 @@ class Staging:
 
 def staging(
     spec: ModelDeploymentSpec,
-    owner: b.Owner,
+    owner: builders.Owner,
     observed: tuple[Mapping[str, str], Mapping[RoleName, list[GroupView]], Iterable[FetchPod]],
     domains_of: Callable[[RoleName], Mapping[str, Domain]],
     desired: Mapping[RoleName, int] | None = None,
@@ -195,7 +194,7 @@ def staging(
     key = weights_key(spec)
 
     def current(f: FetchPod) -> bool:
-        return f.weights == key and f.name == b.weights_fetch_pod_name(owner, spec, f.node)
+        return f.weights == key and f.name == builders.weights_fetch_pod_name(owner, spec, f.node)
 
     live = [f for f in pods if not f.deleting]
     fetched = [f.node for f in live if f.phase == "Succeeded" and current(f)]
@@ -228,16 +227,16 @@ def staging(
 
 def evicted(
     spec: ModelDeploymentSpec,
-    owner: b.Owner,
+    owner: builders.Owner,
     claims: Iterable[str],
     idle: Mapping[str, float],
     others: NodeCaches,
 ) -> tuple[str, ...]:
     """The nodes whose model cache claim of this deployment goes to make room (tokenfab.planning.eviction)."""
-    if not others.capacity or not b.uses_model_cache_claims(spec):
+    if not others.capacity or not builders.uses_model_cache_claims(spec):
         return ()
     size = int(parse_quantity(spec.model.cache.size))
-    ident = {f"{owner.namespace}/{b.model_cache_claim_name(owner, spec, n)}": n for n in claims}
+    ident = {f"{owner.namespace}/{builders.model_cache_claim_name(owner, spec, n)}": n for n in claims}
     mine = [CacheEntry(claim, n, size, idle.get(n)) for claim, n in ident.items()]
     gone = evictions([*mine, *others.others], others.capacity)
     return tuple(sorted(ident[claim] for claim in gone if claim in ident))
@@ -269,7 +268,7 @@ def report(
     fetch pod, or a worker's launcher: `loading`, node and bytes so far), what each completed fetch pod
     reported (kept from the last `status` while its node holds these weights), and since when the idle
     caches are idle."""
-    if not b.uses_model_cache_claims(spec):
+    if not builders.uses_model_cache_claims(spec):
         return None
     previous = status.weights_cache if status else None
     key = weights_key(spec)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenfab.api.models import API_VERSION, KIND, RoleName
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 from tokenfab.planning.engine import content_hash
 
 Manifest = dict[str, Any]
@@ -34,14 +34,14 @@ def owner_reference(owner: Owner) -> dict[str, Any]:
 
 
 def selector_labels(owner: Owner) -> dict[str, str]:
-    return {c.MANAGED_BY: c.MANAGED_BY_VALUE, c.LABEL_DEPLOYMENT: owner.name}
+    return {contract.MANAGED_BY: contract.MANAGED_BY_VALUE, contract.LABEL_DEPLOYMENT: owner.name}
 
 
 def child_meta(
     owner: Owner, name: str, component: str, extra: dict[str, str] | None = None
 ) -> dict[str, Any]:
     """A child's metadata: its name and namespace, the deployment's labels and the owner reference."""
-    labels = {**selector_labels(owner), c.COMPONENT: component, **(extra or {})}
+    labels = {**selector_labels(owner), contract.COMPONENT: component, **(extra or {})}
     return {
         "name": name,
         "namespace": owner.namespace,
@@ -84,7 +84,7 @@ def frontend_name(owner: Owner) -> str:
 
 
 def endpoint(owner: Owner) -> str:
-    return f"http://{owner.name}.{owner.namespace}.svc.cluster.local:{c.FRONTEND_PORT}/v1"
+    return f"http://{owner.name}.{owner.namespace}.svc.cluster.local:{contract.FRONTEND_PORT}/v1"
 
 
 def compute_domain_name(group: str) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tokenfab.api.models import ModelDeploymentSpec, RoleName
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 from tokenfab.planning.builders.common import (
     Manifest,
     Owner,
@@ -31,8 +31,8 @@ def model_path(spec: ModelDeploymentSpec) -> str:
         return rest
     if scheme == "pvc":
         _, _, sub = rest.partition("/")
-        return f"{c.MODEL_MOUNT}/{sub}".rstrip("/")
-    return c.MODEL_MOUNT
+        return f"{contract.MODEL_MOUNT}/{sub}".rstrip("/")
+    return contract.MODEL_MOUNT
 
 
 def worker_args(spec: ModelDeploymentSpec, role: RoleName) -> list[str]:
@@ -44,14 +44,14 @@ def worker_args(spec: ModelDeploymentSpec, role: RoleName) -> list[str]:
         "--served-model-name",
         spec.model.name,
         "--extra-engine-args",
-        c.ENGINE_CONFIG_PATH,
+        contract.ENGINE_CONFIG_PATH,
     ]
     mode = disaggregation_mode(spec, role)
     if mode is not None:
         args += ["--disaggregation-mode", mode]
     # Both publishers are off in Dynamo by default: KV events feed the KV-aware router, metrics are the
     # engine's KV-cache utilization and queue that the autoscaler reads.
-    return [*args, c.PUBLISH_KV_EVENTS_FLAG, c.PUBLISH_METRICS_FLAG]
+    return [*args, contract.PUBLISH_KV_EVENTS_FLAG, contract.PUBLISH_METRICS_FLAG]
 
 
 def worker_env(
@@ -68,34 +68,38 @@ def worker_env(
     """The worker container's environment: the rank's place in its group, the model, the engine, Dynamo's
     namespace and discovery, its prefill-decode unit's KV-transfer domain, then runtime.env."""
     drain = spec.serving.drain_seconds
-    mode = disaggregation_mode(spec, role) or c.MODE_AGGREGATED
+    mode = disaggregation_mode(spec, role) or contract.MODE_AGGREGATED
     return [
-        {"name": c.ENV_ROLE, "value": role},
-        {"name": c.ENV_GROUP, "value": group},
-        {"name": c.ENV_RANK, "value": str(rank)},
-        {"name": c.ENV_WORLD_SIZE, "value": str(shape.nodes)},
-        {"name": c.ENV_GPUS_PER_POD, "value": str(shape.pod_gpus)},
-        {"name": c.ENV_LEADER_ADDRESS, "value": worker_address(group, 0, service, owner.namespace)},
-        {"name": c.ENV_WORKERS_SERVICE, "value": service},
-        {"name": c.ENV_NAMESPACE, "value": owner.namespace},
-        {"name": c.ENV_ENGINE_CONFIG, "value": c.ENGINE_CONFIG_PATH},
-        {"name": c.ENV_MODEL_NAME, "value": spec.model.name},
-        {"name": c.ENV_MODEL_SOURCE, "value": spec.model.source},
-        {"name": c.ENV_MODEL_REVISION, "value": spec.model.revision or ""},
-        {"name": c.ENV_MODEL_PATH, "value": model_path(spec)},
-        *([{"name": c.ENV_MODEL_CACHE, "value": c.MODEL_CACHE_DIR}] if fetches_weights(spec) else []),
-        {"name": c.ENV_DISAGGREGATION_MODE, "value": mode},
-        {"name": c.ENV_DYNAMO_NAMESPACE, "value": dynamo_namespace(owner, revision)},
-        {"name": c.ENV_DYN_SYSTEM_PORT, "value": str(c.WORKER_METRICS_PORT)},
+        {"name": contract.ENV_ROLE, "value": role},
+        {"name": contract.ENV_GROUP, "value": group},
+        {"name": contract.ENV_RANK, "value": str(rank)},
+        {"name": contract.ENV_WORLD_SIZE, "value": str(shape.nodes)},
+        {"name": contract.ENV_GPUS_PER_POD, "value": str(shape.pod_gpus)},
+        {"name": contract.ENV_LEADER_ADDRESS, "value": worker_address(group, 0, service, owner.namespace)},
+        {"name": contract.ENV_WORKERS_SERVICE, "value": service},
+        {"name": contract.ENV_NAMESPACE, "value": owner.namespace},
+        {"name": contract.ENV_ENGINE_CONFIG, "value": contract.ENGINE_CONFIG_PATH},
+        {"name": contract.ENV_MODEL_NAME, "value": spec.model.name},
+        {"name": contract.ENV_MODEL_SOURCE, "value": spec.model.source},
+        {"name": contract.ENV_MODEL_REVISION, "value": spec.model.revision or ""},
+        {"name": contract.ENV_MODEL_PATH, "value": model_path(spec)},
+        *(
+            [{"name": contract.ENV_MODEL_CACHE, "value": contract.MODEL_CACHE_DIR}]
+            if fetches_weights(spec)
+            else []
+        ),
+        {"name": contract.ENV_DISAGGREGATION_MODE, "value": mode},
+        {"name": contract.ENV_DYNAMO_NAMESPACE, "value": dynamo_namespace(owner, revision)},
+        {"name": contract.ENV_DYN_SYSTEM_PORT, "value": str(contract.WORKER_METRICS_PORT)},
         # A SIGTERMed Dynamo worker leaves discovery at once and finishes its requests up to this bound.
-        *([{"name": c.ENV_DYN_SHUTDOWN_TIMEOUT, "value": str(drain)}] if drain else []),
-        {"name": c.ENV_DYN_HEALTH_ENDPOINTS, "value": '["generate"]'},
+        *([{"name": contract.ENV_DYN_SHUTDOWN_TIMEOUT, "value": str(drain)}] if drain else []),
+        {"name": contract.ENV_DYN_HEALTH_ENDPOINTS, "value": '["generate"]'},
         *discovery_env(spec),
         *nccl_env(spec, role),
         *kv_fabric_env(spec, role),
         *kv_transfer_domain_env(unit),
-        *({"name": name, "value": value} for name, value in c.COMPILE_CACHE_ENV),
-        *([{"name": c.ENV_MPI_SSH_DIR, "value": c.MPI_SSH_DIR}] if shape.nodes > 1 else []),
+        *({"name": name, "value": value} for name, value in contract.COMPILE_CACHE_ENV),
+        *([{"name": contract.ENV_MPI_SSH_DIR, "value": contract.MPI_SSH_DIR}] if shape.nodes > 1 else []),
         *[e.model_dump(by_alias=True, exclude_none=True) for e in spec.runtime.env],
     ]
 
@@ -108,7 +112,7 @@ def nccl_env(spec: ModelDeploymentSpec, role: RoleName) -> list[dict[str, Any]]:
     default (2: MNNVL where it finds it, else NVLink inside the tray and the network between trays)."""
     if not nccl_mnnvl(spec, role):
         return []
-    return [{"name": name, "value": "1"} for name in c.NCCL_MNNVL_ENV]
+    return [{"name": name, "value": "1"} for name in contract.NCCL_MNNVL_ENV]
 
 
 def kv_fabric_env(spec: ModelDeploymentSpec, role: RoleName) -> list[dict[str, Any]]:
@@ -117,7 +121,7 @@ def kv_fabric_env(spec: ModelDeploymentSpec, role: RoleName) -> list[dict[str, A
     that is not there)."""
     if role not in UNIT_ROLES or rule(spec) is None or not uses_compute_domain(spec, role):
         return []
-    return [{"name": name, "value": value} for name, value in c.KV_FABRIC_ENV]
+    return [{"name": name, "value": value} for name, value in contract.KV_FABRIC_ENV]
 
 
 def kv_transfer_domain_env(unit: int | None) -> list[dict[str, Any]]:
@@ -128,11 +132,14 @@ def kv_transfer_domain_env(unit: int | None) -> list[dict[str, Any]]:
     if unit is None:
         return []
     return [
-        {"name": c.ENV_DYN_TOPOLOGY_ENABLED, "value": "true"},
-        {"name": c.ENV_DYN_TOPOLOGY_MOUNT_PATH, "value": c.TOPOLOGY_DIR},
-        {"name": c.ENV_DYN_KV_TRANSFER_DOMAIN, "value": c.KV_TRANSFER_DOMAIN},
-        {"name": c.ENV_DYN_KV_TRANSFER_ENFORCEMENT, "value": c.KV_TRANSFER_ENFORCEMENT},
-        {"name": c.ENV_DYN_KV_TRANSFER_PREFERRED_WEIGHT, "value": c.KV_TRANSFER_PREFERRED_WEIGHT},
+        {"name": contract.ENV_DYN_TOPOLOGY_ENABLED, "value": "true"},
+        {"name": contract.ENV_DYN_TOPOLOGY_MOUNT_PATH, "value": contract.TOPOLOGY_DIR},
+        {"name": contract.ENV_DYN_KV_TRANSFER_DOMAIN, "value": contract.KV_TRANSFER_DOMAIN},
+        {"name": contract.ENV_DYN_KV_TRANSFER_ENFORCEMENT, "value": contract.KV_TRANSFER_ENFORCEMENT},
+        {
+            "name": contract.ENV_DYN_KV_TRANSFER_PREFERRED_WEIGHT,
+            "value": contract.KV_TRANSFER_PREFERRED_WEIGHT,
+        },
     ]
 
 
@@ -145,9 +152,9 @@ def engine_configmap(owner: Owner, spec: ModelDeploymentSpec, role: RoleName) ->
             owner,
             engine_configmap_name(owner, role, revision),
             "worker",
-            {c.LABEL_ROLE: role, c.LABEL_REVISION: revision},
+            {contract.LABEL_ROLE: role, contract.LABEL_REVISION: revision},
         ),
-        "data": {c.ENGINE_CONFIG_FILE: render(engine_config(spec, role))},
+        "data": {contract.ENGINE_CONFIG_FILE: render(engine_config(spec, role))},
     }
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from tokenfab.api.models import ModelDeploymentSpec
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 from tokenfab.planning.builders.common import Manifest, Owner, child_meta
 from tokenfab.planning.builders.placement import worker_tolerations
 from tokenfab.planning.builders.security import POD_SECURITY, container_security
@@ -28,12 +28,12 @@ def weights_fetch_pod_name(owner: Owner, spec: ModelDeploymentSpec, node: str) -
 
 def weights_fetch_pod(owner: Owner, spec: ModelDeploymentSpec, node: str, weights: str) -> Manifest:
     """The pod that downloads `weights` (source@revision) into `node`'s model cache claim and exits."""
-    meta = child_meta(owner, weights_fetch_pod_name(owner, spec, node), c.COMPONENT_WEIGHTS_FETCH)
-    meta["annotations"] = {c.ANN_NODE: node, c.ANN_WEIGHTS: weights}
+    meta = child_meta(owner, weights_fetch_pod_name(owner, spec, node), contract.COMPONENT_WEIGHTS_FETCH)
+    meta["annotations"] = {contract.ANN_NODE: node, contract.ANN_WEIGHTS: weights}
     env: list[dict[str, Any]] = [
-        {"name": c.ENV_MODEL_SOURCE, "value": spec.model.source},
-        {"name": c.ENV_MODEL_REVISION, "value": spec.model.revision or ""},
-        {"name": c.ENV_MODEL_CACHE, "value": c.MODEL_CACHE_DIR},
+        {"name": contract.ENV_MODEL_SOURCE, "value": spec.model.source},
+        {"name": contract.ENV_MODEL_REVISION, "value": spec.model.revision or ""},
+        {"name": contract.ENV_MODEL_CACHE, "value": contract.MODEL_CACHE_DIR},
         # runtime.env carries what the hub needs (HF_TOKEN from a Secret, HF_ENDPOINT for a mirror)
         *[e.model_dump(by_alias=True, exclude_none=True) for e in spec.runtime.env],
     ]
@@ -41,7 +41,7 @@ def weights_fetch_pod(owner: Owner, spec: ModelDeploymentSpec, node: str, weight
     container = {
         "name": "fetch",
         "image": spec.runtime.image,
-        "command": [c.PYTHON, "-m", c.LAUNCHER_MODULE, "--fetch-only"],
+        "command": [contract.PYTHON, "-m", contract.LAUNCHER_MODULE, "--fetch-only"],
         "env": env,
         "resources": {"requests": dict(FETCH_REQUESTS), "limits": dict(FETCH_LIMITS)},
         "securityContext": container_security(),
@@ -49,9 +49,9 @@ def weights_fetch_pod(owner: Owner, spec: ModelDeploymentSpec, node: str, weight
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [
             *source_mounts,  # (pvc:// weights: their claim, copied from)
-            {"name": "model-cache", "mountPath": c.MODEL_CACHE_DIR},
+            {"name": "model-cache", "mountPath": contract.MODEL_CACHE_DIR},
             {"name": "tmp", "mountPath": "/tmp"},
-            {"name": "cache", "mountPath": c.CACHE_DIR},
+            {"name": "cache", "mountPath": contract.CACHE_DIR},
         ],
     }
     node_term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from tokenfab.api.models import ModelDeploymentSpec, RoleName
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 from tokenfab.planning.builders.common import (
     Manifest,
     Owner,
@@ -68,9 +68,11 @@ def pod_group(owner: Owner, spec: ModelDeploymentSpec, role: RoleName, slot: int
     all of them can bind."""
     group = group_name(owner, role, slot)
     return {
-        "apiVersion": c.POD_GROUP_API,
+        "apiVersion": contract.POD_GROUP_API,
         "kind": "PodGroup",
-        "metadata": child_meta(owner, group, "worker", {c.LABEL_ROLE: role, c.LABEL_GROUP: group}),
+        "metadata": child_meta(
+            owner, group, "worker", {contract.LABEL_ROLE: role, contract.LABEL_GROUP: group}
+        ),
         "spec": {"schedulingPolicy": {"gang": {"minCount": group_shape(spec, role).nodes}}},
     }
 
@@ -84,9 +86,13 @@ def compute_domain(
         return None
     group = group_name(owner, role, slot)
     name = channel_domain(owner, group, unit)
-    labels = {c.LABEL_UNIT: str(unit)} if unit is not None else {c.LABEL_ROLE: role, c.LABEL_GROUP: group}
+    labels = (
+        {contract.LABEL_UNIT: str(unit)}
+        if unit is not None
+        else {contract.LABEL_ROLE: role, contract.LABEL_GROUP: group}
+    )
     return {
-        "apiVersion": c.COMPUTE_DOMAIN_API,
+        "apiVersion": contract.COMPUTE_DOMAIN_API,
         "kind": "ComputeDomain",
         "metadata": child_meta(owner, name, "worker", labels),
         "spec": {
@@ -157,7 +163,7 @@ def gang_fields(gang: GangMode | None, group: str) -> dict[str, Any]:
     """How a pod of a multi-node group waits for the rest of its gang: tokenfab's scheduling gate (lifted
     once every pod exists) or the group's PodGroup."""
     if gang == "gates":
-        return {"schedulingGates": [{"name": c.GANG_GATE}]}
+        return {"schedulingGates": [{"name": contract.GANG_GATE}]}
     if gang == "podgroup":
         return {"schedulingGroup": {"podGroupName": group}}
     return {}
@@ -172,11 +178,13 @@ def compute_domain_claims(
     if not uses_compute_domain(spec, role):
         return {}
     template = channel_domain(owner, group, unit)
-    return {"resourceClaims": [{"name": c.COMPUTE_DOMAIN_CLAIM, "resourceClaimTemplateName": template}]}
+    return {
+        "resourceClaims": [{"name": contract.COMPUTE_DOMAIN_CLAIM, "resourceClaimTemplateName": template}]
+    }
 
 
 def container_claims(spec: ModelDeploymentSpec, role: RoleName) -> dict[str, Any]:
     """The worker container's resources.claims: the IMEX channel claim, with a ComputeDomain."""
     if not uses_compute_domain(spec, role):
         return {}
-    return {"claims": [{"name": c.COMPUTE_DOMAIN_CLAIM}]}
+    return {"claims": [{"name": contract.COMPUTE_DOMAIN_CLAIM}]}

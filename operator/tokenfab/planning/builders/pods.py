@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tokenfab.api.models import ModelDeploymentSpec, RoleName
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 from tokenfab.planning.builders.common import (
     Manifest,
     Owner,
@@ -115,7 +115,7 @@ def group_pods(
     pods = [_pod(group, rank) for rank in wanted]
     path = (start_path or "cold") if fetches_weights(spec) else ""
     for p in pods if path else []:
-        p["metadata"]["annotations"][c.ANN_START_PATH] = path
+        p["metadata"]["annotations"][contract.ANN_START_PATH] = path
     return pods
 
 
@@ -181,12 +181,12 @@ def _container(g: _Group, rank: int) -> dict[str, Any]:
         "image": g.spec.runtime.image,
         # The launcher starts `python3 -m dynamo.trtllm <args>` (under mpirun on rank 0 of a
         # multi-node group; an SSH daemon for mpirun on the other ranks): see tokenfab.launcher.
-        "command": [c.PYTHON, "-m", c.LAUNCHER_MODULE],
+        "command": [contract.PYTHON, "-m", contract.LAUNCHER_MODULE],
         "args": worker_args(g.spec, g.role),
         "env": worker_env(g.owner, g.spec, g.role, g.name, rank, g.shape, g.revision, g.service, g.unit),
         "ports": [
-            {"name": "metrics", "containerPort": c.WORKER_METRICS_PORT},
-            *([{"name": "mpi-ssh", "containerPort": c.MPI_SSH_PORT}] if multi_node else []),
+            {"name": "metrics", "containerPort": contract.WORKER_METRICS_PORT},
+            *([{"name": "mpi-ssh", "containerPort": contract.MPI_SSH_PORT}] if multi_node else []),
         ],
         "startupProbe": worker_startup_probe(),
         "readinessProbe": worker_readiness_probe(),
@@ -201,25 +201,27 @@ def _pod_meta(g: _Group, rank: int, node: str | None) -> dict[str, Any]:
     """The pod's labels (its role, group, slot, rank, revision and domain) and annotations (its engine
     config's hash, its group's size, metrics scraping, and the nodes placement reserved)."""
     labels = {
-        c.LABEL_ROLE: g.role,
-        c.LABEL_GROUP: g.name,
-        c.LABEL_SLOT: str(g.slot),
-        c.LABEL_RANK: str(rank),
-        c.LABEL_REVISION: g.revision,
-        c.LABEL_DOMAIN: g.domain,
-        **({c.LABEL_PEERS: "true"} if g.shape.nodes > 1 else {}),
-        **({c.LABEL_UNIT: str(g.unit)} if g.unit is not None else {}),
+        contract.LABEL_ROLE: g.role,
+        contract.LABEL_GROUP: g.name,
+        contract.LABEL_SLOT: str(g.slot),
+        contract.LABEL_RANK: str(rank),
+        contract.LABEL_REVISION: g.revision,
+        contract.LABEL_DOMAIN: g.domain,
+        **({contract.LABEL_PEERS: "true"} if g.shape.nodes > 1 else {}),
+        **({contract.LABEL_UNIT: str(g.unit)} if g.unit is not None else {}),
     }
     meta = child_meta(g.owner, pod_name(g.name, rank), "worker", labels)
     meta["annotations"] = {
-        c.ANN_ENGINE_HASH: g.engine_hash,
-        c.ANN_GROUP_SIZE: str(g.shape.nodes),
-        c.ANN_GROUP_GPUS: str(g.shape.gpus),
+        contract.ANN_ENGINE_HASH: g.engine_hash,
+        contract.ANN_GROUP_SIZE: str(g.shape.nodes),
+        contract.ANN_GROUP_GPUS: str(g.shape.gpus),
         "prometheus.io/scrape": "true",
-        "prometheus.io/port": str(c.WORKER_METRICS_PORT),
+        "prometheus.io/port": str(contract.WORKER_METRICS_PORT),
     }
     if node is not None:
-        meta["annotations"][c.ANN_NODE] = node
+        meta["annotations"][contract.ANN_NODE] = node
         if len(g.assigned) == g.shape.nodes:
-            meta["annotations"][c.ANN_GROUP_NODES] = ",".join(g.assigned[i] for i in sorted(g.assigned))
+            meta["annotations"][contract.ANN_GROUP_NODES] = ",".join(
+                g.assigned[i] for i in sorted(g.assigned)
+            )
     return meta

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 
 # Seconds a terminating worker waits before its engine hears SIGTERM (endpoint removal propagates).
 PRESTOP_SECONDS = 5
@@ -15,7 +15,7 @@ PRESTOP_SECONDS = 5
 def worker_readiness_probe() -> dict[str, Any]:
     """Ready while the Dynamo worker's health endpoint answers (its engine generates)."""
     return {
-        "httpGet": {"path": c.HEALTH_PATH, "port": "metrics"},
+        "httpGet": {"path": contract.HEALTH_PATH, "port": "metrics"},
         "periodSeconds": 10,
         "failureThreshold": 3,
     }
@@ -33,7 +33,7 @@ def worker_startup_probe() -> dict[str, Any]:
     lasts), not that it is still loading. Without it the kubelet says `started` as soon as the container
     runs, and a loading worker could not be told from a hung one."""
     return {
-        "httpGet": {"path": c.HEALTH_PATH, "port": "metrics"},
+        "httpGet": {"path": contract.HEALTH_PATH, "port": "metrics"},
         "periodSeconds": 5,
         "failureThreshold": STARTUP_PROBES,
     }
@@ -57,12 +57,12 @@ def readiness_gates(rank: int, drain: int) -> dict[str, Any]:
     leader, when groups drain): the operator turns the condition False to stop new requests (a router
     following endpoint readiness sends it nothing new), and True when it may serve."""
     if rank == 0 and drain > 0:
-        return {"readinessGates": [{"conditionType": c.ROUTABLE_CONDITION}]}
+        return {"readinessGates": [{"conditionType": contract.ROUTABLE_CONDITION}]}
     return {}
 
 
 def frontend_readiness_probe() -> dict[str, Any]:
     return {
-        "httpGet": {"path": c.HEALTH_PATH, "port": "http"},
+        "httpGet": {"path": contract.HEALTH_PATH, "port": "http"},
         "periodSeconds": 10,
     }

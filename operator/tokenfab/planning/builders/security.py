@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tokenfab.api.models import ModelDeploymentSpec
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 from tokenfab.planning.builders.common import Manifest, Owner, child_meta
 
 # The worker and frontend images run as this non-root uid (runtime-images/*/Dockerfile).
@@ -47,7 +47,7 @@ def dynamo_service_account_name(owner: Owner) -> str:
 
 
 def uses_kubernetes_discovery(spec: ModelDeploymentSpec) -> bool:
-    return spec.serving.discovery == c.DISCOVERY_KUBERNETES
+    return spec.serving.discovery == contract.DISCOVERY_KUBERNETES
 
 
 def _field_env(name: str, path: str) -> dict[str, Any]:
@@ -65,18 +65,18 @@ def discovery_env(spec: ModelDeploymentSpec) -> list[dict[str, Any]]:
 
 def _discovery_env(spec: ModelDeploymentSpec) -> list[dict[str, Any]]:
     env = [
-        {"name": c.ENV_DYN_DISCOVERY_BACKEND, "value": spec.serving.discovery},
-        {"name": c.ENV_DYN_REQUEST_PLANE, "value": c.REQUEST_PLANE},
-        {"name": c.ENV_DYN_EVENT_PLANE, "value": c.EVENT_PLANE},
+        {"name": contract.ENV_DYN_DISCOVERY_BACKEND, "value": spec.serving.discovery},
+        {"name": contract.ENV_DYN_REQUEST_PLANE, "value": contract.REQUEST_PLANE},
+        {"name": contract.ENV_DYN_EVENT_PLANE, "value": contract.EVENT_PLANE},
     ]
     if uses_kubernetes_discovery(spec):
         return [
             *env,
-            _field_env(c.ENV_POD_NAME, "metadata.name"),
-            _field_env(c.ENV_POD_NAMESPACE, "metadata.namespace"),
-            _field_env(c.ENV_POD_UID, "metadata.uid"),
+            _field_env(contract.ENV_POD_NAME, "metadata.name"),
+            _field_env(contract.ENV_POD_NAMESPACE, "metadata.namespace"),
+            _field_env(contract.ENV_POD_UID, "metadata.uid"),
         ]
-    return [*env, {"name": c.ENV_ETCD_ENDPOINTS, "value": spec.serving.etcd_endpoints or ""}]
+    return [*env, {"name": contract.ENV_ETCD_ENDPOINTS, "value": spec.serving.etcd_endpoints or ""}]
 
 
 def pod_identity(owner: Owner, spec: ModelDeploymentSpec) -> dict[str, Any]:
@@ -97,8 +97,8 @@ def pod_identity(owner: Owner, spec: ModelDeploymentSpec) -> dict[str, Any]:
 DISCOVERY_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
     {
-        "apiGroups": [c.DYNAMO_METADATA_API.split("/")[0]],
-        "resources": [c.DYNAMO_METADATA_PLURAL],
+        "apiGroups": [contract.DYNAMO_METADATA_API.split("/")[0]],
+        "resources": [contract.DYNAMO_METADATA_PLURAL],
         "verbs": ["get", "list", "watch", "create", "patch"],
     },
 ]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from tokenfab.api.models import ModelDeploymentSpec, RoleName
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 from tokenfab.planning.builders.common import (
     Manifest,
     Owner,
@@ -39,15 +39,15 @@ def workers_service(owner: Owner, spec: ModelDeploymentSpec) -> Manifest:
       once its SSH daemon answers; a pod resolves its own name from its /etc/hosts)."""
     meta = child_meta(owner, workers_service_name(owner), "worker")
     if uses_kubernetes_discovery(spec):
-        meta["labels"].update(c.DISCOVERY_LABELS)
+        meta["labels"].update(contract.DISCOVERY_LABELS)
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": meta,
         "spec": {
             "clusterIP": "None",
-            "selector": {**selector_labels(owner), c.COMPONENT: "worker"},
-            "ports": [{"name": "metrics", "port": c.WORKER_METRICS_PORT, "targetPort": "metrics"}],
+            "selector": {**selector_labels(owner), contract.COMPONENT: "worker"},
+            "ports": [{"name": "metrics", "port": contract.WORKER_METRICS_PORT, "targetPort": "metrics"}],
         },
     }
 
@@ -55,10 +55,10 @@ def workers_service(owner: Owner, spec: ModelDeploymentSpec) -> Manifest:
 def frontend_deployment(owner: Owner, spec: ModelDeploymentSpec, replaces: str = "") -> Manifest:
     """`replaces`: the frontend pods its template replaces, on a node being left (planning.frontend)."""
     name = frontend_name(owner)
-    labels = {**selector_labels(owner), c.COMPONENT: "frontend"}
+    labels = {**selector_labels(owner), contract.COMPONENT: "frontend"}
     template_meta: dict[str, Any] = {"labels": labels}
     if replaces:
-        template_meta["annotations"] = {c.ANN_REPLACES: replaces}
+        template_meta["annotations"] = {contract.ANN_REPLACES: replaces}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -96,10 +96,10 @@ def _frontend_container(owner: Owner, spec: ModelDeploymentSpec) -> dict[str, An
     return {
         "name": "frontend",
         "image": spec.runtime.image,
-        "command": [c.PYTHON, "-m", c.DYNAMO_FRONTEND_MODULE],
+        "command": [contract.PYTHON, "-m", contract.DYNAMO_FRONTEND_MODULE],
         "args": [
             "--http-port",
-            str(c.FRONTEND_PORT),
+            str(contract.FRONTEND_PORT),
             "--router-mode",
             spec.serving.router_mode,
             # every generation's namespace: during a rollout, each request goes to one generation
@@ -108,11 +108,11 @@ def _frontend_container(owner: Owner, spec: ModelDeploymentSpec) -> dict[str, An
             dynamo_namespace_prefix(owner),
         ],
         "env": [
-            {"name": c.ENV_DYNAMO_NAMESPACE, "value": dynamo_namespace_prefix(owner)},
+            {"name": contract.ENV_DYNAMO_NAMESPACE, "value": dynamo_namespace_prefix(owner)},
             *discovery_env(spec),
             *[e.model_dump(by_alias=True, exclude_none=True) for e in spec.runtime.env],
         ],
-        "ports": [{"name": "http", "containerPort": c.FRONTEND_PORT}],
+        "ports": [{"name": "http", "containerPort": contract.FRONTEND_PORT}],
         "readinessProbe": frontend_readiness_probe(),
         "resources": {
             "requests": {"cpu": "2", "memory": "4Gi"},
@@ -121,7 +121,7 @@ def _frontend_container(owner: Owner, spec: ModelDeploymentSpec) -> dict[str, An
         "securityContext": container_security(),
         "volumeMounts": [
             {"name": "tmp", "mountPath": "/tmp"},
-            {"name": "cache", "mountPath": c.CACHE_DIR},
+            {"name": "cache", "mountPath": contract.CACHE_DIR},
         ],
     }
 
@@ -132,8 +132,8 @@ def frontend_service(owner: Owner) -> Manifest:
         "kind": "Service",
         "metadata": child_meta(owner, owner.name, "frontend"),
         "spec": {
-            "selector": {**selector_labels(owner), c.COMPONENT: "frontend"},
-            "ports": [{"name": "http", "port": c.FRONTEND_PORT, "targetPort": "http"}],
+            "selector": {**selector_labels(owner), contract.COMPONENT: "frontend"},
+            "ports": [{"name": "http", "port": contract.FRONTEND_PORT, "targetPort": "http"}],
         },
     }
 
@@ -151,19 +151,19 @@ def applied_annotation(manifest: Manifest) -> str:
     """The annotation a child's applied hash is kept in: one per owner on a model cache claim (several
     deployments apply it, each its own manifest), else one."""
     if (uid := _cache_owner(manifest)) is not None:
-        return f"{c.ANN_APPLIED_BY_PREFIX}{uid}"
-    return c.ANN_APPLIED_HASH
+        return f"{contract.ANN_APPLIED_BY_PREFIX}{uid}"
+    return contract.ANN_APPLIED_HASH
 
 
 def field_manager(manifest: Manifest) -> str:
     """The field manager a child is applied with: each owner's own on a model cache claim."""
     uid = _cache_owner(manifest)
-    return c.FIELD_MANAGER if uid is None else cache_field_manager(uid)
+    return contract.FIELD_MANAGER if uid is None else cache_field_manager(uid)
 
 
 def cache_field_manager(uid: str) -> str:
     """The field manager of one owner's share of a model cache claim (its reference, marks and hash)."""
-    return f"{c.CACHE_FIELD_MANAGER_PREFIX}{uid}"
+    return f"{contract.CACHE_FIELD_MANAGER_PREFIX}{uid}"
 
 
 def _cache_owner(manifest: Manifest) -> str | None:
@@ -187,11 +187,15 @@ def pod_disruption_budget(owner: Owner, role: RoleName, pods: int) -> Manifest:
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": child_meta(owner, f"{owner.name}-{role}", "worker", {c.LABEL_ROLE: role}),
+        "metadata": child_meta(owner, f"{owner.name}-{role}", "worker", {contract.LABEL_ROLE: role}),
         "spec": {
             "minAvailable": max(0, pods - 1),
             "selector": {
-                "matchLabels": {**selector_labels(owner), c.COMPONENT: "worker", c.LABEL_ROLE: role}
+                "matchLabels": {
+                    **selector_labels(owner),
+                    contract.COMPONENT: "worker",
+                    contract.LABEL_ROLE: role,
+                }
             },
             "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },

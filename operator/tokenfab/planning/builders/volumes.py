@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from tokenfab.api.models import ModelDeploymentSpec, RoleName
-from tokenfab.planning import contract as c
+from tokenfab.planning import contract
 from tokenfab.planning.builders.common import Manifest, Owner, engine_configmap_name, owner_reference
 from tokenfab.planning.engine import content_hash
 
@@ -21,7 +21,7 @@ def model_volume(spec: ModelDeploymentSpec) -> tuple[Volumes, Volumes]:
         claim = rest.split("/", 1)[0]
         return (
             [{"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}],
-            [{"name": "model", "mountPath": c.MODEL_MOUNT, "readOnly": True}],
+            [{"name": "model", "mountPath": contract.MODEL_MOUNT, "readOnly": True}],
         )
     return [], []
 
@@ -49,7 +49,7 @@ def model_cache_claim_name(owner: Owner, spec: ModelDeploymentSpec, node: str) -
 def holds_annotation(weights: str) -> str:
     """The annotation that says a model cache claim holds `weights` (source@revision), verified: a worker
     of those weights served from it, or a weights-fetch pod completed into it."""
-    return f"{c.ANN_HOLDS_PREFIX}{content_hash(weights, 16)}"
+    return f"{contract.ANN_HOLDS_PREFIX}{content_hash(weights, 16)}"
 
 
 def model_cache_claim(owner: Owner, spec: ModelDeploymentSpec, node: str, weights: str = "") -> Manifest:
@@ -70,8 +70,11 @@ def model_cache_claim(owner: Owner, spec: ModelDeploymentSpec, node: str, weight
         "metadata": {
             "name": model_cache_claim_name(owner, spec, node),
             "namespace": owner.namespace,
-            "labels": {c.MANAGED_BY: c.MANAGED_BY_VALUE, c.COMPONENT: c.COMPONENT_MODEL_CACHE},
-            "annotations": {c.ANN_NODE: node, **held},
+            "labels": {
+                contract.MANAGED_BY: contract.MANAGED_BY_VALUE,
+                contract.COMPONENT: contract.COMPONENT_MODEL_CACHE,
+            },
+            "annotations": {contract.ANN_NODE: node, **held},
             "ownerReferences": [ref],
         },
         "spec": {
@@ -114,7 +117,7 @@ def model_cache_claims(
 
 def pinned_nodes(pods: Iterable[Manifest]) -> set[str]:
     """The nodes placement pinned these (new) pods to."""
-    return {n for p in pods if (n := (p["metadata"].get("annotations") or {}).get(c.ANN_NODE))}
+    return {n for p in pods if (n := (p["metadata"].get("annotations") or {}).get(contract.ANN_NODE))}
 
 
 def _model_cache_volume(owner: Owner, spec: ModelDeploymentSpec, node: str | None) -> dict[str, Any]:
@@ -141,16 +144,16 @@ def group_volumes(
         *model_volumes,
     ]
     mounts: Volumes = [
-        {"name": "engine", "mountPath": c.ENGINE_CONFIG_DIR, "readOnly": True},
+        {"name": "engine", "mountPath": contract.ENGINE_CONFIG_DIR, "readOnly": True},
         {"name": "dshm", "mountPath": "/dev/shm"},
         *model_mounts,
     ]
     volumes += [{"name": "tmp", "emptyDir": {}}, {"name": "cache", "emptyDir": {}}]
-    mounts += [{"name": "tmp", "mountPath": "/tmp"}, {"name": "cache", "mountPath": c.CACHE_DIR}]
+    mounts += [{"name": "tmp", "mountPath": "/tmp"}, {"name": "cache", "mountPath": contract.CACHE_DIR}]
     if multi_node:
         # mpirun on rank 0 reaches the other ranks' SSH daemons with this key pair.
-        volumes.append({"name": "mpi-ssh", "secret": {"secretName": c.MPI_SSH_SECRET}})
-        mounts.append({"name": "mpi-ssh", "mountPath": c.MPI_SSH_DIR, "readOnly": True})
+        volumes.append({"name": "mpi-ssh", "secret": {"secretName": contract.MPI_SSH_SECRET}})
+        mounts.append({"name": "mpi-ssh", "mountPath": contract.MPI_SSH_DIR, "readOnly": True})
     return volumes, mounts
 
 
@@ -159,10 +162,10 @@ def topology_volume(unit: int | None) -> tuple[Volumes, Volumes]:
     KV-transfer domain from (a downward-API file: no other object, and it cannot disagree with the label)."""
     if unit is None:
         return [], []
-    field = f"metadata.labels['{c.LABEL_UNIT}']"
-    item = {"path": c.KV_TRANSFER_DOMAIN, "fieldRef": {"fieldPath": field}}
+    field = f"metadata.labels['{contract.LABEL_UNIT}']"
+    item = {"path": contract.KV_TRANSFER_DOMAIN, "fieldRef": {"fieldPath": field}}
     volume = {"name": "topology", "downwardAPI": {"items": [item]}}
-    return [volume], [{"name": "topology", "mountPath": c.TOPOLOGY_DIR, "readOnly": True}]
+    return [volume], [{"name": "topology", "mountPath": contract.TOPOLOGY_DIR, "readOnly": True}]
 
 
 def pod_volumes(owner: Owner, spec: ModelDeploymentSpec, volumes: Volumes, node: str | None) -> Volumes:
@@ -173,5 +176,5 @@ def pod_volumes(owner: Owner, spec: ModelDeploymentSpec, volumes: Volumes, node:
 def pod_mounts(spec: ModelDeploymentSpec, mounts: Volumes) -> Volumes:
     """One worker container's mounts: its group's, and the model cache when it downloads hf:// weights."""
     if fetches_weights(spec):
-        return [*mounts, {"name": "model-cache", "mountPath": c.MODEL_CACHE_DIR}]
+        return [*mounts, {"name": "model-cache", "mountPath": contract.MODEL_CACHE_DIR}]
     return mounts

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from tokenfab.api.models import AutoscalingStatus, Condition, ModelDeployment, RoleBounds, RoleName
-from tokenfab.planning import builders as b
+from tokenfab.planning import builders
 from tokenfab.planning.autoscaling import (
     KV_UTILIZATION,
     Decision,
@@ -38,7 +38,7 @@ from tokenfab.planning.autoscaling import (
     target_for,
 )
 from tokenfab.planning.lifecycle import GroupView, NodeHealth
-from tokenfab.planning.scaler import role as r
+from tokenfab.planning.scaler import role as per_role
 from tokenfab.planning.scaler.frontend import size_frontend
 from tokenfab.planning.scaler.memory import (
     URGENT_GAP_SECONDS as URGENT_GAP_SECONDS,
@@ -119,12 +119,12 @@ def _start(
     return _Step(md, old, status, now, urgent, bound, startup, by_path)
 
 
-def _lead_time(step: _Step, role: RoleName, domains_for: r.DomainsFor) -> float | None:
+def _lead_time(step: _Step, role: RoleName, domains_for: per_role.DomainsFor) -> float | None:
     """The forecast horizon's start time: what the path the role's next group would take (the warmest
     where it fits whole) has taken, when learned; else the startup time learned over every path."""
     if not step.by_path or not step.warmth:
         return step.startup
-    path = next_path(domains_for(role), b.group_shape(step.md.spec, role), step.warmth)
+    path = next_path(domains_for(role), builders.group_shape(step.md.spec, role), step.warmth)
     return step.by_path.get(path, step.startup)
 
 
@@ -135,7 +135,7 @@ def _evaluate(
     metric: str,
     groups: Mapping[RoleName, list[GroupView]],
     health: Mapping[str, NodeHealth],
-    domains_for: r.DomainsFor,
+    domains_for: per_role.DomainsFor,
     reader: Reader,
 ) -> None:
     """One scaled role: its count as last decided, and a new decision when it is due."""
@@ -157,21 +157,21 @@ def _evaluate(
         step.shared = read_shared(md, reader)
         step.unavailable += step.shared.unavailable
     tol = float(md.spec.topology.node_failure_toleration_seconds)
-    counts = r.count_groups(groups.get(role, []), health, now, tol, a.warmup_seconds, step.bound)
+    counts = per_role.count_groups(groups.get(role, []), health, now, tol, a.warmup_seconds, step.bound)
     reading = reader(a.prometheus_url or "", signal_query(md, role, metric))
-    memory = r.policy_memory(md, old, role, current, now, cfg, kv)
-    demand = r.demand_of(md, role, kv, step.shared, counts, step.unavailable)
+    memory = per_role.policy_memory(md, old, role, current, now, cfg, kv)
+    demand = per_role.demand_of(md, role, kv, step.shared, counts, step.unavailable)
     decision = decide(reading.samples, counts.counted, counts.warming, current, cfg, memory, now, demand)
     if not due(old, role, now, a.interval_seconds):  # (due only because the burst watch asked)
         decision = replace(decision, message=f"burst watch: {decision.message}")
-    decision = r.no_blind_scale_down(decision, cfg, kv, step.shared.blind, current, memory)
+    decision = per_role.no_blind_scale_down(decision, cfg, kv, step.shared.blind, current, memory)
     if not decision.metrics_ok:
         step.unavailable.append(
             f"{role}: {decision.message}" + (f" ({reading.error})" if reading.error else "")
         )
-    decision = r.limit_to_fit(md, role, current, decision, memory, domains_for, step.limited)
+    decision = per_role.limit_to_fit(md, role, current, decision, memory, domains_for, step.limited)
     step.desired[role] = decision.desired
-    r.record(step.status, role, metric, current, decision, now)
+    per_role.record(step.status, role, metric, current, decision, now)
     step.decisions.append((role, metric, decision))
 
 
@@ -200,7 +200,7 @@ def _outcome(step: _Step) -> Outcome:
             memory.pop(stale)
     frontend = step.old.frontend_replicas if a.frontend is not None else None
     shared = step.shared
-    groups = b.with_ratio(md.spec, {**b.spec_groups(md.spec), **step.desired})
+    groups = builders.with_ratio(md.spec, {**builders.spec_groups(md.spec), **step.desired})
     if shared is None:  # nothing was due: the last conditions still stand
         return Outcome(step.desired, status, [], step.decisions, frontend, groups)
     keep = max(30.0, 3.0 * a.interval_seconds)
@@ -223,7 +223,7 @@ def autoscale(
     md: ModelDeployment,
     groups: Mapping[RoleName, list[GroupView]],
     health: Mapping[str, NodeHealth],
-    domains_for: r.DomainsFor,
+    domains_for: per_role.DomainsFor,
     now: float,
     reader: Reader,
     urgent: bool = False,

@@ -8,12 +8,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tokenfab.api.models import ModelDeployment, RoleBounds, RoleName
-from tokenfab.planning import forecast
-from tokenfab.planning import signals as s
+from tokenfab.planning import forecast, signals
 from tokenfab.planning.autoscaling import KV_UTILIZATION
 from tokenfab.planning.scaler.memory import URGENT_GAP_SECONDS, due, remembered
 
-Reader = Callable[[str, str], s.Reading]  # (Prometheus URL, query) -> its reading
+Reader = Callable[[str, str], signals.Reading]  # (Prometheus URL, query) -> its reading
 
 
 def scaled_roles(md: ModelDeployment) -> list[tuple[RoleName, RoleBounds, str]]:
@@ -33,8 +32,8 @@ def signal_query(md: ModelDeployment, role: RoleName, metric: str) -> str:
     a = md.spec.autoscaling
     name, namespace = md.metadata.name or "", md.metadata.namespace or ""
     if metric == KV_UTILIZATION:
-        return s.kv_query(namespace, name, role, a.query)
-    return s.queue_query(namespace, name, role)
+        return signals.kv_query(namespace, name, role, a.query)
+    return signals.queue_query(namespace, name, role)
 
 
 def shared_queries(md: ModelDeployment) -> dict[str, str]:
@@ -45,15 +44,15 @@ def shared_queries(md: ModelDeployment) -> dict[str, str]:
     out: dict[str, str] = {}
     leading = a.policy == "leading"
     if leading or a.frontend is not None:
-        out["requests"] = s.arrival_query(namespace, name, a.rate_window_seconds)
+        out["requests"] = signals.arrival_query(namespace, name, a.rate_window_seconds)
     independent_prefill = any(r == "prefill" for r, _, _ in scaled_roles(md))
     if a.frontend is not None or (leading and independent_prefill):
-        out["tokens"] = s.input_tokens_query(namespace, name, a.rate_window_seconds)
+        out["tokens"] = signals.input_tokens_query(namespace, name, a.rate_window_seconds)
     if leading:
         for role, _, metric in scaled_roles(md):
             if metric == KV_UTILIZATION and spec.role(role) is not None:
-                out[f"waiting:{role}"] = s.queue_query(namespace, name, role)
-                out["inflight"] = s.frontend_inflight_query(namespace, name)
+                out[f"waiting:{role}"] = signals.queue_query(namespace, name, role)
+                out["inflight"] = signals.frontend_inflight_query(namespace, name)
     return out
 
 
@@ -87,7 +86,7 @@ def next_due(md: ModelDeployment, now: float, urgent: bool = False) -> float | N
     return min(waits, default=float(interval))
 
 
-def one_value(reading: s.Reading | None) -> tuple[float | None, str]:
+def one_value(reading: signals.Reading | None) -> tuple[float | None, str]:
     """The single value of a deployment-wide reading: (value or None, why not). No series at all is no
     value and no error (the frontend is not scraped, or nothing arrived yet); a failed read or a value
     that is negative or not finite is an error."""
@@ -107,7 +106,7 @@ def one_value(reading: s.Reading | None) -> tuple[float | None, str]:
 class Shared:
     """The deployment-wide values of one evaluation, and what could not be read."""
 
-    readings: dict[str, s.Reading]
+    readings: dict[str, signals.Reading]
     rate: float | None = None  # requests/s arriving at the frontend
     tokens: float | None = None  # input tokens/s arriving there
     inflight: float | None = None  # requests in flight there

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from tokenfab.api.models import AutoscalingStatus, ModelDeployment, RoleName, ScalingDecision
-from tokenfab.planning import builders as b
+from tokenfab.planning import builders
 from tokenfab.planning.autoscaling import Config, Decision, Demand, Memory
 from tokenfab.planning.lifecycle import GroupView, NodeHealth, classify
 from tokenfab.planning.scaler.memory import parse, profile_capacity
@@ -128,18 +128,18 @@ def fit(
     """How many of `want` groups fit whole, counting the prefill groups the fixed ratio adds alongside
     new decode groups: (groups that fit, what ran short)."""
     spec = md.spec
-    shape = b.group_shape(spec, role)
+    shape = builders.group_shape(spec, role)
     extra_prefill: list[GroupShape] = []
     follows = role == "decode" and spec.prefill is not None and spec.serving.ratio_policy == "fixed"
-    prefill_now = b.follow_ratio(spec, current, 0) if follows else 0
-    pshape = b.group_shape(spec, "prefill") if follows else None
+    prefill_now = builders.follow_ratio(spec, current, 0) if follows else 0
+    pshape = builders.group_shape(spec, "prefill") if follows else None
     what = f"each needs {shape.gpus} GPUs on {shape.nodes} node(s) in one NVLink domain"
     if pshape is not None:
         what += f", with {pshape.gpus} GPU(s) per prefill group the ratio adds"
     for n in range(want, current, -1):
         shapes = [shape] * (n - current)
         if pshape is not None:
-            extra_prefill = [pshape] * max(0, b.follow_ratio(spec, n, 0) - prefill_now)
+            extra_prefill = [pshape] * max(0, builders.follow_ratio(spec, n, 0) - prefill_now)
         placed, _ = place_sequence(domains_for(role), [*shapes, *extra_prefill], spec.topology.placement)
         if all(d is not None for d in placed):
             return n, what
