@@ -19,6 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from tests import kube_objects
 from tokenfab.fleet.ledger import Ledger
 from tokenfab.fleet.view import ClusterView
+from tokenfab.planning import contract
 from tokenfab.planning.capacity import Constraints, add
 from tokenfab.planning.groups import plan_role
 from tokenfab.planning.topology import GroupShape, best_fit_nodes, choose_domain
@@ -356,7 +357,7 @@ class LedgerMachine(RuleBasedStateMachine):
             per_group.setdefault((r.owner, r.group), set()).add(DOMAIN_OF[r.node])
         for p in self.view.all_pods():
             per_group.setdefault(
-                ((p.namespace, p.deployment), p.labels[kube_objects.c.LABEL_GROUP]), set()
+                ((p.namespace, p.deployment), p.labels[contract.LABEL_GROUP]), set()
             ).add(DOMAIN_OF[p.pinned or ""])
         assert all(len(ds) == 1 for ds in per_group.values()), per_group
 
