@@ -28,6 +28,8 @@ LIVE_CHAINS = (
     ("e2e/bench/test_drain_bench.py", "e2e/test_fleet.py"),
 )
 LIVE = tuple(m for chain in LIVE_CHAINS for m in chain)
+# Smokes that start their own factories and compare only within their own run: at nice 10 (prioritize).
+NICE = ("e2e/bench/test_factory_bench.py", "e2e/bench/test_scale_bench.py")
 # Measured (docs/testing.md), longest first. A module not listed runs after these, e2e before unit tests.
 LONGEST_FIRST = (
     *LIVE,
@@ -73,10 +75,12 @@ def group(nodeid: str) -> str:
 
 
 def prioritize(nodeid: str) -> None:
-    """pytest_runtest_setup: a unit test runs at nice 10 (it only computes, and so yields the cores to the
-    live fleets beside it), anything else at the lane's own priority. Lowering it back needs root; without
+    """pytest_runtest_setup: a unit test, and a benchmark smoke that brings up factories of its own and
+    asserts nothing of time (NICE), runs at nice 10 with what it starts, and so yields the cores to the live
+    fleets beside it; anything else at the lane's own priority. Lowering it back needs root; without
     root the lane stays where it is."""
-    want = 10 if module_of(nodeid).startswith("tests/") else 0
+    module = module_of(nodeid)
+    want = 10 if module.startswith("tests/") or module in NICE else 0
     try:
         if os.getpriority(os.PRIO_PROCESS, 0) != want:
             os.setpriority(os.PRIO_PROCESS, 0, want)
