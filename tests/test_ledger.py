@@ -356,9 +356,9 @@ class LedgerMachine(RuleBasedStateMachine):
         for r in self.ledger.reservations():
             per_group.setdefault((r.owner, r.group), set()).add(DOMAIN_OF[r.node])
         for p in self.view.all_pods():
-            per_group.setdefault(
-                ((p.namespace, p.deployment), p.labels[contract.LABEL_GROUP]), set()
-            ).add(DOMAIN_OF[p.pinned or ""])
+            per_group.setdefault(((p.namespace, p.deployment), p.labels[contract.LABEL_GROUP]), set()).add(
+                DOMAIN_OF[p.pinned or ""]
+            )
         assert all(len(ds) == 1 for ds in per_group.values()), per_group
 
 
