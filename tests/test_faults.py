@@ -382,6 +382,39 @@ def test_two_lost_groups_never_share_a_replacement_and_a_vanished_one_is_forgott
     assert by_group["m-decode-0"].recovered is not None  # (the role has all it wants, none faulted)
 
 
+def test_a_replacement_lost_in_turn_hands_its_own_replacement_on_to_the_first_record():
+    """A rack seen going node by node: the first lost group's replacement lands on a node of the same
+    rack, which goes a second later. Its record names the replacement's replacement (seen in the fault
+    smoke: the first record named none, and was closed only because the role was whole again)."""
+    nodes = cluster(a=4, b=4)
+    p1, _ = plan(
+        [group(0, "a-0", "a-1")], 1, nodes, health={n: h for n, h in healthy(nodes).items() if n != "a-1"}
+    )
+    (cr1,) = p1.create
+    first = name(cr1.role, cr1.slot)
+    recs = fault_report.records([], [p1], NOW, name, frozenset({first}))
+    assert recs[0].replacement == first
+    gone = {"a-1", cr1.nodes[0]}
+    p2, _ = plan(
+        [group(cr1.slot, *cr1.nodes)],
+        1,
+        nodes,
+        health={n: h for n, h in healthy(nodes).items() if n not in gone},
+    )
+    (cr2,) = p2.create
+    assert cr2.replaces == first
+    second = name(cr2.role, cr2.slot)
+    recs = fault_report.records(recs, [p2], NOW + 1, name, frozenset({second}))
+    by_group = {r.group: r for r in recs}
+    assert by_group[first].replacement == second
+    assert (by_group["m-decode-0"].replacement, by_group["m-decode-0"].domain) == (second, cr2.domain)
+    serving = plan([group(cr2.slot, *cr2.nodes)], 1, nodes)[0]
+    recs = fault_report.records(recs, [serving], NOW + 5, name, frozenset())
+    assert [(r.group, r.replacement, r.recovery_seconds) for r in recs] == [
+        ("m-decode-0", second, 5.0), (first, second, 4.0),
+    ]  # fmt: skip
+
+
 def test_a_recovered_records_replacement_name_does_not_stop_a_new_group_of_that_name_replacing():
     """Slots are reused: an old fault's replacement m-decode-1 left, and a new group named m-decode-1 is
     made for a new fault. Only open records claim a replacement."""

@@ -50,7 +50,7 @@ def _made(
     ]
 
 
-def _match(out: list[FaultRecord], made: list[tuple[Create, str]], alive: set[str]) -> None:
+def _match(out: list[FaultRecord], made: list[tuple[Create, str]], alive: set[str], lost: set[str]) -> None:
     """Name each open record's replacement: the new group made for it, else (a lost group's replacement
     may be written a pass later, once its IMEX channel template exists) a new group of its role that no
     other record claims. A replacement that is gone again (never written, or removed) is forgotten."""
@@ -74,8 +74,32 @@ def _match(out: list[FaultRecord], made: list[tuple[Create, str]], alive: set[st
                     claimed.add(group)
                     break
             else:
-                if r.replacement and r.replacement not in alive:
+                if r.replacement and r.replacement not in alive and r.replacement not in lost:
                     out[i] = r.model_copy(update={"replacement": None, "domain": None})
+    _follow(out, lost)
+
+
+def _follow(out: list[FaultRecord], lost: set[str]) -> None:
+    """A replacement lost in turn (a rack seen going node by node, the first replacement on a node that
+    goes next) hands its own replacement on: the first record names the group that replaced it last, and
+    recovers when that one serves. Until that group is known the record keeps the lost one's name."""
+    by_group = {r.group: r for r in out if _open(r)}
+    for i, r in enumerate(out):
+        if not _open(r):
+            continue
+        seen = {r.group}
+        nxt = by_group.get(r.replacement or "")
+        while (
+            _open(r)
+            and nxt is not None
+            and r.replacement in lost
+            and nxt.replacement
+            and nxt.group not in seen
+        ):
+            seen.add(nxt.group)
+            r = r.model_copy(update={"replacement": nxt.replacement, "domain": nxt.domain})
+            out[i] = r
+            nxt = by_group.get(nxt.replacement)
 
 
 def _serving(plans: Sequence[RolePlan], group: str | None) -> bool:
@@ -115,8 +139,10 @@ def records(
             known.add(group)
     made = _made(plans, group_name, created)
     alive = {g for p in plans for g, st in p.states.items() if st not in ("broken", "deleting")}
-    _match(out, made, alive | {group for _, group in made})
     faulted = {g for p in plans for g in p.faults}
+    alive |= {group for _, group in made}
+    lost = faulted | {r.group for r in out if _open(r) and r.group not in alive}  # (deleted by now)
+    _match(out, made, alive, lost)
     for i, r in enumerate(out):
         if not _open(r):
             continue
