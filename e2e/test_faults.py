@@ -270,9 +270,9 @@ def test_a_frontend_on_a_quarantined_node_is_replaced_elsewhere_before_it_goes(d
         print(f"\nfrontend moved off the quarantined node in {time.monotonic() - t0:.1f} s")
         assert least >= 1, "the frontend had no ready pod while it moved"
         assert all(p["spec"]["nodeName"] != node for p in frontend_pods(f))
-        moved = [e for e in events(f) if e["reason"] == "FrontendMoved"]
-        assert moved, [e["reason"] for e in events(f)]
-        assert name in moved[-1]["message"], moved
+        # (the Event naming this pod: an earlier test's move may be listed after it, events come unsorted)
+        moved = [e for e in events(f) if e["reason"] == "FrontendMoved" and name in e["message"]]
+        assert moved, [(e["reason"], e["message"]) for e in events(f)]
         assert node in moved[-1]["message"], moved
         template = get_json(f, "deployment", f"{NAME}-frontend", "-n", NS)["spec"]["template"]["metadata"]
         assert template["annotations"][contract.ANN_REPLACES] == name
