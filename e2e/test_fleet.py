@@ -23,7 +23,8 @@ import pytest
 
 from e2e.fleet import fleet, load, plot, scenario
 from e2e.helpers import apply_yaml, get_json, wait_for
-from tokenfab.planning import contract, signals
+from tokenfab.planning import contract
+from tokenfab.planning.autoscaler import signals
 from tokenfab_factory import process
 from tokenfab_factory.factory import Factory
 

@@ -215,8 +215,8 @@ def test_letting_go_of_a_claim_on_the_real_api_server(factory: Factory) -> None:
     and a delete on the condition of an older resourceVersion leaves the claim alone."""
     from kubernetes import config
 
+    from tokenfab.act import release_claim
     from tokenfab.adapters.kube import Kube
-    from tokenfab.execute import release_claim
     from tokenfab.planning import builders
 
     f = factory

@@ -1,5 +1,5 @@
 """The leading policy: the forecast (tokenfab.planning.forecast), `decide` with demand, and the autoscaling
-step `tokenfab.planning.scaler.autoscale` with a fake Prometheus.
+step `tokenfab.planning.autoscaler.autoscale` with a fake Prometheus.
 
 Properties (Hypothesis): with any demand the decision stays within the bounds and the step caps; missing,
 stale or bad data never lowers the count; a stationary noisy load never makes the count reverse
@@ -22,14 +22,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from testing.autoscaling import autoscale
 from testing.cases import load_example, merge_patch
 from tokenfab.adapters.metrics import Reading
 from tokenfab.api.errors import parse_model_deployment
 from tokenfab.api.models import Autoscaling, ModelDeployment
-from tokenfab.planning import forecast
-from tokenfab.planning.autoscaling import Config, Demand, Memory, Sample, config_for, decide
+from tokenfab.planning.autoscaler import WARMING_BOUND_SECONDS, forecast, learned_startup
+from tokenfab.planning.autoscaler.policy import Config, Demand, Memory, Sample, config_for, decide
 from tokenfab.planning.lifecycle import GroupView, NodeHealth, PodView
-from tokenfab.planning.scaler import WARMING_BOUND_SECONDS, autoscale, learned_startup
 from tokenfab.planning.topology import Domain
 
 PROPS = settings(max_examples=200, deadline=None, database=None)
@@ -708,7 +708,7 @@ QUIET = [[NOW - 15, 0.3, 0.0, 1.0], [NOW - 10, 0.3, 0.0, 2.0], [NOW - 5, 0.3, 0.
 def test_the_burst_watch_wakes_a_deployment_whose_requests_in_flight_step_up():
     """About 1.3 in flight over the window; 14 is a burst (a Poisson count of 1.3 reaches it less than once
     in a million); 4 is not; the same 14 right after an evaluation waits (URGENT_GAP_SECONDS)."""
-    from tokenfab.planning.scaler import URGENT_GAP_SECONDS, burst_watch
+    from tokenfab.planning.autoscaler import URGENT_GAP_SECONDS, burst_watch
 
     body = watched_body(QUIET, NOW - 5)
     assert burst_watch(body, 14.0, NOW)
@@ -727,7 +727,7 @@ def test_the_burst_watch_wakes_a_deployment_whose_requests_in_flight_step_up():
 def test_an_urgent_evaluation_comes_before_the_interval_and_not_sooner_than_the_gap():
     """Evaluated 3 s ago with an interval of 5 s: a pass evaluates only when the burst watch asked for it;
     1 s after the last evaluation, not even then."""
-    from tokenfab.planning.scaler import due_queries
+    from testing.autoscaling import due_queries
 
     md = with_status(deployment(), {"desired": {"decode": 2}, "lastEvaluation": {"decode": NOW - 3}})
     groups = serving_decode(2)
@@ -795,7 +795,7 @@ def test_a_step_is_not_doubled_while_groups_are_on_their_way():
 def test_the_burst_watch_leaves_a_deployment_alone_while_its_new_groups_come():
     """A scale-up less than a startup time ago has groups on their way: no wake at every look while the
     backlog waiting for them grows (the evaluations at the interval size it); after that, a step wakes."""
-    from tokenfab.planning.scaler import burst_watch
+    from tokenfab.planning.autoscaler import burst_watch
     from tokenfab.planning.status import rfc3339
 
     body = watched_body(QUIET, NOW - 5)
@@ -807,10 +807,10 @@ def test_the_burst_watch_leaves_a_deployment_alone_while_its_new_groups_come():
 
 
 def test_an_urgent_pass_reads_exactly_what_it_evaluates_and_old_samples_are_no_level():
-    """As reconcile wires it: the queries `due_queries` names are all `autoscale` reads (a missing one would
-    be a KeyError). Samples of the frontend from before a pause (two hours old) are no level to step up
+    """As a pass wires it: the queries `autoscaler.queries` names are all the step reads (a missing one
+    would be a KeyError). Samples of the frontend from before a pause (two hours old) are no level to step up
     from: 14 in flight against them is no burst (decided from the cache, the rate and the level now)."""
-    from tokenfab.planning.scaler import due_queries
+    from testing.autoscaling import due_queries
 
     old = [[NOW - 7200 + i, 0.3, 0.0, 1.0] for i in range(0, 30, 5)]
     st = {"desired": {"decode": 2}, "lastEvaluation": {"decode": NOW - 3}, "arrivals": old}

@@ -22,6 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from testing.autoscaling import autoscale, due_queries, seconds_to_next
 from tests.test_autoscaling_leading import (
     NOW,
     Prom,
@@ -34,8 +35,8 @@ from tests.test_autoscaling_leading import (
     with_status,
 )
 from tokenfab.adapters.metrics import Reading
-from tokenfab.planning.autoscaling import prune
-from tokenfab.planning.scaler import WARMING_BOUND_SECONDS, autoscale, due_queries, next_due
+from tokenfab.planning.autoscaler import WARMING_BOUND_SECONDS
+from tokenfab.planning.autoscaler.policy import prune
 
 
 def run(md: Any, groups: Any, prom: Any, now: float = NOW, free: int = 400) -> Any:
@@ -84,7 +85,7 @@ def test_times_from_a_clock_that_ran_ahead_do_not_stop_autoscaling():
         },
     )
     assert due_queries(md, NOW), "an evaluation stamped in the future is due now"
-    assert next_due(md, NOW) == 5.0
+    assert seconds_to_next(md, NOW) == 5.0
     groups = serving_decode(8)
     out = run(md, groups, Prom({g.name: 0.05 for g in groups["decode"]}, rate=None))
     # The future recommendation is no part of the window; the count seeds it (nothing observed yet).

@@ -1,4 +1,4 @@
-"""The pure autoscaling policy `tokenfab.planning.autoscaling.decide` and the prefill:decode coupling.
+"""The pure autoscaling policy `tokenfab.planning.autoscaler.policy.decide` and the prefill:decode coupling.
 
 Table-driven cases of single decisions (spikes, noise around the target, missing, stale and partial
 data, warming groups, step caps, bounds), sequences stepped through time with the policy's memory carried
@@ -9,7 +9,7 @@ converges without reversing direction, and the same inputs give the same decisio
 
 Unless a case says otherwise the settings are the operator's defaults (`models.Autoscaling()`: target
 0.7, tolerance 0.1, steps +2/-1, no scale-up window, 300 s scale-down window, samples stale after 60 s)
-with bounds 1..16, built the way `tokenfab.planning.scaler` builds them.
+with bounds 1..16, built the way `tokenfab.planning.autoscaler` builds them.
 """
 
 from __future__ import annotations
@@ -26,17 +26,25 @@ from hypothesis import strategies as st
 from testing.cases import load_example, merge_patch
 from tokenfab.api.errors import parse_model_deployment
 from tokenfab.api.models import Autoscaling, AutoscalingStatus, ModelDeployment, ModelDeploymentStatus
-from tokenfab.planning import builders
-from tokenfab.planning.autoscaling import Config, Decision, Memory, Sample, config_for, decide, initial_groups
-from tokenfab.planning.one_pass import desired_groups
-from tokenfab.planning.scaler import scaled_roles
+from tokenfab.planning.autoscaler import scaled_roles
+from tokenfab.planning.autoscaler.groups import follow_ratio, ratio_prefill, spec_groups
+from tokenfab.planning.autoscaler.groups import remembered_groups as desired_groups
+from tokenfab.planning.autoscaler.policy import (
+    Config,
+    Decision,
+    Memory,
+    Sample,
+    config_for,
+    decide,
+    initial_groups,
+)
 
 DEFAULTS = Autoscaling()
 INTERVAL = float(DEFAULTS.interval_seconds)
 
 
 def config(**overrides: Any) -> Config:
-    """The operator's default policy settings with bounds 1..16 (as tokenfab.planning.scaler builds them)."""
+    """The operator's default policy settings with bounds 1..16 (as the autoscaler builds them)."""
     base = config_for(DEFAULTS, 1, 16)
     return replace(base, **overrides)
 
@@ -370,27 +378,27 @@ def test_fixed_ratio_prefill_follows_the_autoscaled_decode(ratio, decode, prefil
     spec = fixed(ratio)
     p, d = (int(x) for x in ratio.split(":"))
     unclamped = math.ceil(decode * p / d)
-    assert builders.ratio_prefill(decode, ratio) == unclamped
-    assert builders.follow_ratio(spec, decode, 99) == prefill == max(1, min(4, unclamped))
+    assert ratio_prefill(decode, ratio) == unclamped
+    assert follow_ratio(spec, decode, 99) == prefill == max(1, min(4, unclamped))
 
 
 def test_fixed_ratio_prefill_bounds_raise_the_floor():
     spec = fixed("1:8", prefill=(2, 6))
-    assert [builders.follow_ratio(spec, d, 0) for d in (1, 8, 16, 48)] == [2, 2, 2, 6]
+    assert [follow_ratio(spec, d, 0) for d in (1, 8, 16, 48)] == [2, 2, 2, 6]
 
 
 def test_fixed_ratio_without_prefill_bounds_or_autoscaling_is_not_clamped():
-    assert builders.follow_ratio(fixed("1:1", prefill=None), 9, 0) == 9
-    assert builders.follow_ratio(fixed("1:1", enabled=False), 9, 0) == 9
+    assert follow_ratio(fixed("1:1", prefill=None), 9, 0) == 9
+    assert follow_ratio(fixed("1:1", enabled=False), 9, 0) == 9
 
 
 def test_independent_ratio_policy_leaves_prefill_alone():
     spec = spec_of("qwen3-235b-autoscaled.yaml", {"prefill": {"replicas": 5}})
     assert spec.serving.ratio_policy == "independent"
     for decode in (1, 4, 8):
-        assert builders.follow_ratio(spec, decode, 5) == 5
-        assert builders.follow_ratio(spec, decode, 2) == 2
-    assert builders.spec_groups(spec) == {"prefill": 5, "decode": 2}
+        assert follow_ratio(spec, decode, 5) == 5
+        assert follow_ratio(spec, decode, 2) == 2
+    assert spec_groups(spec) == {"prefill": 5, "decode": 2}
 
 
 def test_who_scales_prefill():

@@ -27,6 +27,7 @@ import yaml
 from testing.cases import DOMAIN, UID, VARIANTS, env, example_paths, load_example, merge_patch, owner, spec_of
 from tokenfab.api.errors import parse_model_deployment
 from tokenfab.planning import builders, contract
+from tokenfab.planning.autoscaler.groups import spec_groups
 from tokenfab.planning.builders.engine import _revision_inputs
 from tokenfab.planning.engine import content_hash, engine_config, render
 from tokenfab.planning.units import rule
@@ -405,7 +406,7 @@ def test_prefill_follows_decode_by_the_fixed_ratio(decode, ratio, prefill):
         "deepseek-r1-disaggregated.yaml",
         {"decode": {"replicas": decode}, "serving": {"prefillDecodeRatio": ratio}},
     )
-    assert builders.spec_groups(spec) == {"prefill": prefill, "decode": decode}
+    assert spec_groups(spec) == {"prefill": prefill, "decode": decode}
 
 
 def test_fixed_ratio_is_clamped_by_prefill_bounds_when_autoscaling():
@@ -422,17 +423,17 @@ def test_fixed_ratio_is_clamped_by_prefill_bounds_when_autoscaling():
             },
         },
     )
-    assert builders.spec_groups(spec) == {"prefill": 4, "decode": 9}
+    assert spec_groups(spec) == {"prefill": 4, "decode": 9}
 
 
 def test_independent_ratio_policy_keeps_prefill_replicas():
     spec = spec_of("qwen3-235b-autoscaled.yaml", {"prefill": {"replicas": 5}, "decode": {"replicas": 1}})
-    assert builders.spec_groups(spec) == {"prefill": 5, "decode": 1}
+    assert spec_groups(spec) == {"prefill": 5, "decode": 1}
 
 
 def test_a_role_without_replicas_has_one_group():
     spec = spec_of("aggregated-small.yaml", {"worker": {"replicas": None}})
-    assert builders.spec_groups(spec) == {"worker": 1}
+    assert spec_groups(spec) == {"worker": 1}
 
 
 # ------------------------------------------------------------------------------------------ engine config

@@ -39,21 +39,29 @@ def test_serving_some_namespaces_tokenfab_pods_elsewhere_count_as_anyones():
 
 
 class Pass:
-    """A stand-in for reconcile.begin: a pass whose writes are the futures the test completes."""
+    """A stand-in for reconcile.Pass: a pass whose writes are the futures the test completes."""
 
     def __init__(self, writes: int, fail: bool = False) -> None:
         self.writes = [Future[Any]() for _ in range(writes)]
         self.completed = threading.Event()
         self.fail = fail
 
-    def __call__(self, ctx: Any, key: Any, now: float) -> Result:
-        def finish() -> None:
-            assert all(f.done() for f in self.writes)  # only once the API server answered them all
-            if self.fail:
-                raise RuntimeError("boom")
-            self.completed.set()
+    def __call__(self, ctx: Any, key: Any, now: float) -> Pass:
+        return self
 
-        return Result(pending=list(self.writes), finish=finish)
+    def begin(self) -> None:
+        pass
+
+    @property
+    def pending(self) -> list[Future[Any]]:
+        return list(self.writes)
+
+    def finish(self) -> Result:
+        assert all(f.done() for f in self.writes)  # only once the API server answered them all
+        if self.fail:
+            raise RuntimeError("boom")
+        self.completed.set()
+        return Result()
 
 
 def controller() -> Controller:
@@ -65,7 +73,7 @@ def controller() -> Controller:
 def test_a_worker_does_not_wait_for_the_writes_of_its_pass(monkeypatch):
     ctl, key = controller(), ("ml", "m")
     p = Pass(writes=2)
-    monkeypatch.setattr("tokenfab.controller.begin", p)
+    monkeypatch.setattr("tokenfab.controller.Pass", p)
     ctl.queue.add(key)
     assert ctl.queue.get(timeout=0) == key
     assert ctl.process(key) is True  # handed on: the worker is free
@@ -84,7 +92,7 @@ def test_a_worker_does_not_wait_for_the_writes_of_its_pass(monkeypatch):
 def test_a_pass_without_writes_in_flight_completes_in_the_worker(monkeypatch):
     ctl, key = controller(), ("ml", "m")
     p = Pass(writes=0)
-    monkeypatch.setattr("tokenfab.controller.begin", p)
+    monkeypatch.setattr("tokenfab.controller.Pass", p)
     assert ctl.process(key) is False
     assert p.completed.is_set()
 
@@ -92,7 +100,7 @@ def test_a_pass_without_writes_in_flight_completes_in_the_worker(monkeypatch):
 def test_a_pass_failing_after_its_writes_is_retried_with_backoff(monkeypatch):
     ctl, key = controller(), ("ml", "m")
     p = Pass(writes=1, fail=True)
-    monkeypatch.setattr("tokenfab.controller.begin", p)
+    monkeypatch.setattr("tokenfab.controller.Pass", p)
     ctl.queue.add(key)
     ctl.queue.get(timeout=0)
     assert ctl.process(key) is True

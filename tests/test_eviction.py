@@ -10,11 +10,11 @@ from tests.test_one_pass import NOW, deployment, snapshot
 from tests.test_prestage import NODES
 from tokenfab.api.models import ModelDeploymentStatus, WeightsCacheStatus
 from tokenfab.fleet.view import ClusterView
-from tokenfab.observe import node_caches
 from tokenfab.planning import builders, contract, weights_cache
 from tokenfab.planning.eviction import CacheEntry, NodeCaches, evictions, idle_times
 from tokenfab.planning.one_pass import plan
 from tokenfab.planning.status import rfc3339
+from tokenfab.views import node_caches
 
 TI = 2**40
 
@@ -68,7 +68,9 @@ def test_a_pass_evicts_its_own_idle_cache_where_the_node_is_full_and_says_so():
         pod_nodes=frozenset(used),
     )
     p = plan(snap)
-    assert p.claim_deletes == (builders.model_cache_claim_name(own, md.spec, idle_node),)
+    assert p.writes.names("PersistentVolumeClaim") == (
+        builders.model_cache_claim_name(own, md.spec, idle_node),
+    )
     assert [e[1] for e in p.events] == ["ModelCacheEvicted"]
     assert idle_node in p.events[0][2]
     assert p.weights_cache is not None
@@ -77,14 +79,14 @@ def test_a_pass_evicts_its_own_idle_cache_where_the_node_is_full_and_says_so():
     # the other deployment's cache idle longer: it goes, not this one (its pass deletes it)
     older = replace(snap, caches=replace(caches, others=(replace(theirs, idle_since=NOW - 6000),)))
     kept = plan(older)
-    assert kept.claim_deletes == ()
+    assert kept.writes.names("PersistentVolumeClaim") == ()
     assert kept.weights_cache is not None
     assert kept.weights_cache.idle_since == {idle_node: rfc3339(NOW - 600)}
     # a group of this deployment on the node pins its cache: never evicted
     pinned = plan(replace(snap, pod_nodes=frozenset(used | {idle_node})))
-    assert pinned.claim_deletes == ()
+    assert pinned.writes.names("PersistentVolumeClaim") == ()
     # no capacity label: nothing is evicted
-    assert plan(replace(snap, caches=NodeCaches())).claim_deletes == ()
+    assert plan(replace(snap, caches=NodeCaches())).writes.names("PersistentVolumeClaim") == ()
 
 
 def test_the_view_gives_other_deployments_caches_and_idle_times_on_labelled_nodes():

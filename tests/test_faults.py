@@ -305,7 +305,7 @@ def test_the_plan_force_deletes_the_pods_on_a_gone_node_only():
     gone = pods[0].node
     lost = replace(snap, health={n: h for n, h in snap.health.items() if n != gone})
     assert orphans(lost) == tuple(sorted(p.name for p in pods if p.node == gone)) != ()
-    assert plan_pass(lost).force_delete == orphans(lost)
+    assert plan_pass(lost).writes.names("Pod", force=True) == orphans(lost)
 
 
 def test_a_lost_groups_replacement_written_a_pass_later_is_still_its_replacement():

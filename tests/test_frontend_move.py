@@ -72,7 +72,7 @@ def test_a_device_taint_or_a_sudden_fault_leaves_the_frontend_where_it_is() -> N
 
 
 def _frontend(p: Any) -> dict[str, Any]:
-    (dep,) = [m for m in p.children.rest if m["kind"] == "Deployment"]
+    (dep,) = [m for m in p.writes.rest if m["kind"] == "Deployment"]
     return dep  # type: ignore[no-any-return]
 
 
@@ -135,12 +135,12 @@ def test_a_pass_force_deletes_a_frontend_pod_whose_node_is_gone_with_the_workers
     md = deployment()
     snap = snapshot(md, nodes_of({"a": 4, "b": 4}), {}, {})
     p = plan(dataclasses.replace(snap, frontend=(FrontendPod("fe-1", "gone-0"), FrontendPod("fe-2", "a-1"))))
-    assert p.force_delete == ("fe-1",)
+    assert p.writes.names("Pod", force=True) == ("fe-1",)
     assert [e[1] for e in p.events if e[1].startswith("Frontend")] == ["FrontendLost"]
     # A fault benchmark's plain-Kubernetes baseline leaves both to Kubernetes.
     none = FaultReaction("none")
     plain = dataclasses.replace(snap, frontend=(FrontendPod("fe-1", "gone-0"),), reaction=none)
-    assert plan(plain).force_delete == ()
+    assert plan(plain).writes.names("Pod", force=True) == ()
     health = {**snap.health, "a-0": QUARANTINED}
     there = (FrontendPod("fe-2", "a-0"),)
     left = plan(dataclasses.replace(snap, health=health, frontend=there, reaction=none))

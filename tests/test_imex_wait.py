@@ -1,5 +1,6 @@
 """A new multi-node group's IMEX channel: its ComputeDomain is written once, and its pods only once NVIDIA's
-DRA driver has made the domain's claim template (execute._submit_creates, with a fake API)."""
+DRA driver has made the domain's claim template (planning.writes.new_groups, with the observe phase's reader
+of the template and a fake API)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from typing import Any
 from testing.cases import load_example
 from tokenfab.api.errors import parse_model_deployment
 from tokenfab.api.models import ModelDeploymentSpec
-from tokenfab.execute import _submit_creates
 from tokenfab.fleet.view import ClusterView
-from tokenfab.planning import builders
+from tokenfab.observe import channel_reader
+from tokenfab.planning import builders, writes
 from tokenfab.planning.role_plan import Create, RolePlan
 
 OWNER = builders.Owner(name="r1", namespace="ns", uid="uid-1")
@@ -56,8 +57,13 @@ def _pass(view: ClusterView, api: Api, spec: ModelDeploymentSpec) -> tuple[list[
     plan = RolePlan(role="decode", desired=1, revision="rev1", shape=shape)
     plan.create.append(Create("decode", 0, "rack-a", "rev1", "Missing", nodes=("a-0", "a-1")))
     ctx = SimpleNamespace(view=view, kube=api)
-    _, pending, waits = _submit_creates(ctx, OWNER, spec, [plan], "podgroup")  # type: ignore[arg-type]
-    return [group for _, _, group, _ in pending], [group for _, group, _ in waits]
+    seen = frozenset(ch.name for ch in view.children("ComputeDomain", (OWNER.namespace, OWNER.name)))
+    watched = view.synced.get("ComputeDomain", False)
+    domains = writes.Domains(seen, watched, channel_reader(ctx, OWNER.namespace))  # type: ignore[arg-type]
+    cds, groups, waits = writes.new_groups(OWNER, spec, [plan], "podgroup", domains)
+    for m in (*cds, *(m for g in groups for m in g.objects)):  # (as the act phase writes them)
+        api.apply(m)
+    return [g.name for g in groups], [w.group for w in waits]
 
 
 def test_a_compute_domain_is_written_once_and_its_template_looked_for_once_it_is_seen():
@@ -96,7 +102,7 @@ def test_where_compute_domains_are_not_watched_the_domain_is_written_and_its_tem
     name = builders.compute_domain_name(group)
     api = Api(templates=set())
     assert _pass(ClusterView(), api, spec) == ([], [group])
-    assert api.calls == [("apply", "ComputeDomain", name), ("get", "ResourceClaimTemplate", name)]
+    assert api.calls == [("get", "ResourceClaimTemplate", name), ("apply", "ComputeDomain", name)]
     api = Api(templates={name})
     assert _pass(ClusterView(), api, spec) == ([group], [])
-    assert api.calls[0] == ("apply", "ComputeDomain", name)
+    assert api.calls[:2] == [("get", "ResourceClaimTemplate", name), ("apply", "ComputeDomain", name)]

@@ -455,7 +455,7 @@ class Sim:
     def view(self) -> GroupView:
         pods = tuple(self.pods[r] for r in sorted(self.pods))
         released = None
-        if not any(p.gated for p in pods):  # as tokenfab.observe computes it
+        if not any(p.gated for p in pods):  # as tokenfab.views computes it
             released = max((self.release_times[p.rank] for p in pods), default=None)
         return GroupView(
             "g",

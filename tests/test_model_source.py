@@ -1,4 +1,4 @@
-"""A pvc:// source's claim (planning.model_source, read by reconcile.source_claim): the ModelSource
+"""A pvc:// source's claim (planning.model_source, read by observe.source_claim): the ModelSource
 condition says, before any pod waits, that the claim is missing or that a second node cannot attach it."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.test_one_pass import deployment, nodes_of, snapshot
-from tokenfab import reconcile
+from tokenfab import observe
 from tokenfab.adapters.kube import ApiError
 from tokenfab.api.errors import parse_model_deployment
 from tokenfab.api.models import Condition, ModelDeployment
@@ -119,15 +119,15 @@ def test_the_claim_is_read_once_a_minute_and_its_refusal_is_said() -> None:
     kube = FakeKube([rwo, rox, None, ApiError(403, "Forbidden", "cannot get persistentvolumeclaims")])
     ctx: Any = FakeCtx(kube)
     spec, key = pvc_deployment().spec, ("ns", "deepseek-r1")
-    assert reconcile.source_claim(ctx, key, spec, 100.0) == SourceClaim("weights", True, ("ReadWriteOnce",))
-    assert reconcile.source_claim(ctx, key, spec, 159.0) == SourceClaim("weights", True, ("ReadWriteOnce",))
+    assert observe.source_claim(ctx, key, spec, 100.0) == SourceClaim("weights", True, ("ReadWriteOnce",))
+    assert observe.source_claim(ctx, key, spec, 159.0) == SourceClaim("weights", True, ("ReadWriteOnce",))
     assert kube.reads == 1
-    assert reconcile.source_claim(ctx, key, spec, 160.0) == SourceClaim("weights", True, ("ReadOnlyMany",))
-    assert reconcile.source_claim(ctx, key, spec, 220.0) == SourceClaim("weights", False)
-    refused = reconcile.source_claim(ctx, key, spec, 280.0)
+    assert observe.source_claim(ctx, key, spec, 160.0) == SourceClaim("weights", True, ("ReadOnlyMany",))
+    assert observe.source_claim(ctx, key, spec, 220.0) == SourceClaim("weights", False)
+    refused = observe.source_claim(ctx, key, spec, 280.0)
     assert refused is not None
     assert "cannot get persistentvolumeclaims" in refused.error
-    assert reconcile.source_claim(ctx, key, deployment().spec, 281.0) is None  # (hf://: nothing read)
+    assert observe.source_claim(ctx, key, deployment().spec, 281.0) is None  # (hf://: nothing read)
     assert kube.reads == 4
 
 

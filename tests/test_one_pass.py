@@ -155,15 +155,16 @@ def test_a_fresh_cluster_gets_every_group_whole_and_the_plan_says_everything():
     assert creates == {"decode": [(0, "r0", 2), (1, "r0", 2)], "prefill": [(0, "r0", 1), (1, "r0", 1)]}
     assert len(p.reservations) == 4
     assert all(not rp.delete and not rp.drain for rp in p.roles)
-    kinds = [m["kind"] for m in p.children.rest]
-    assert p.children.workers_service["kind"] == "Service"
-    assert [m["kind"] for m in p.children.identity] == ["ServiceAccount", "Role", "RoleBinding"]
+    kinds = [m["kind"] for m in p.writes.rest]
+    assert p.writes.workers_service["kind"] == "Service"
+    assert [m["kind"] for m in p.writes.identity] == ["ServiceAccount", "Role", "RoleBinding"]
     assert "Deployment" in kinds
     assert kinds.count("ConfigMap") == 2
     assert kinds.count("PodDisruptionBudget") == 2
     assert p.failures == {}
     assert p.events == []
-    assert p.autoscaling is None
+    assert p.autoscaling.status is None
+    assert not p.autoscaling.decisions
     assert not p.waiting_for_capacity
 
 

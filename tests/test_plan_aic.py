@@ -15,7 +15,7 @@ from tokenfab.adapters import aic
 from tokenfab.api.errors import load_manifests
 from tokenfab.cli import app
 from tokenfab.planning import sla
-from tokenfab.planning.builders import spec_groups
+from tokenfab.planning.autoscaler.groups import spec_groups
 
 pytestmark = [
     pytest.mark.slow,

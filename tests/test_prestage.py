@@ -28,7 +28,7 @@ def fetch_pods(p: Plan) -> dict[str, dict[str, Any]]:
     """node -> the weights-fetch pod the plan makes there."""
     return {
         m["metadata"]["annotations"][contract.ANN_NODE]: m
-        for m in p.children.rest
+        for m in p.writes.rest
         if m["kind"] == "Pod"
         and m["metadata"]["labels"][contract.COMPONENT] == contract.COMPONENT_WEIGHTS_FETCH
     }
@@ -39,7 +39,7 @@ def claim_marks(p: Plan) -> dict[str, str]:
         m["metadata"]["annotations"][contract.ANN_NODE]: "".join(
             child_facts("PersistentVolumeClaim", m).holds
         )
-        for m in p.children.rest
+        for m in p.writes.rest
         if m["kind"] == "PersistentVolumeClaim"
     }
 
@@ -68,10 +68,10 @@ def test_the_next_groups_nodes_get_a_fetch_pod_and_a_claim_and_the_scale_up_land
     second = plan(replace(after, pod_nodes=frozenset(placed), fetch_pods=done))
     assert {n: claim_marks(second)[n] for n in fetch} == dict.fromkeys(fetch, key)
     assert not fetch_pods(second)  # (nothing to fetch where a fetch just completed)
-    assert not second.fetch_deletes  # (kept until the claims' marks are seen: no node is wanted again)
+    assert not second.writes.names("Pod")  # (kept until the claims' marks are seen: no node is wanted again)
     seen = {**dict.fromkeys(placed, key), **dict.fromkeys(fetch, key)}
     third = plan(replace(after, pod_nodes=frozenset(placed), fetch_pods=done, claims=seen))
-    assert sorted(third.fetch_deletes) == sorted(p.name for p in done)
+    assert sorted(third.writes.names("Pod")) == sorted(p.name for p in done)
     assert not fetch_pods(third)
     # status.weightsCache says where the weights are and what is staged
     assert first.weights_cache is not None
@@ -119,7 +119,7 @@ def test_stale_failed_or_unwanted_fetch_pods_go_and_running_ones_stay():
     )
     again = plan(replace(snapshot(md, NODES, {}, {}), fetch_pods=pods))
     names = {f.node: f.name for f in pods}
-    assert sorted(again.fetch_deletes) == sorted(
+    assert sorted(again.writes.names("Pod")) == sorted(
         names[n] for n in (wanted[1], wanted[2], "c-3", "c-2", "c-1")
     )
     assert again.weights_cache is not None
@@ -146,10 +146,10 @@ def test_a_running_fetch_pod_stays_where_a_group_lands():
     )
     # a group of the deployment is there: its download goes on
     kept = plan(replace(snapshot(md, NODES, {}, {}), fetch_pods=(running,), pod_nodes=frozenset({node})))
-    assert kept.fetch_deletes == ()
+    assert kept.writes.names("Pod") == ()
     # nothing of the deployment there, and not in the headroom: it goes
     gone = plan(replace(snapshot(md, NODES, {}, {}), fetch_pods=(running,)))
-    assert gone.fetch_deletes == (running.name,)
+    assert gone.writes.names("Pod") == (running.name,)
 
 
 def test_no_prestaging_no_fetch_pods_and_no_rollout():
@@ -157,7 +157,7 @@ def test_no_prestaging_no_fetch_pods_and_no_rollout():
     assert md.spec.model.cache.prestage_groups == 0
     p = plan(snapshot(md, NODES, {}, {}))
     assert not fetch_pods(p)
-    assert not p.fetch_deletes
+    assert not p.writes.names("Pod")
     # pre-staging changes where weights wait, not what a worker runs: the same revision
     for role in ("prefill", "decode"):
         assert builders.role_revision(staged(md, 3).spec, role) == builders.role_revision(md.spec, role)  # type: ignore[arg-type]

@@ -25,7 +25,7 @@ def test_the_shape_of_a_retired_role_comes_from_its_groups():
 
 def test_drain_mode_sigterm_deletes_at_once_and_reads_nothing():
     from tokenfab.adapters import metrics
-    from tokenfab.reconcile import drain_policy
+    from tokenfab.observe import drain_policy
 
     doc = load_example("deepseek-r1-disaggregated.yaml")
     doc["spec"]["serving"]["drainSeconds"] = 600

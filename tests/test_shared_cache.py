@@ -13,12 +13,12 @@ import pytest
 from tests.test_one_pass import deployment, nodes_of, snapshot
 from tokenfab.fleet.facts import child_facts
 from tokenfab.fleet.view import ClusterView
-from tokenfab.observe import held, node_caches, usable_claims
 from tokenfab.planning import builders, contract, weights_cache
 from tokenfab.planning.eviction import CacheEntry, NodeCaches, evictions, merged
 from tokenfab.planning.one_pass import plan
 from tokenfab.planning.status import rfc3339
 from tokenfab.planning.topology import Domain
+from tokenfab.views import held, node_caches, usable_claims
 
 A = builders.Owner(name="r1-a", namespace="team", uid="uid-a")
 B = builders.Owner(name="r1-b", namespace="team", uid="uid-b")
@@ -224,8 +224,8 @@ class FakeKube:
 
 
 def test_letting_go_of_a_shared_claim_keeps_it_for_the_others_and_deletes_it_when_none_is_left():
+    from tokenfab.act import release_claim
     from tokenfab.adapters.kube_rest import ApiError
-    from tokenfab.execute import release_claim
 
     manager = builders.field_manager(builders.model_cache_claim(B, spec(), "n1"))
     a_ref = {"kind": "ModelDeployment", "name": "r1-a", "uid": "uid-a"}
@@ -272,7 +272,8 @@ def test_letting_go_of_a_shared_claim_keeps_it_for_the_others_and_deletes_it_whe
 def test_a_pass_deletes_lets_go_of_and_keeps_the_right_claims():
     from types import SimpleNamespace
 
-    from tokenfab.execute import _release_claims
+    from tokenfab.observe import children_seen
+    from tokenfab.planning import writes
 
     s = spec()
     other_size = spec(size="9Ti")
@@ -288,16 +289,17 @@ def test_a_pass_deletes_lets_go_of_and_keeps_the_right_claims():
         view.on_child("PersistentVolumeClaim", "ADDED", obj)
     view.on_pod("ADDED", _pod("team", "a-0", "r1-a", keep["metadata"]["name"], "n1", "n1"))
     view.on_pod("ADDED", _pod("team", "b-0", "r1-b", busy["metadata"]["name"], None, "n5"))
-    b_ref = {"kind": "ModelDeployment", "uid": "uid-b"}
-    kube = FakeKube({"metadata": {"uid": "c", "resourceVersion": "1", "ownerReferences": [b_ref]}})
-    _release_claims(SimpleNamespace(view=view, kube=kube), ("team", "r1-a"), A, s)  # type: ignore[arg-type]
+    key = ("team", "r1-a")
+    seen = children_seen(SimpleNamespace(view=view), key, view.pods(key))  # type: ignore[arg-type]
+    deletes, releases = writes.stale(A, s, seen)
     name = {n: o["metadata"]["name"] for n, o in (("alone", alone), ("both", both), ("orphan", orphan))}
-    deleted = sorted(args[2] for v, args, _ in kube.calls if v == "delete")
-    released = [m["metadata"]["name"] for v, m, _ in kube.calls if v == "apply"]
-    assert deleted == sorted([name["alone"], name["orphan"]])
-    assert released == [name["both"]]
-    ((*_, unchanged),) = [args for v, args, _ in kube.calls if v == "delete" and args[2] == name["orphan"]]
-    assert unchanged == {"resourceVersion": "42"}  # (one taken up meanwhile is kept)
+    assert sorted(d.name for d in deletes if d.kind == "PersistentVolumeClaim") == sorted(
+        [name["alone"], name["orphan"]]
+    )
+    assert [r.name for r in releases] == [name["both"]]
+    assert [r.mounted for r in releases] == [False]
+    (gone,) = [d for d in deletes if d.name == name["orphan"]]
+    assert gone.unchanged == "42"  # (one taken up meanwhile is kept)
 
 
 def _pod(ns: str, name: str, deployment: str, claim: str, node: str | None, pinned: str) -> dict[str, Any]:

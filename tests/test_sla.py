@@ -9,7 +9,7 @@ import yaml
 from tokenfab.api.errors import load_manifests, parse_model_deployment
 from tokenfab.api.models import ModelDeploymentSpec
 from tokenfab.planning import sla
-from tokenfab.planning.builders import spec_groups
+from tokenfab.planning.autoscaler.groups import spec_groups
 from tokenfab.planning.topology import Domain
 
 REQ = sla.PlanRequest(

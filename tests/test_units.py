@@ -135,7 +135,7 @@ def test_a_units_compute_domain_is_deleted_once_the_unit_has_no_group():
     owner = snap.owner
     stale = {builders.unit_domain_name(owner, 0): 0, builders.unit_domain_name(owner, 7): 7}
     p = plan(replace(snap, unit_domains=stale))
-    assert p.domain_deletes == (builders.unit_domain_name(owner, 7),)
+    assert p.writes.names("ComputeDomain") == (builders.unit_domain_name(owner, 7),)
     assert p.units is not None
     assert sorted(p.units.members) == [0]
 
@@ -197,7 +197,7 @@ def test_a_unit_whose_compute_domain_failed_is_replaced_as_a_new_unit_and_its_do
     creates = [cr for rp in p.roles for cr in rp.create]
     assert sorted((cr.role, cr.unit) for cr in creates) == [("decode", 2), ("prefill", 2)]
     assert len({cr.domain for cr in creates}) == 1
-    assert p.domain_deletes == (builders.unit_domain_name(snap.owner, 0),)
+    assert p.writes.names("ComputeDomain") == (builders.unit_domain_name(snap.owner, 0),)
 
 
 def test_independent_prefill_groups_are_dealt_over_the_decode_groups_and_placed_beside_them():

@@ -69,7 +69,7 @@ def test_a_scale_up_goes_to_the_nodes_whose_cache_holds_the_weights_and_serving_
     again = plan(replace(after, claims={"b-2": "", idle: "x@y"}, pod_nodes=frozenset(served)))
     marked = {
         m["metadata"]["annotations"][contract.ANN_NODE]: child_facts("PersistentVolumeClaim", m).holds
-        for m in again.children.rest
+        for m in again.writes.rest
         if m["kind"] == "PersistentVolumeClaim"
     }
     assert {n: marked[n] for n in served} == dict.fromkeys(served, (key,))
@@ -110,7 +110,7 @@ def test_the_claims_mark_is_read_from_its_annotation():
 
 def test_each_new_group_carries_its_start_path_onto_its_pods_and_back():
     from tokenfab.fleet.facts import pod_facts
-    from tokenfab.observe import group_views
+    from tokenfab.views import group_views
 
     md = deployment(decode=1)
     key = weights_cache.weights_key(md.spec)
@@ -152,8 +152,8 @@ def _paths(owner: builders.Owner, spec: ModelDeploymentSpec, cr: Create) -> set[
 
 def test_the_start_time_is_learned_per_path_and_the_horizon_is_the_next_groups_path():
     from tests.test_groups import group
-    from tokenfab.planning.scaler import _lead_time, _Step
-    from tokenfab.planning.scaler.memory import learned_startup_by_path
+    from tokenfab.planning.autoscaler import _lead_time, _Step
+    from tokenfab.planning.autoscaler.memory import learned_startup_by_path
     from tokenfab.planning.topology import next_path
 
     def started(slot: int, path: str, seconds: float):
@@ -173,7 +173,7 @@ def test_the_start_time_is_learned_per_path_and_the_horizon_is_the_next_groups_p
     assert next_path(domains, shape, {"b-0": 0, "b-1": 0}) == "cold"  # (b is warm, but full)
     assert next_path(domains, shape, {"a-0": 0, "a-1": 1}) == "fetching"
     md = deployment()
-    step = _Step(md, None, None, 0.0, False, 0.0, 100.0, {"warm": 40.0, "cold": 900.0})  # type: ignore[arg-type]
+    step = _Step(md, None, None, None, 0.0, 100.0, {"warm": 40.0, "cold": 900.0})  # type: ignore[arg-type]
     nodes = nodes_of({"a": 4})
     warm_a = {"a-0": 0, "a-1": 0, "a-2": 0, "a-3": 0}
     from tokenfab.planning.room import FreeDomains, Room

@@ -16,7 +16,7 @@ noise) drives a simple fleet model, the same trace for every policy in the same 
 
 Policies, each started at the same count with empty memory:
 
-- tokenfab: `tokenfab.planning.autoscaling.decide` with the operator's defaults (`models.Autoscaling()`:
+- tokenfab: `tokenfab.planning.autoscaler.policy.decide` with the operator's defaults (`models.Autoscaling()`:
   the leading policy, target 0.7, tolerance 0.1, steps +2/-1, no scale-up window, 300 s scale-down
   window, 30 s warm-up after Ready during which a group is left out of the mean and blocks scale-down),
   bounds 1..16, fed what operator/tokenfab/planning/scaler/ feeds it: KV-cache use per group, the arrival
@@ -62,7 +62,7 @@ from typing import Any, Protocol
 
 from e2e import record
 from tokenfab.api.models import Autoscaling
-from tokenfab.planning.autoscaling import Demand, Memory, Sample, config_for, decide
+from tokenfab.planning.autoscaler.policy import Demand, Memory, Sample, config_for, decide
 
 STEP = 15.0  # seconds between decisions (the operator's default intervalSeconds)
 DURATION = 2 * 3600.0

@@ -3,9 +3,9 @@ deployments they concern, and a few worker threads reconcile one deployment at a
 
     informers (nodes, tokenfab's pods, others' bound pods, children) --> ClusterView --> WorkQueue
     kopf (ModelDeployment events) -----------------------------------------^               |
-                                                         workers: begin(key) <---------------+
-                                   asks the Ledger for capacity, hands its writes to the writer
-                                   finishers: the rest of the pass once the writes are answered
+                                                         workers: Pass.begin <---------------+
+                                   observe, plan (the Ledger gives capacity), hand the writes to the writer
+                                   finishers: Pass.finish once the writes are answered (act, settle)
 
 Workers wait until every informer has listed once (a pass never plans from an empty view) and run only
 while this replica leads (see tokenfab.leader). A failed pass is retried with per-deployment exponential
@@ -32,8 +32,8 @@ from tokenfab.fleet.ledger import Ledger
 from tokenfab.fleet.view import Change, ClusterView, Key
 from tokenfab.fleet.workqueue import WorkQueue
 from tokenfab.planning import contract
-from tokenfab.planning.scaler import burst_watch
-from tokenfab.reconcile import begin
+from tokenfab.planning.autoscaler import burst_watch
+from tokenfab.reconcile import Pass
 from tokenfab.runtime import Context, Result, Settings
 
 log = logging.getLogger("tokenfab")
@@ -316,7 +316,8 @@ class Controller:
         t0 = time.monotonic()
         now = self.clock()
         try:
-            result = begin(self.ctx, key, now)
+            pass_ = Pass(self.ctx, key, now)
+            pass_.begin()
         except Exception as exc:
             self._failed(key, exc, now)
             telemetry.RECONCILE_SECONDS.labels(*key).observe(time.monotonic() - t0)
@@ -324,12 +325,13 @@ class Controller:
             return False
         telemetry.RECONCILE_SECONDS.labels(*key).observe(time.monotonic() - t0)
         self.passes += 1
-        if result is None or not result.pending:
-            self._complete(key, result, now, t0)
+        pending = pass_.pending
+        if not pending:
+            self._complete(key, pass_, now, t0)
             return False
         submitted = time.monotonic()
         self.busy[f"writes:{key[0]}/{key[1]}"] = submitted  # (a hang here fails liveness too)
-        left = [len(result.pending)]
+        left = [len(pending)]
         lock = threading.Lock()
 
         def answered(_: Any) -> None:
@@ -338,31 +340,30 @@ class Controller:
                 last = left[0] == 0
             if last:
                 try:
-                    self._finisher.submit(self._finish, key, result, now, t0, submitted)
+                    self._finisher.submit(self._finish, key, pass_, now, t0, submitted)
                 except RuntimeError:  # stopping
                     self.busy.pop(f"writes:{key[0]}/{key[1]}", None)
                     self.queue.done(key)
 
-        for fut in list(result.pending):
+        for fut in pending:
             fut.add_done_callback(answered)
         return True
 
-    def _finish(self, key: Key, result: Result, now: float, t0: float, submitted: float) -> None:
+    def _finish(self, key: Key, pass_: Pass, now: float, t0: float, submitted: float) -> None:
         name = f"finish:{key[0]}/{key[1]}"
         self.busy.pop(f"writes:{key[0]}/{key[1]}", None)
         self.busy[name] = time.monotonic()
         try:
-            self._complete(key, result, now, t0)
+            self._complete(key, pass_, now, t0)
         finally:
             telemetry.WRITES_SECONDS.observe(time.monotonic() - submitted)
             self.busy.pop(name, None)
             self.queue.done(key)
 
-    def _complete(self, key: Key, result: Result | None, now: float, t0: float) -> None:
+    def _complete(self, key: Key, pass_: Pass, now: float, t0: float) -> None:
         """The rest of a pass (its status), and what to do next with its key (`t0`: when it began)."""
         try:
-            if result is not None:
-                result.complete()
+            result = pass_.finish()
         except Exception as exc:
             self._failed(key, exc, now)
             return

@@ -1,141 +1,494 @@
-"""Observation: a deployment's groups and the health of their nodes, read from the cluster view."""
+"""The observe phase of a pass: everything it decides from, read once into one immutable snapshot
+(tokenfab.planning.one_pass.Snapshot). Nothing here writes to the cluster.
+
+What is read: the deployment as the cluster view has it, with the freshest status (this process's last
+write if the watch has not shown it yet); spec.profile's plan (made off the reconcile path by the planner);
+the deployment's pods, groups, children and nodes from the view (converted by tokenfab.views); what the
+cluster serves (the ComputeDomain and PodGroup kinds); the autoscaler's due queries and the engines'
+in-flight counts from Prometheus; the launcher's lines from pod logs; a pvc:// source's claim. The free
+capacity is read later, inside the placement ledger's session (the snapshot's `room`), and a new group's
+IMEX channel template only when the plan asks for it (`Domains.channel_ready`).
+
+A pass may end here: the deployment is gone (None), its spec is invalid, spec.profile is not planned yet,
+or its last writes are not in the view yet (`Ended`: the status and Events to settle, and nothing else).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
-from tokenfab.api.models import ModelDeploymentSpec, RoleName
-from tokenfab.fleet.facts import ChildFacts
-from tokenfab.fleet.view import ClusterView, Key, PodFacts
-from tokenfab.planning import builders, contract
-from tokenfab.planning.capacity import Constraints, parse_quantity, untolerated
-from tokenfab.planning.eviction import CacheEntry, NodeCaches
-from tokenfab.planning.lifecycle import GroupView, NodeHealth, PodView
+from tokenfab import pod_logs
+from tokenfab.adapters import metrics
+from tokenfab.adapters.kube import ApiError, Obj
+from tokenfab.api.errors import SpecError, parse_model_deployment
+from tokenfab.api.models import (
+    Condition,
+    ModelDeployment,
+    ModelDeploymentSpec,
+    ModelDeploymentStatus,
+    ProfileStatus,
+    RoleName,
+)
+from tokenfab.fleet.view import Key, PodFacts, parse_time
+from tokenfab.planning import (
+    autoscaler,
+    builders,
+    contract,
+    launcher_log,
+    model_source,
+    sla,
+    weights_cache,
+    writes,
+)
+from tokenfab.planning.capacity import NodeFacts
+from tokenfab.planning.frontend import FrontendPod
+from tokenfab.planning.groups import DrainPolicy
+from tokenfab.planning.lifecycle import GroupView
+from tokenfab.planning.model_source import SourceClaim
+from tokenfab.planning.one_pass import SOURCE_LOOK_SECONDS, Snapshot, removing
+from tokenfab.planning.role_plan import FaultReaction
+from tokenfab.planning.room import Room
+from tokenfab.planning.status import invalid_status, merge_conditions, rfc3339
+from tokenfab.runtime import Context, Result
+from tokenfab.views import group_views, held, node_caches, node_health, usable_claims
+
+Event = tuple[str, str, str]  # (type, reason, message)
+
+# Polls a plan for (profile hash, request): the outcome once ready, None while it is being made.
+Planner = Callable[[str, sla.PlanRequest], sla.PlanOutcome | None]
+
+# Outcomes worth asking again for: the planner may be installed, or work, later.
+RETRY_SECONDS = {sla.PLANNER_UNAVAILABLE: 60.0, sla.PLANNER_FAILED: 300.0}
+SOURCE_READ_SECONDS = SOURCE_LOOK_SECONDS  # a pvc:// source's claim is read again this often
+CHILD_KINDS = (
+    "ConfigMap",
+    "PodDisruptionBudget",
+    "PersistentVolumeClaim",
+    *(k for _, k in writes.DISCOVERY_KINDS),
+)
 
 
-def pod_view(p: PodFacts) -> PodView:
-    return PodView(
-        name=p.name,
-        rank=int(p.labels.get(contract.LABEL_RANK, "0")),
-        phase=p.phase,
-        ready=p.ready,
-        node=p.node,
-        deleting=p.deleting,
-        ready_since=p.ready_since,
-        waiting=p.waiting,
-        gated=p.gated,
-        claims_pending=p.claims_pending,
-        pinned=p.pinned,
-        exit_message=p.exit_message,
-        unhealthy_since=p.unhealthy_since,
-    )
+@dataclass(frozen=True)
+class Observed:
+    """A pass's observation: the deployment's object and the snapshot its plan is made from."""
+
+    body: Obj
+    snapshot: Snapshot
 
 
-def group_views(pods: list[PodFacts], recorded: set[str]) -> dict[RoleName, list[GroupView]]:
-    by_group: dict[str, list[PodFacts]] = {}
-    for p in pods:
-        if p.labels.get(contract.COMPONENT) == "worker" and contract.LABEL_GROUP in p.labels:
-            by_group.setdefault(p.labels[contract.LABEL_GROUP], []).append(p)
-    out: dict[RoleName, list[GroupView]] = {}
-    for name, members in sorted(by_group.items()):
-        first = members[0]
-        labels, ann = first.labels, first.annotations
-        role: RoleName = labels[contract.LABEL_ROLE]  # type: ignore[assignment]
-        nodes: tuple[str, ...] = ()
-        for m in members:
-            if contract.ANN_GROUP_NODES in m.annotations:
-                nodes = tuple(m.annotations[contract.ANN_GROUP_NODES].split(","))
-                break
-        released: float | None = None
-        if not any(m.gated for m in members):
-            times = [float(m.annotations.get(contract.ANN_RELEASED) or (m.created or 0.0)) for m in members]
-            released = max(times) if times else None
-        draining = [
-            float(m.annotations[contract.ANN_DRAINING])
-            for m in members
-            if contract.ANN_DRAINING in m.annotations
-        ]
-        out.setdefault(role, []).append(
-            GroupView(
-                name=name,
-                role=role,
-                slot=int(labels.get(contract.LABEL_SLOT, "0")),
-                revision=labels.get(contract.LABEL_REVISION, ""),
-                domain=labels.get(contract.LABEL_DOMAIN, ""),
-                size=int(ann.get(contract.ANN_GROUP_SIZE, len(members))),
-                gpus=int(ann.get(contract.ANN_GROUP_GPUS, 0)),
-                pods=tuple(pod_view(p) for p in members),
-                recorded=name in recorded,
-                nodes=nodes,
-                released_at=released,
-                draining_since=min(draining) if draining else None,
-                created_at=min((m.created for m in members if m.created is not None), default=None),
-                start_path=ann.get(contract.ANN_START_PATH, ""),
-                unit=int(labels[contract.LABEL_UNIT])
-                if labels.get(contract.LABEL_UNIT, "").isdigit()
-                else None,
+@dataclass(frozen=True)
+class Ended:
+    """A pass that ends at its observation: the status to write and the Events to post, if any, and the
+    old kopf bookkeeping to take off (nothing else is written)."""
+
+    body: Obj
+    result: Result
+    status: ModelDeploymentStatus | None = None
+    events: tuple[Event, ...] = ()
+    legacy: Mapping[str, object] | None = None
+    gone: bool = False  # the deployment is going: only its old bookkeeping is taken off
+
+
+# ---------------------------------------------------------------------------------- spec.profile
+
+
+@dataclass(frozen=True)
+class Planning:
+    """The spec with the plan merged in (in memory), status.profile, and the Planned condition; `wait`
+    when no groups can be planned yet (no plan, or none possible)."""
+
+    spec: ModelDeploymentSpec
+    status: ProfileStatus | None
+    condition: Condition | None
+    wait: bool
+
+
+def plan_profile(
+    spec: ModelDeploymentSpec, old: ProfileStatus | None, planner: Planner | None, now: float
+) -> Planning:
+    """Fill what the spec leaves out from the plan for its profile (made once per profile hash, off the
+    reconcile path by `planner`)."""
+    if not spec.left_to_plan():
+        return Planning(spec, None, None, wait=False)
+    key = sla.profile_hash(spec)
+    status = old if old is not None and old.profile_hash == key else None
+    # The planner, not the profile, failed: ask again after a while.
+    retry = RETRY_SECONDS.get(status.reason) if status is not None else None
+    if status is not None and retry is not None and now - (parse_time(status.time) or 0.0) >= retry:
+        status = None
+    if status is None:
+        if planner is None:
+            outcome: sla.PlanOutcome | None = sla.PlanOutcome(
+                ok=False, reason=sla.PLANNER_UNAVAILABLE, message="this operator runs without a planner"
             )
+        else:
+            outcome = planner(key, sla.request_for(spec))
+        if outcome is None:
+            msg = f"planning {', '.join(spec.left_to_plan())} for spec.profile with aiconfigurator"
+            cond = Condition(type="Planned", status="Unknown", reason="Planning", message=msg)
+            return Planning(spec, old, cond, wait=True)
+        status = sla.plan_status(outcome, spec, rfc3339(now))
+    if not status.ok:
+        cond = Condition(type="Planned", status="False", reason=status.reason, message=status.message)
+        return Planning(spec, status, cond, wait=True)
+    try:
+        merged = sla.apply_plan(spec, status)
+    except ValueError as exc:
+        cond = Condition(type="Planned", status="False", reason="PlanInvalid", message=str(exc))
+        return Planning(spec, status, cond, wait=True)
+    cond = Condition(type="Planned", status="True", reason=sla.PLANNED, message=status.message)
+    return Planning(merged, status, cond, wait=False)
+
+
+def _waiting(body: Obj, md: ModelDeployment, planning: Planning, now: float) -> Ended:
+    """The pass of a deployment whose profile has no plan yet (or none possible): its Ready and Planned
+    conditions say so, and every child is left as it is."""
+    assert planning.condition is not None
+    planned = planning.condition
+    reason = "Planning" if planned.status == "Unknown" else planned.reason
+    ready = Condition(type="Ready", status="False", reason=reason, message=planned.message)
+    base = md.status or ModelDeploymentStatus()
+    generation = md.metadata.generation or 0
+    conds, changed = merge_conditions(base.conditions, [ready, planned], generation, now)
+    status = base.model_copy(
+        update={"conditions": conds, "profile": planning.status, "observed_generation": generation}
+    )
+    events = tuple(
+        (
+            "Warning" if cd.status == "False" and cd.reason != "Planning" else "Normal",
+            cd.reason,
+            f"{cd.type}={cd.status}: {cd.message}",
         )
-    return out
+        for cd in changed
+    )
+    result = Result(requeue_after=5.0)
+    result.conditions_changed = [f"{cd.type}={cd.status}/{cd.reason}" for cd in changed]
+    return Ended(body, result, status, events, writes.legacy_patch(body["metadata"]))
 
 
-def node_health(view: ClusterView, pods: list[PodFacts], constraints: Constraints) -> dict[str, NodeHealth]:
-    """Health of the nodes this deployment's pods are bound or pinned to (a node missing here is gone)."""
-    out = {}
-    for name in {n for p in pods for n in (p.node, p.pinned) if n}:
-        node = view.node(name)
-        if node is None:
-            continue
-        schedulable = not node.unschedulable and not untolerated(node, constraints.tolerations)
-        out[name] = NodeHealth(node.ready, node.not_ready_since, schedulable, node.faults)
-    return out
+# ------------------------------------------------------------------------------------------- the spec
 
 
-def node_caches(view: ClusterView, key: Key, nodes: Iterable[str]) -> NodeCaches:
-    """What the other deployments keep on the nodes: the nodes they pre-stage and, on those of `nodes`
-    (this deployment's model cache claims) labelled with a model cache capacity, their claims there."""
-    capacity: dict[str, int] = {}
-    for name in nodes:
-        node = view.node(name)
-        raw = node.labels.get(contract.LABEL_CACHE_CAPACITY) if node else None
+def take(keys: set[Key], key: Key) -> bool:
+    """Whether `key` was in `keys`, removed in one step (another thread may add it at any time)."""
+    try:
+        keys.remove(key)
+    except KeyError:
+        return False
+    return True
+
+
+def last_status(ctx: Context, key: Key, body: Obj, md: ModelDeployment) -> ModelDeploymentStatus | None:
+    """The status this pass builds on: the watched object's, or the one this process wrote moments ago
+    if the watch has not shown it yet."""
+    mem = ctx.mem(key)
+    if mem.status is not None:
+        written, rv, when = mem.status
+        if body["metadata"].get("resourceVersion") != rv and time.time() - when < ctx.settings.applied_grace:
+            try:
+                return ModelDeploymentStatus.model_validate(written)
+            except ValueError:
+                return md.status
+    return md.status
+
+
+def _parsed(ctx: Context, key: Key, now: float) -> tuple[Obj, ModelDeployment] | Ended | None:
+    """The deployment as the view has it, with its freshest status; None when it is gone (or going), an
+    Ended pass when its spec is invalid."""
+    body = ctx.view.model_deployment(key)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        # (its reservations stay until its pods appear or they expire: see Controller.on_model_deployment)
+        ctx.expectations.forget(key)
+        ctx.memory.pop(key, None)
+        ctx.urgent.discard(key)
+        if body is not None and (patch := writes.legacy_patch(body["metadata"])) is not None:
+            return Ended(body, Result(), legacy=patch, gone=True)
+        return None
+    ctx.mem(key)  # (this deployment's memory exists from its first pass on)
+    try:
+        md = parse_model_deployment(body)
+    except SpecError as exc:
+        try:  # a status written by another operator version must not stop the spec from being served
+            md = parse_model_deployment({**body, "status": None})
+        except SpecError:
+            status, changed = invalid_status(body, exc.errors, now)
+            events = tuple(("Warning", "InvalidSpec", cd.message) for cd in changed[:1])
+            return Ended(body, Result(), status, events, writes.legacy_patch(body["metadata"]))
+    # Decide from the freshest status: this process's last write if the watch has not shown it yet
+    # (the autoscaler's windows, the failure counts, the plan and the placement record live there).
+    return body, md.model_copy(update={"status": last_status(ctx, key, body, md)})
+
+
+# ------------------------------------------------------------------------------------------- Prometheus
+
+
+def _default_reader(url: str, query: str) -> metrics.Reading:
+    return metrics.read(url, query)
+
+
+def drain_policy(
+    spec: ModelDeploymentSpec,
+    groups: Mapping[RoleName, list[GroupView]],
+    desired: Mapping[RoleName, int],
+    read: Callable[[str, str], metrics.Reading],
+    namespace: str,
+    name: str,
+) -> DrainPolicy:
+    """How this pass's groups leave. With a Prometheus (spec.autoscaling.prometheusUrl) and drainSeconds,
+    drains are observed: the engines' in-flight requests are read when a group drains or may start to
+    (more groups than wanted, or a rollout); a failed read leaves every group's count unknown (a drain
+    then waits for its deadline). Without one, or with serving.drainMode sigterm, groups go at once and
+    drain on SIGTERM."""
+    seconds = float(spec.serving.drain_seconds)
+    url = spec.autoscaling.prometheus_url
+    if seconds <= 0 or not url or spec.serving.drain_mode == "sigterm":
+        return DrainPolicy(seconds, None)
+    if not removing(spec, groups, desired):
+        return DrainPolicy(seconds, {})
+    reading = read(url, metrics.inflight_query(namespace, name))
+    inflight = {g: s.value for g, s in (reading.samples or {}).items() if s.age_seconds <= 30}
+    return DrainPolicy(seconds, inflight)
+
+
+@dataclass(frozen=True)
+class Readings:
+    """What a pass read from Prometheus before it took the placement ledger."""
+
+    asked: autoscaler.Queries = field(default_factory=autoscaler.Queries)
+    values: Mapping[str, metrics.Reading] = field(default_factory=dict)
+    drain: DrainPolicy | None = None
+
+
+def read_prometheus(
+    ctx: Context, key: Key, md: ModelDeployment, groups: Mapping[RoleName, list[GroupView]], now: float
+) -> Readings:
+    """The autoscaler's due queries (at once when the burst watch asked) and the engines' in-flight
+    counts for drains. A burst watch's ask that comes too soon after the last evaluation is kept for the
+    next pass."""
+    spec = md.spec
+    read = metrics.one_timeout_per_pass(ctx.reader or _default_reader)
+    urgent = take(ctx.urgent, key)  # the burst watch saw a burst begin: evaluate without waiting the interval
+    asked = autoscaler.queries(md, now, urgent)
+    if asked.kept:
+        ctx.urgent.add(key)
+    values = {q: read(asked.url, q) for q in asked.texts()}
+    drain = drain_policy(spec, groups, autoscaler.remembered_groups(md), read, key[0], key[1])
+    return Readings(asked, values, drain)
+
+
+# ------------------------------------------------------------------------------------------- the API
+
+
+def compute_domain_block(ctx: Context, spec: ModelDeploymentSpec) -> dict[RoleName, str]:
+    """Why a role can create no group here: its groups claim an IMEX channel and the cluster does not
+    serve NVIDIA's ComputeDomain kind."""
+    roles = [r for r, _ in spec.roles() if builders.uses_compute_domain(spec, r)]
+    if not roles:
+        return {}
+    try:
+        served = ctx.kube.has_kind(contract.COMPUTE_DOMAIN_API, "ComputeDomain")
+    except ApiError:
+        served = False
+    if served:
+        return {}
+    return {
+        role: f"{role} groups need an NVIDIA ComputeDomain ({contract.COMPUTE_DOMAIN_API}) but its CRD is "
+        "not installed: install NVIDIA's DRA driver, or set spec.topology.computeDomain to false"
+        for role in roles
+    }
+
+
+def gang_mode(ctx: Context, spec: ModelDeploymentSpec) -> builders.GangMode:
+    """How multi-node groups bind all or nothing: the operator's setting, else the PodGroup gang API where
+    the cluster serves it, else tokenfab's scheduling gates."""
+    mode = ctx.settings.gang
+    if mode in ("podgroup", "gates"):
+        return mode  # type: ignore[return-value]
+    if not any(builders.group_shape(spec, r).nodes > 1 for r, _ in spec.roles()):
+        return "gates"  # one-pod groups need neither
+    try:
+        return "podgroup" if ctx.kube.has_kind(contract.POD_GROUP_API, "PodGroup") else "gates"
+    except ApiError:
+        return "gates"
+
+
+def channel_reader(ctx: Context, namespace: str) -> Callable[[str], bool]:
+    """Whether a ComputeDomain's IMEX channel ResourceClaimTemplate exists (NVIDIA's DRA driver makes it,
+    in the ComputeDomain's namespace, under the name the ComputeDomain gives): read when the plan asks,
+    once per pass."""
+
+    @functools.cache
+    def ready(template: str) -> bool:
         try:
-            capacity.update({name: int(parse_quantity(raw))} if raw else {})
-        except ValueError:
-            continue  # (a label that is no quantity gives no capacity: nothing is evicted there)
-    staged = view.staged_elsewhere(key)
-    if not capacity:
-        return NodeCaches(staged)
-    others = tuple(
-        CacheEntry(f"{p.namespace}/{p.name}", p.node, p.size, view.idle_since(owner).get(p.node))
-        for p in view.all_children("PersistentVolumeClaim")
-        if p.node in capacity
-        for owner in {(p.namespace, o) for o in (*p.owners, *((p.deployment,) if p.deployment else ()))}
-        if owner != key
+            got = ctx.kube.get(
+                contract.RESOURCE_CLAIM_TEMPLATE_API, "ResourceClaimTemplate", template, namespace
+            )
+        except ApiError:
+            return False
+        return got is not None
+
+    return ready
+
+
+def source_claim(ctx: Context, key: Key, spec: ModelDeploymentSpec, now: float) -> SourceClaim | None:
+    """The claim a pvc:// source names, read again at most every SOURCE_READ_SECONDS (None: no pvc://)."""
+    name = model_source.claim_name(spec)
+    if name is None:
+        return None
+    mem = ctx.mem(key)
+    last = mem.source_claim
+    if last is not None and last[0].name == name and now - last[1] < SOURCE_READ_SECONDS:
+        return last[0]
+    try:
+        obj = ctx.kube.get("v1", "PersistentVolumeClaim", name, key[0])
+        modes = tuple((obj or {}).get("spec", {}).get("accessModes") or ())
+        got = SourceClaim(name, obj is not None, modes)
+    except ApiError as exc:
+        got = SourceClaim(name, False, error=str(exc)[:500])
+    mem.source_claim = (got, now)
+    return got
+
+
+# ------------------------------------------------------------------------------------------- the view
+
+
+def frontend_pods(pods: list[PodFacts]) -> tuple[FrontendPod, ...]:
+    """The deployment's frontend pods that have not ended, and their nodes."""
+    return tuple(
+        FrontendPod(p.name, p.node or "", p.deleting)
+        for p in pods
+        if p.labels.get(contract.COMPONENT) == "frontend" and not p.terminal
     )
-    # (a claim another deployment's pods mount, or are about to, before it owns the claim: pinned)
-    mounted = tuple(
-        CacheEntry(f"{p.namespace}/{p.cache_claim}", where, 0, None)
-        for p in view.all_pods()
-        if p.cache_claim and (p.namespace, p.deployment) != key
-        for where in (p.usage_node,)
-        if where is not None and where in capacity
+
+
+def fetch_pods(
+    pods: list[PodFacts], progress: Mapping[str, launcher_log.Progress] | None = None
+) -> tuple[weights_cache.FetchPod, ...]:
+    """The deployment's weights-fetch pods (pre-staging), with the node each is pinned to and the download
+    so far its log said (`progress`: pod -> bytes)."""
+    return tuple(
+        weights_cache.FetchPod(
+            p.name,
+            p.pinned or p.node or "",
+            p.phase,
+            p.annotations.get(contract.ANN_WEIGHTS, ""),
+            p.waiting,
+            p.deleting,
+            p.exit_message,
+            (progress or {}).get(p.name),
+        )
+        for p in pods
+        if p.labels.get(contract.COMPONENT) == contract.COMPONENT_WEIGHTS_FETCH
     )
-    return NodeCaches(staged, others + mounted, capacity)
 
 
-def usable_claims(view: ClusterView, owner: builders.Owner, spec: ModelDeploymentSpec) -> list[ChildFacts]:
-    """The model cache claims of the namespace the deployment's pods would mount (those of its source,
-    storage class and size), whichever deployment made them."""
-    if not builders.uses_model_cache_claims(spec):
-        return []
-    return [
-        pvc
-        for pvc in view.model_caches(owner.namespace)
-        if pvc.name == builders.model_cache_claim_name(owner, spec, pvc.node)
-    ]
+def fault_reaction(ctx: Context, md: ModelDeployment) -> FaultReaction:
+    """The operator's way of answering faults, with when each open fault of the status was first seen."""
+    mode = ctx.settings.fault_reaction
+    if mode not in ("replace", "none", "gang-delete"):
+        mode = "replace"
+    seen = {
+        r.group: t
+        for r in (md.status.faults if md.status else [])
+        if r.recovered is None and (t := parse_time(r.time))
+    }
+    return FaultReaction(mode, ctx.settings.gang_delete_seconds, seen)  # type: ignore[arg-type]
 
 
-def held(pvc: ChildFacts, key: str) -> str:
-    """What a model cache claim holds, as a pass reads it: the spec's weights when it holds them, else
-    another revision it holds ("" none)."""
-    return key if key in pvc.holds else (pvc.holds[0] if pvc.holds else "")
+def children_seen(ctx: Context, key: Key, pods: list[PodFacts]) -> writes.Seen:
+    """The deployment's children, its pods' revisions and claims, and the namespace's model cache claims
+    left with no owner: what decides the deletes of what is no longer wanted."""
+    children = tuple(
+        writes.Child(kind, ch.name, ch.role, ch.revision, ch.node, ch.owners, ch.version)
+        for kind in CHILD_KINDS
+        for ch in ctx.view.children(kind, key)
+    )
+    orphans = tuple(
+        writes.Child("PersistentVolumeClaim", p.name, node=p.node, version=p.version)
+        for p in ctx.view.model_caches(key[0])
+        if not p.owners and not p.deployment
+    )
+    return writes.Seen(
+        children=children,
+        revisions=frozenset(
+            (p.labels.get(contract.LABEL_ROLE, ""), p.labels.get(contract.LABEL_REVISION, "")) for p in pods
+        ),
+        pod_claims=frozenset(p.cache_claim for p in pods),
+        orphan_claims=orphans,
+        mounted=functools.cache(lambda: ctx.view.mounted_elsewhere(key)),
+    )
+
+
+def _no_room() -> tuple[list[NodeFacts], dict[str, dict[str, int]]]:
+    raise RuntimeError("free capacity is read inside the placement ledger's session only")
+
+
+# ------------------------------------------------------------------------------------------- the phase
+
+
+def observe(ctx: Context, key: Key, now: float) -> Observed | Ended | None:
+    """The pass's snapshot (its room still to be read, inside the ledger's session); or an Ended pass (an
+    invalid spec, a profile not planned yet, writes the watch has not shown yet); or None when the
+    deployment is gone."""
+    parsed = _parsed(ctx, key, now)
+    if not isinstance(parsed, tuple):
+        return parsed
+    body, md = parsed
+    profile = plan_profile(md.spec, md.status.profile if md.status else None, ctx.planner, now)
+    if profile.wait:  # no plan yet (or none possible): say so, and leave every child as it is
+        return _waiting(body, md, profile, now)
+    md = md.model_copy(update={"spec": profile.spec})
+    if not ctx.expectations.satisfied(key, ctx.view, now):
+        return Ended(body, Result(requeue_after=1.0, waited=True))
+    owner = builders.Owner(name=key[1], namespace=key[0], uid=body["metadata"]["uid"])
+    constraints = builders.placement_constraints(md.spec)
+    pods = ctx.view.pods(key)
+    groups = group_views(pods, {p.group for p in (md.status.placement if md.status else [])})
+    read = read_prometheus(ctx, key, md, groups, now)
+    frontend = ctx.view.child("Deployment", key[0], builders.frontend_name(owner))
+    claims = usable_claims(ctx.view, owner, md.spec)
+    logs = pod_logs.read(ctx, key, md.spec, pods, now)
+    compute_domains = ctx.view.children("ComputeDomain", key)
+    unit_domains = [ch for ch in compute_domains if ch.unit.isdigit()]
+    return Observed(
+        body,
+        Snapshot(
+            owner=owner,
+            md=md,
+            groups=groups,
+            health=node_health(ctx.view, pods, constraints),
+            room=Room(_no_room, constraints),
+            now=now,
+            asked=read.asked,
+            readings=read.values,
+            drain=read.drain,
+            blocked=compute_domain_block(ctx, md.spec),
+            bind_timeout=ctx.settings.bind_timeout,
+            frontend_available=frontend.available_replicas if frontend else 0,
+            frontend=frontend_pods(pods),
+            frontend_replaces=frontend.replaces if frontend else "",
+            profile=profile.status,
+            planned=profile.condition,
+            source=model_source.condition(key[0], source_claim(ctx, key, md.spec, now)),
+            pod_nodes=frozenset(n for p in pods if (n := p.pinned or p.node)),
+            claims={pvc.node: held(pvc, builders.weights_key(md.spec)) for pvc in claims},
+            fetch_pods=fetch_pods(pods, logs.progress),
+            weights_sources=logs.weights,
+            loading=logs.loading,
+            caches=node_caches(ctx.view, key, [p.node for p in claims]),
+            reaction=fault_reaction(ctx, md),
+            unit_domains={ch.name: int(ch.unit) for ch in unit_domains},
+            units_down=frozenset(int(ch.unit) for ch in unit_domains if ch.state == "NotReady"),
+            gang=gang_mode(ctx, md.spec),
+            domains=writes.Domains(
+                frozenset(ch.name for ch in compute_domains),
+                ctx.view.synced.get("ComputeDomain", False),
+                channel_reader(ctx, key[0]),
+            ),
+            children=children_seen(ctx, key, pods),
+            legacy=writes.legacy_patch(body["metadata"]),
+        ),
+    )

@@ -7,7 +7,6 @@ never decides anything on its own, and losing it (a restart) costs at most one r
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,9 +47,8 @@ class Memory:
     applied: dict[tuple[str, str], tuple[str, float]] = field(default_factory=dict)  # child -> hash, when
     status: tuple[Obj, str, float] | None = None  # status written, resourceVersion returned, when
     errors_posted: dict[str, float] = field(default_factory=dict)  # error text -> when its Event went out
-    legacy_checked: str = ""  # uid whose legacy kopf bookkeeping was already removed
+    legacy_checked: str = ""  # the resourceVersion whose old kopf bookkeeping was patched off
     pod_writes: dict[tuple[str, str], float] = field(default_factory=dict)  # (pod, what) -> when written
-    admitted: set[str] = field(default_factory=set)  # groups whose late PodGroup this process wrote
     # per worker pod (name@created): where its launcher got the weights (its log), and when to read again
     launcher: dict[str, tuple[Outcome | None, float]] = field(default_factory=dict)
     progress: dict[str, Progress] = field(default_factory=dict)  # a pod downloading -> its download so far
@@ -93,16 +91,19 @@ class Result:
     waiting_for_capacity: bool = False
     waited: bool = False  # the pass only waited for the watch to show its last writes
     timings: dict[str, float] = field(default_factory=dict)  # seconds per phase of the pass
-    # Writes handed to the writer and not yet answered, and the rest of the pass to run once they are.
-    pending: list[Future[Any]] = field(default_factory=list)
-    finish: Callable[[], None] | None = None
-
-    def complete(self) -> None:
-        """Run the rest of the pass (once): its writes' answers wait here if they are still out."""
-        finish, self.finish = self.finish, None
-        if finish is not None:
-            finish()
 
     @property
     def wrote(self) -> bool:
         return bool(self.created or self.deleted or self.released or self.applied)
+
+
+def wait_all(futures: list[tuple[Future[Any], Any]], result: Result) -> list[Any]:
+    """Wait for submitted writes; returns the tags of the ones that failed (errors go to the result)."""
+    failed = []
+    for fut, tag in futures:
+        try:
+            fut.result()
+        except ApiError as exc:
+            result.errors.append(exc)
+            failed.append(tag)
+    return failed

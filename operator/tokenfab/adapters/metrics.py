@@ -22,50 +22,50 @@ from prometheus_api_client import PrometheusConnect
 from urllib3.util.retry import Retry
 
 from tokenfab.planning import contract
-from tokenfab.planning.autoscaling import Sample
-from tokenfab.planning.signals import (
+from tokenfab.planning.autoscaler.policy import Sample
+from tokenfab.planning.autoscaler.signals import (
     FRONTEND_INFLIGHT as FRONTEND_INFLIGHT,
 )
-from tokenfab.planning.signals import (
+from tokenfab.planning.autoscaler.signals import (
     FRONTEND_INPUT_TOKENS as FRONTEND_INPUT_TOKENS,
 )
-from tokenfab.planning.signals import (
+from tokenfab.planning.autoscaler.signals import (
     FRONTEND_REQUESTS as FRONTEND_REQUESTS,
 )
-from tokenfab.planning.signals import (
+from tokenfab.planning.autoscaler.signals import (
     INFLIGHT_METRIC as INFLIGHT_METRIC,
 )
-from tokenfab.planning.signals import (
+from tokenfab.planning.autoscaler.signals import (
     KV_METRIC as KV_METRIC,
 )
-from tokenfab.planning.signals import (
+from tokenfab.planning.autoscaler.signals import (
     QUEUE_METRIC as QUEUE_METRIC,
 )
-from tokenfab.planning.signals import (
+from tokenfab.planning.autoscaler.signals import (
     Reading as Reading,
 )
-from tokenfab.planning.signals import (
+from tokenfab.planning.autoscaler.signals import (
     arrival_query as arrival_query,
 )
-from tokenfab.planning.signals import (
+from tokenfab.planning.autoscaler.signals import (
     fleet_inflight_query as fleet_inflight_query,
 )
-from tokenfab.planning.signals import (
+from tokenfab.planning.autoscaler.signals import (
     freshness_query as freshness_query,
 )
-from tokenfab.planning.signals import (
+from tokenfab.planning.autoscaler.signals import (
     frontend_inflight_query as frontend_inflight_query,
 )
-from tokenfab.planning.signals import (
+from tokenfab.planning.autoscaler.signals import (
     inflight_query as inflight_query,
 )
-from tokenfab.planning.signals import (
+from tokenfab.planning.autoscaler.signals import (
     input_tokens_query as input_tokens_query,
 )
-from tokenfab.planning.signals import (
+from tokenfab.planning.autoscaler.signals import (
     kv_query as kv_query,
 )
-from tokenfab.planning.signals import (
+from tokenfab.planning.autoscaler.signals import (
     queue_query as queue_query,
 )
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from tokenfab.api.models import Condition, FaultRecord
 from tokenfab.planning.faults import flapping
 from tokenfab.planning.groups import Create, RolePlan
-from tokenfab.planning.scaler.memory import parse
+from tokenfab.planning.status import parse_rfc3339 as parse
 from tokenfab.planning.status import rfc3339
 
 KEEP = 10  # records kept in status, newest last

@@ -72,6 +72,9 @@ class PodView:
     # When its health endpoint stopped answering after it had served (its container passed the startup
     # probe and was ready, then the readiness probe failed); None: healthy, or never ready yet.
     unhealthy_since: float | None = None
+    containers_ready: bool = False  # its containers are ready (a leader then waits to be made routable)
+    routable: bool | None = None  # its routable readiness gate's condition (None: not set)
+    marked_draining: bool = False  # marked draining (taken out of routing)
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,7 @@ class GroupView:
     created_at: float | None = None  # when its first pod was created (None: unknown)
     start_path: str = ""  # warm | fetching | cold: how its nodes' model caches stood when it was placed
     unit: int | None = None  # its prefill-decode unit, as written on its pods (None: none written)
+    drain_inflight: str = ""  # the requests in flight when its drain began, as marked on its pods
 
 
 def missing_ranks(group: GroupView) -> list[int]:

@@ -25,7 +25,8 @@ from tokenfab.api.models import (
     RoleName,
     WeightsCacheStatus,
 )
-from tokenfab.planning import builders, fault_report, recovery, weights_cache
+from tokenfab.planning import autoscaler, builders, contract, fault_report, recovery, weights_cache, writes
+from tokenfab.planning.autoscaler.signals import Reading
 from tokenfab.planning.eviction import NodeCaches
 from tokenfab.planning.fabric import CONDITION as FABRIC
 from tokenfab.planning.fabric import condition as fabric_condition
@@ -37,10 +38,7 @@ from tokenfab.planning.launcher_log import Progress
 from tokenfab.planning.lifecycle import UNHEALTHY_GRACE, GroupView, NodeHealth, classify
 from tokenfab.planning.role_plan import FaultReaction
 from tokenfab.planning.room import FreeDomains, LazyDomains, Reservation, Room
-from tokenfab.planning.scaler import Outcome, autoscale, next_due
-from tokenfab.planning.scaler.memory import parse
-from tokenfab.planning.signals import Reading
-from tokenfab.planning.status import Observed, build_status, placement, rfc3339
+from tokenfab.planning.status import Observed, build_status, parse_rfc3339, placement, rfc3339
 from tokenfab.planning.topology import Domain, GroupShape
 from tokenfab.planning.units import UNIT_ROLES, Units, units_of
 
@@ -63,11 +61,10 @@ class Snapshot:
     health: Mapping[str, NodeHealth]
     room: Room
     now: float
-    readings: Mapping[str, Reading] = field(default_factory=dict)  # the autoscaler's, by query
+    asked: autoscaler.Queries = field(default_factory=autoscaler.Queries)  # what the autoscaler asked
+    readings: Mapping[str, Reading] = field(default_factory=dict)  # their answers, by query
     drain: DrainPolicy | None = None  # how groups leave (with the engines' in-flight counts when read)
     blocked: Mapping[RoleName, str] = field(default_factory=dict)  # why a role can create no group here
-    urgent: bool = False  # the burst watch asked for an early evaluation
-    urgent_kept: bool = False  # it asked too soon after the last one: kept for the next pass
     bind_timeout: float = float("inf")  # seconds a released group may take to bind
     frontend_available: int = 0
     frontend: tuple[FrontendPod, ...] = ()  # its frontend pods that have not ended
@@ -86,6 +83,10 @@ class Snapshot:
     unit_domains: Mapping[str, int] = field(default_factory=dict)  # its units' ComputeDomains: name -> unit
     units_down: frozenset[int] = frozenset()  # the units whose ComputeDomain is NotReady
     units: bool = True  # prefill-decode units (False: each group placed alone, a benchmark's baseline)
+    gang: builders.GangMode = "gates"  # how its multi-node groups bind all or nothing (the cluster's API)
+    domains: writes.Domains = field(default_factory=writes.Domains)  # ComputeDomains and their channels
+    children: writes.Seen = field(default_factory=writes.Seen)  # its children, for what is no longer wanted
+    legacy: Mapping[str, object] | None = None  # the patch that removes old kopf bookkeeping (None: none)
 
     @property
     def spec(self) -> ModelDeploymentSpec:
@@ -100,17 +101,11 @@ class Plan:
     desired: dict[RoleName, int]  # groups per role
     roles: list[RolePlan]
     reservations: list[Reservation]
-    children: Children  # the shared children, each applied when it differs from the cluster's
+    writes: writes.Writes  # every write of the pass but the status, in the order they go out
     failures: dict[str, RoleFailures]  # per role, kept in status (a restart keeps the backoff)
-    autoscaling: Outcome | None = None
+    autoscaling: autoscaler.Outcome  # the groups per role (ratio applied), the autoscaler's memory
     events: list[Event] = field(default_factory=list)  # the autoscaler's ScaledUp / ScaledDown
     requeue_after: float | None = None  # when time alone may change this plan
-    # Pods bound to a node that no longer exists: deleted at once (grace 0), not left to the pod GC. Nothing
-    # runs them (no kubelet), and until they go the group's name, PodGroup and IMEX channels are held.
-    force_delete: tuple[str, ...] = ()
-    fetch_deletes: tuple[str, ...] = ()  # weights-fetch pods done or no longer wanted (weights_cache)
-    claim_deletes: tuple[str, ...] = ()  # model cache claims evicted (planning.eviction)
-    domain_deletes: tuple[str, ...] = ()  # ComputeDomains of units left without a group (planning.units)
     units: Units | None = None  # the prefill-decode units once this plan is done (None: it has none)
     weights_cache: WeightsCacheStatus | None = None  # status.weightsCache
 
@@ -120,16 +115,6 @@ class Plan:
 
 
 # ------------------------------------------------------------------------------------------ desired
-
-
-def desired_groups(md: ModelDeployment) -> dict[RoleName, int]:
-    """Groups per role: the spec's, or the autoscaler's decision (kept in status) when it is on."""
-    spec = md.spec
-    wanted = builders.spec_groups(spec)
-    scaler = md.status.autoscaling if md.status else None
-    if spec.autoscaling.enabled and scaler is not None:
-        wanted.update({role: n for role, n in scaler.desired.items() if role in wanted})
-    return builders.with_ratio(spec, wanted)
 
 
 def removing(
@@ -148,7 +133,7 @@ def removing(
 
 
 def _failures(f: RoleFailures) -> recovery.Failures:
-    return recovery.Failures(f.failures, parse(f.last_failure) or 0.0, f.message)
+    return recovery.Failures(f.failures, parse_rfc3339(f.last_failure) or 0.0, f.message)
 
 
 def failures_of(status: ModelDeploymentStatus | None) -> dict[str, recovery.Failures]:
@@ -174,7 +159,9 @@ def next_failures(
         prev = before.get(plan.role)
         broken = [plan.broken_reasons[d.name] for d in plan.delete if d.name in plan.broken_reasons]
         healthy = plan.desired > 0 and plan.ready >= plan.desired
-        since = (parse(prev.healthy_since) if prev and prev.healthy_since else None) if healthy else None
+        since = (
+            (parse_rfc3339(prev.healthy_since) if prev and prev.healthy_since else None) if healthy else None
+        )
         nxt = recovery.update(_failures(prev) if prev else None, broken, plan.ready, plan.desired, since, now)
         if nxt is None:
             continue
@@ -317,47 +304,26 @@ def role_units(x: RoleInputs, plans: list[RolePlan]) -> Units | None:
 # ------------------------------------------------------------------------------------------ the plan
 
 
-def _scale(
-    s: Snapshot, capacity: FreeDomains
-) -> tuple[dict[RoleName, int], ModelDeploymentSpec, Outcome | None]:
-    """The groups per role and the spec with the frontend's size, after the autoscaler's step."""
+def _scale(s: Snapshot, capacity: FreeDomains) -> tuple[ModelDeploymentSpec, autoscaler.Outcome]:
+    """The autoscaler's step: the groups per role, and the spec with the frontend's size."""
     spec, md = s.spec, s.md
-    desired = desired_groups(md)
-    if not spec.autoscaling.enabled:
-        return desired, spec, None
-
-    def reader(_url: str, query: str) -> Reading:
-        return s.readings.get(query) or Reading(None, "not read by this pass", query)
-
     warmth = weights_cache.node_warmth(spec, s.claims, s.caches.staged_elsewhere)
-    outcome = autoscale(md, s.groups, s.health, capacity, s.now, reader, s.urgent, warmth)
-    desired = dict(outcome.groups)
+    seen = autoscaler.Seen(s.now, s.asked, s.readings, s.groups, s.health)
+    memory = md.status.autoscaling if md.status else None
+    outcome = autoscaler.step(md, seen, memory, autoscaler.Capacity(capacity, warmth))
     if outcome.frontend_replicas is not None:  # the frontend sized from its ingress
         serving = spec.serving.model_copy(update={"frontend_replicas": outcome.frontend_replicas})
         spec = spec.model_copy(update={"serving": serving})
-    return desired, spec, outcome
+    return spec, outcome
 
 
-def _scaling_events(outcome: Outcome | None) -> list[Event]:
+def _scaling_events(outcome: autoscaler.Outcome) -> list[Event]:
     return [
         ("Normal", "ScaledUp" if d.direction == "up" else "ScaledDown",
          f"{role} {d.current} -> {d.desired} groups: {metric} {d.message} ({d.reason})")
-        for role, metric, d in (outcome.decisions if outcome else [])
+        for role, metric, d in outcome.decisions
         if d.direction != "hold"
     ]  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Children:
-    """The shared children, in the order they are written: the workers' headless Service (before the new
-    groups' pods it selects); the pods' discovery identity (a ServiceAccount and Role before the RoleBinding
-    that names them, all before the first pods that name the ServiceAccount); then, after the new groups,
-    the per-node model caches the pods mount, the frontend Deployment and Service, the engine ConfigMaps
-    of the current revisions and a PodDisruptionBudget per role."""
-
-    workers_service: Manifest
-    identity: tuple[Manifest, ...]  # () or (ServiceAccount, Role, RoleBinding)
-    rest: tuple[Manifest, ...]
 
 
 def children(
@@ -368,11 +334,16 @@ def children(
     weights: Mapping[str, str] | None = None,
     fetch: Iterable[str] = (),
     replaces: str = "",
-) -> Children:
-    """The shared children of the plan; `nodes` are those the deployment's pods are on or pinned to, and
-    the pre-staged ones (the new groups' nodes are added: each gets its model cache, marked with the
-    weights served from it); `fetch`: the nodes whose weights-fetch pod is to be made; `replaces`: the
-    frontend pods its pod template replaces (planning.frontend)."""
+) -> tuple[Manifest, tuple[Manifest, ...], tuple[Manifest, ...]]:
+    """The shared children of the plan, in the order they are written: the workers' headless Service
+    (before the new groups' pods it selects); the pods' discovery identity (a ServiceAccount and Role
+    before the RoleBinding that names them, all before the first pods that name the ServiceAccount); then,
+    after the new groups, the per-node model caches the pods mount, the frontend Deployment and Service,
+    the engine ConfigMaps of the current revisions and a PodDisruptionBudget per role. `nodes` are those
+    the deployment's pods are on or pinned to, and the pre-staged ones (the new groups' nodes are added:
+    each gets its model cache, marked with the weights served from it); `fetch`: the nodes whose
+    weights-fetch pod is to be made; `replaces`: the frontend pods its pod template replaces
+    (planning.frontend)."""
     nodes = nodes | {n for r in roles for cr in r.create for n in cr.nodes}
     rest: list[Manifest] = [*builders.model_cache_claims(owner, spec, nodes, weights)]
     rest += [builders.weights_fetch_pod(owner, spec, n, weights_cache.weights_key(spec)) for n in fetch]
@@ -383,22 +354,31 @@ def children(
         for p in roles
         if spec.role(p.role)
     ]
-    return Children(
-        builders.workers_service(owner, spec), tuple(builders.discovery_rbac(owner, spec)), tuple(rest)
-    )
+    return builders.workers_service(owner, spec), tuple(builders.discovery_rbac(owner, spec)), tuple(rest)
 
 
 def plan(s: Snapshot) -> Plan:
     """Everything this pass decides, from what it observed."""
     capacity = FreeDomains(s.room, s.spec, s.owner)
-    desired, spec, outcome = _scale(s, capacity)
+    spec, outcome = _scale(s, capacity)
+    desired = outcome.groups
     old = failures_of(s.md.status)
     inputs = RoleInputs(
-        spec, desired, s.groups, s.health, s.now, s.bind_timeout, s.blocked,
-        {role: _hold(old.get(role), s.now) for role in PLAN_ORDER}, s.drain, s.reaction,
-        frozenset(fault_report.avoided(s.md.status.faults if s.md.status else [], s.now)),
-        weights_cache.node_warmth(spec, s.claims, s.caches.staged_elsewhere), s.units_down, s.units,
-    )  # fmt: skip
+        spec=spec,
+        desired=desired,
+        groups=s.groups,
+        health=s.health,
+        now=s.now,
+        bind_timeout=s.bind_timeout,
+        blocked=s.blocked,
+        holds={role: _hold(old.get(role), s.now) for role in PLAN_ORDER},
+        drain=s.drain,
+        reaction=s.reaction,
+        avoid=frozenset(fault_report.avoided(s.md.status.faults if s.md.status else [], s.now)),
+        warmth=weights_cache.node_warmth(spec, s.claims, s.caches.staged_elsewhere),
+        units_down=s.units_down,
+        units=s.units,
+    )
     roles = plan_roles(inputs, capacity, commit=capacity.reserve)
     units = role_units(inputs, roles)
     live = set(units.members) if units is not None else set()
@@ -409,24 +389,59 @@ def plan(s: Snapshot) -> Plan:
     )
     frontend = s.frontend if s.reaction.mode == "replace" else ()  # (a baseline leaves it to Kubernetes)
     off, (lost, said) = move_frontend(frontend, s.health, s.frontend_replaces), gone(frontend, s.health)
+    kids = children(s.owner, spec, roles, s.pod_nodes | staged.nodes, staged.marks, staged.create, off.moved)
+    # What the plan itself lets go: pods bound to a node that no longer exists, deleted at once (grace 0),
+    # not left to the pod GC (nothing runs them, and until they go the group's name, PodGroup and IMEX
+    # channels are held); weights-fetch pods done; model caches evicted; unit ComputeDomains left without
+    # a group.
+    gone_pods = orphans(s) + lost if s.reaction.mode == "replace" else ()
+    evicted = [builders.model_cache_claim_name(s.owner, spec, n) for n in staged.evict]
+    unit_domains = sorted(n for n, unit in s.unit_domains.items() if unit not in live)
+    goes = (
+        *(writes.Delete("v1", "Pod", pod, force=True) for pod in gone_pods),
+        *(writes.Delete("v1", "Pod", pod) for pod in staged.delete),
+        *(writes.Delete("v1", "PersistentVolumeClaim", claim) for claim in evicted),
+        *(writes.Delete(contract.COMPUTE_DOMAIN_API, "ComputeDomain", cd) for cd in unit_domains),
+    )
     return Plan(
         spec=spec,
         desired=desired,
         roles=roles,
         reservations=capacity.reservations,
-        children=children(
-            s.owner, spec, roles, s.pod_nodes | staged.nodes, staged.marks, staged.create, off.moved
-        ),
+        writes=plan_writes(s, spec, roles, kids, goes),
         failures=next_failures(s.md.status, roles, s.now),
         autoscaling=outcome,
         events=_scaling_events(outcome) + weights_cache.events(staged) + list(off.events) + said,
-        requeue_after=requeue_after(s, roles),
-        force_delete=orphans(s) + lost if s.reaction.mode == "replace" else (),
-        fetch_deletes=staged.delete,
-        claim_deletes=tuple(builders.model_cache_claim_name(s.owner, spec, n) for n in staged.evict),
-        domain_deletes=tuple(sorted(n for n, unit in s.unit_domains.items() if unit not in live)),
+        requeue_after=requeue_after(s, roles, outcome.next_due),
         units=units,
         weights_cache=weights_cache.report(spec, staged, s.fetch_pods, s.md.status, s.loading),
+    )
+
+
+def plan_writes(
+    s: Snapshot,
+    spec: ModelDeploymentSpec,
+    roles: list[RolePlan],
+    kids: tuple[Manifest, tuple[Manifest, ...], tuple[Manifest, ...]],
+    goes: tuple[writes.Delete, ...],
+) -> writes.Writes:
+    """Every write of the plan: the shared children (`kids`), the new groups, the children no longer
+    wanted and what the plan lets go (`goes`), and the routing writes that follow."""
+    service, identity, rest = kids
+    domains, groups, waits = writes.new_groups(s.owner, spec, roles, s.gang, s.domains)
+    stale, releases = writes.stale(s.owner, spec, s.children)
+    return writes.Writes(
+        workers_service=service,
+        identity=identity,
+        domains=domains,
+        groups=groups,
+        waits=waits,
+        rest=rest,
+        deletes=(*stale, *goes),
+        releases=tuple(releases),
+        gated=writes.gated_pods(roles, s.groups),
+        routable=writes.routable_leaders(roles, s.groups),
+        legacy=s.legacy,
     )
 
 
@@ -437,13 +452,12 @@ def orphans(s: Snapshot) -> tuple[str, ...]:
     return tuple(sorted(name for name, node in pods if node and node not in s.health))
 
 
-def requeue_after(s: Snapshot, roles: list[RolePlan]) -> float | None:
+def requeue_after(s: Snapshot, roles: list[RolePlan], due: float | None = None) -> float | None:
     """When time alone (no event) may change this deployment's plan: the autoscaler's next evaluation,
     a binding deadline, a node's toleration running out, a hung worker's grace, an avoided domain's backoff
     (looked at every 10 s while a group waits for room), a download's progress to show, a pvc:// source's
     claim to read again."""
     waits: list[float] = []
-    due = next_due(s.md, s.now, s.urgent_kept)
     if due is not None:
         waits.append(due)
     tol = float(s.spec.topology.node_failure_toleration_seconds)
@@ -509,9 +523,9 @@ def settle(s: Snapshot, p: Plan, written: Written) -> tuple[ModelDeploymentStatu
         obs,
         s.md.status,
         s.now,
-        autoscaling=outcome.status if outcome else None,
+        autoscaling=outcome.status,
         extra=[
-            *(outcome.conditions if outcome else ()),
+            *outcome.conditions,
             *filter(None, [s.planned, s.source, fabric]),
             fault_report.condition(faults, fault_report.avoided(faults, s.now)),
         ],

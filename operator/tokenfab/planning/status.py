@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from tokenfab.api.models import (
     AutoscalingStatus,
@@ -28,6 +29,14 @@ CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "Placed")
 
 def rfc3339(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_rfc3339(ts: str | None) -> float | None:
+    """An RFC 3339 time from status, or None when it is missing or unreadable (status is only memory)."""
+    try:
+        return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp() if ts else None
+    except (ValueError, TypeError, AttributeError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -342,3 +351,20 @@ def event_for(cond: Condition, before: Condition | None) -> str | None:
             return "Warning"
         return "Normal" if before is not None else None
     return "Normal"
+
+
+def invalid_status(
+    body: Mapping[str, Any], errors: Sequence[str], now: float
+) -> tuple[ModelDeploymentStatus, list[Condition]]:
+    """The status of a spec the API server accepted but the models refuse (an older CRD, or a rule the
+    server cannot check): Ready False with reason InvalidSpec, in the models' words; the rest of the
+    status as it was. Returns it with the conditions that changed."""
+    message = "; ".join(errors)[:1000]
+    ready = Condition(type="Ready", status="False", reason="InvalidSpec", message=message)
+    try:
+        base = ModelDeploymentStatus.model_validate(body.get("status") or {})
+    except ValueError:
+        base = ModelDeploymentStatus()
+    generation = int((body.get("metadata") or {}).get("generation") or 0)
+    conds, changed = merge_conditions(base.conditions, [ready], generation, now)
+    return base.model_copy(update={"conditions": conds}), changed

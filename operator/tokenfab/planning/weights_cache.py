@@ -36,11 +36,12 @@ from tokenfab.api.models import (
     WeightsCacheStatus,
 )
 from tokenfab.planning import builders, launcher_log
+from tokenfab.planning.autoscaler.groups import follow_ratio
 from tokenfab.planning.capacity import parse_quantity
 from tokenfab.planning.eviction import CacheEntry, NodeCaches, evictions, idle_times
 from tokenfab.planning.launcher_log import Progress
 from tokenfab.planning.lifecycle import GroupView
-from tokenfab.planning.scaler.memory import parse
+from tokenfab.planning.status import parse_rfc3339 as parse
 from tokenfab.planning.status import rfc3339
 from tokenfab.planning.topology import COLD, ELSEWHERE, Domain, best_fit_nodes, choose_domain, take
 
@@ -106,7 +107,7 @@ def headroom(spec: ModelDeploymentSpec, role: RoleName, desired: Mapping[RoleNam
     count, have = spec.model.cache.prestage_groups, desired.get(role, 0)
     ratio = spec.serving.prefill_decode_ratio
     if role == "prefill" and spec.serving.ratio_policy == "fixed" and ratio and "decode" in desired:
-        more = builders.follow_ratio(spec, desired["decode"] + headroom(spec, "decode", desired), have)
+        more = follow_ratio(spec, desired["decode"] + headroom(spec, "decode", desired), have)
         return max(0, min(count, more - have))
     bounds = getattr(spec.autoscaling, role, None) if spec.autoscaling.enabled else None
     return count if bounds is None else max(0, min(count, bounds.max_replicas - have))

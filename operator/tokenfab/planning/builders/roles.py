@@ -1,10 +1,7 @@
 """Facts of a role that follow from the spec: its group shape, a worker's resources, where its pods may
-run, and how many groups the spec asks for."""
+run."""
 
 from __future__ import annotations
-
-import math
-from collections.abc import Mapping
 
 from tokenfab.api.models import ModelDeploymentSpec, RoleName
 from tokenfab.planning.capacity import Constraints, Toleration, to_units
@@ -66,39 +63,3 @@ def placement_constraints(spec: ModelDeploymentSpec) -> Constraints:
         node_selector=tuple(sorted(selector.items())),
         tolerations=tolerations,
     )
-
-
-def ratio_prefill(decode_groups: int, ratio: str) -> int:
-    """Prefill groups that follow `decode_groups` by a "P:D" ratio: ceil(decode x P / D)."""
-    p, d = (int(x) for x in ratio.split(":"))
-    return math.ceil(decode_groups * p / d)
-
-
-def spec_groups(spec: ModelDeploymentSpec) -> dict[RoleName, int]:
-    """Groups per role that the spec asks for (before the autoscaler, which may override them)."""
-    out: dict[RoleName, int] = {}
-    for name, role in spec.roles():
-        out[name] = 1 if role.replicas is None else role.replicas
-    return with_ratio(spec, out)
-
-
-def with_ratio(spec: ModelDeploymentSpec, groups: Mapping[RoleName, int]) -> dict[RoleName, int]:
-    """Groups per role with prefill following decode by the fixed ratio: the one place a count of groups
-    gets the ratio (the spec's counts here, the autoscaler's in its Outcome, the remembered ones in
-    one_pass.desired_groups all come through it)."""
-    out = dict(groups)
-    if "prefill" in out and "decode" in out:
-        out["prefill"] = follow_ratio(spec, out["decode"], out["prefill"])
-    return out
-
-
-def follow_ratio(spec: ModelDeploymentSpec, decode_groups: int, prefill_groups: int) -> int:
-    """With the fixed ratio policy prefill follows decode (clamped to prefill bounds, if any)."""
-    ratio = spec.serving.prefill_decode_ratio
-    if spec.serving.ratio_policy != "fixed" or ratio is None:
-        return prefill_groups
-    n = ratio_prefill(decode_groups, ratio)
-    bounds = spec.autoscaling.prefill
-    if bounds is not None and spec.autoscaling.enabled:
-        n = max(bounds.min_replicas, min(bounds.max_replicas, n))
-    return n

@@ -4,15 +4,17 @@ flight at the frontend), with what could not be read."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from tokenfab.api.models import ModelDeployment, RoleBounds, RoleName
-from tokenfab.planning import forecast, signals
-from tokenfab.planning.autoscaling import KV_UTILIZATION
-from tokenfab.planning.scaler.memory import URGENT_GAP_SECONDS, due, remembered
+from tokenfab.api.models import AutoscalingStatus, ModelDeployment, RoleBounds, RoleName
+from tokenfab.planning.autoscaler import forecast, signals
+from tokenfab.planning.autoscaler.memory import URGENT_GAP_SECONDS, due, remembered
+from tokenfab.planning.autoscaler.policy import KV_UTILIZATION
 
-Reader = Callable[[str, str], signals.Reading]  # (Prometheus URL, query) -> its reading
+
+def not_read(query: str) -> signals.Reading:
+    return signals.Reading(None, "not read by this pass", query)
 
 
 def scaled_roles(md: ModelDeployment) -> list[tuple[RoleName, RoleBounds, str]]:
@@ -56,32 +58,58 @@ def shared_queries(md: ModelDeployment) -> dict[str, str]:
     return out
 
 
-def due_queries(md: ModelDeployment, now: float, urgent: bool = False) -> list[str]:
-    """The Prometheus queries the next `autoscale` call will ask (read them before taking the ledger)."""
+@dataclass(frozen=True)
+class Queries:
+    """What one evaluation reads from Prometheus, decided once per pass: the roles due (each with its
+    signal and that signal's query) and, when any is, the deployment-wide queries. `step` evaluates exactly
+    these roles, from these readings."""
+
+    url: str = ""
+    roles: tuple[tuple[RoleName, str, str], ...] = ()  # (role, metric, query) of each role due
+    shared: tuple[tuple[str, str], ...] = ()  # (name, query): arrivals, tokens, in flight, waiting
+    burst: frozenset[RoleName] = frozenset()  # roles due only because the burst watch asked
+    kept: bool = False  # the burst watch asked too soon after the last evaluation: kept for the next pass
+
+    def texts(self) -> list[str]:
+        """Every query to read, once each."""
+        return list(dict.fromkeys([q for _, _, q in self.roles] + [q for _, q in self.shared]))
+
+    @property
+    def due(self) -> frozenset[RoleName]:
+        return frozenset(r for r, _, _ in self.roles)
+
+
+def queries(md: ModelDeployment, now: float, urgent: bool = False) -> Queries:
+    """What the next `step` reads (the pass reads them before it takes the placement ledger). `urgent`:
+    the burst watch saw a burst begin; a role is then due URGENT_GAP_SECONDS after its last evaluation."""
     a = md.spec.autoscaling
+    if not a.enabled:
+        return Queries()
     old = remembered(md, now)
-    out = [
-        signal_query(md, role, metric)
+    roles = tuple(
+        (role, metric, signal_query(md, role, metric))
         for role, _, metric in scaled_roles(md)
         if due(old, role, now, a.interval_seconds, urgent)
-    ]
-    if out:
-        out += list(shared_queries(md).values())
-    return out
+    )
+    burst = frozenset(r for r, _, _ in roles if not due(old, r, now, a.interval_seconds))
+    shared = tuple(shared_queries(md).items()) if roles else ()
+    return Queries(a.prometheus_url or "", roles, shared, burst, kept=urgent and not roles)
 
 
-def next_due(md: ModelDeployment, now: float, urgent: bool = False) -> float | None:
-    """Seconds until the next role is due for an evaluation (None: autoscaling off); `urgent`: the burst
-    watch asked for one, due URGENT_GAP_SECONDS after the last."""
+def next_due(
+    md: ModelDeployment, memory: AutoscalingStatus, now: float, urgent: bool = False
+) -> float | None:
+    """Seconds until the next role is due for an evaluation, by `memory` (the autoscaler's status after
+    this pass; None: autoscaling off); `urgent`: the burst watch asked for one, due URGENT_GAP_SECONDS
+    after the last."""
     a = md.spec.autoscaling
     if not a.enabled:
         return None
-    old = remembered(md, now)
     interval = min(a.interval_seconds, URGENT_GAP_SECONDS) if urgent else a.interval_seconds
     waits = [
-        max(0.0, interval - (now - old.last_evaluation[r]))
+        max(0.0, interval - (now - memory.last_evaluation[r]))
         for r, _, _ in scaled_roles(md)
-        if r in old.last_evaluation
+        if r in memory.last_evaluation
     ]
     return min(waits, default=float(interval))
 
@@ -121,9 +149,9 @@ SHARED_VALUES = (
 )
 
 
-def read_shared(md: ModelDeployment, reader: Reader) -> Shared:
-    url = md.spec.autoscaling.prometheus_url or ""
-    out = Shared({k: reader(url, q) for k, q in shared_queries(md).items()})
+def read_shared(asked: Queries, readings: Mapping[str, signals.Reading]) -> Shared:
+    """The deployment-wide values from the readings of `asked.shared`."""
+    out = Shared({k: readings.get(q) or not_read(q) for k, q in asked.shared})
     for key, attr, what in SHARED_VALUES:
         value, why = one_value(out.readings.get(key))
         setattr(out, attr, value)

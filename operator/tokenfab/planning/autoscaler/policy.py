@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from tokenfab.api.models import Autoscaling
-from tokenfab.planning import forecast
+from tokenfab.planning.autoscaler import forecast
 
 DEFAULT_HORIZON = 30.0  # seconds ahead, before a startup time has been learned
 

@@ -1,5 +1,5 @@
 """One role's evaluation: count its groups (warm, warming, starting), rebuild the policy's memory from
-status, ask the pure policy (tokenfab.planning.autoscaling.decide), then hold it to what is safe (no
+status, ask the pure policy (tokenfab.planning.autoscaler.policy.decide), then hold it to what is safe (no
 scale-down on missing demand signals) and to what fits (only as many new groups as fit whole in the free
 NVLink capacity), and record the decision in the autoscaler's status."""
 
@@ -10,10 +10,12 @@ from dataclasses import dataclass, replace
 
 from tokenfab.api.models import AutoscalingStatus, ModelDeployment, RoleName, ScalingDecision
 from tokenfab.planning import builders
-from tokenfab.planning.autoscaling import Config, Decision, Demand, Memory
+from tokenfab.planning.autoscaler.groups import follow_ratio
+from tokenfab.planning.autoscaler.memory import profile_capacity
+from tokenfab.planning.autoscaler.policy import Config, Decision, Demand, Memory
+from tokenfab.planning.autoscaler.queries import Shared
 from tokenfab.planning.lifecycle import GroupView, NodeHealth, classify
-from tokenfab.planning.scaler.memory import parse, profile_capacity
-from tokenfab.planning.scaler.queries import Shared
+from tokenfab.planning.status import parse_rfc3339 as parse
 from tokenfab.planning.status import rfc3339
 from tokenfab.planning.topology import Domain, GroupShape, place_sequence
 
@@ -131,7 +133,7 @@ def fit(
     shape = builders.group_shape(spec, role)
     extra_prefill: list[GroupShape] = []
     follows = role == "decode" and spec.prefill is not None and spec.serving.ratio_policy == "fixed"
-    prefill_now = builders.follow_ratio(spec, current, 0) if follows else 0
+    prefill_now = follow_ratio(spec, current, 0) if follows else 0
     pshape = builders.group_shape(spec, "prefill") if follows else None
     what = f"each needs {shape.gpus} GPUs on {shape.nodes} node(s) in one NVLink domain"
     if pshape is not None:
@@ -139,7 +141,7 @@ def fit(
     for n in range(want, current, -1):
         shapes = [shape] * (n - current)
         if pshape is not None:
-            extra_prefill = [pshape] * max(0, builders.follow_ratio(spec, n, 0) - prefill_now)
+            extra_prefill = [pshape] * max(0, follow_ratio(spec, n, 0) - prefill_now)
         placed, _ = place_sequence(domains_for(role), [*shapes, *extra_prefill], spec.topology.placement)
         if all(d is not None for d in placed):
             return n, what

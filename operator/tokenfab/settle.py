@@ -1,6 +1,7 @@
-"""The status and the Events of a pass, written: a status whose content did not change is not written
-again, one that changes more often than STATUS_MIN_INTERVAL is deferred to a later pass, an invalid spec
-gets its condition and one Event, and each API error is posted once as an Event."""
+"""The settle phase of a pass, its last: once the act phase's writes are answered, the status
+(tokenfab.planning.one_pass.settle makes it) and the Events written, and the autoscaler's decisions
+reported. A status whose content did not change is not written again, one that changes more often than
+STATUS_MIN_INTERVAL is deferred to a later pass, and each API error is posted once as an Event."""
 
 from __future__ import annotations
 
@@ -10,21 +11,14 @@ from typing import Any
 
 from tokenfab.adapters import telemetry
 from tokenfab.adapters.kube import ApiError, Obj
-from tokenfab.api.errors import SpecError
-from tokenfab.api.models import API_VERSION, KIND, Condition, ModelDeployment, ModelDeploymentStatus
+from tokenfab.api.models import Condition, ModelDeploymentStatus
 from tokenfab.fleet.view import Key
-from tokenfab.planning import contract
-from tokenfab.planning.status import merge_conditions
+from tokenfab.planning.autoscaler import Decision
+from tokenfab.planning.one_pass import Event, Plan, Snapshot
+from tokenfab.planning.status import event_for
 from tokenfab.runtime import Context, Memory, Result
 
 log = logging.getLogger(__name__)
-
-
-# Old kopf bookkeeping on objects made by earlier tokenfab versions (removed when seen).
-LEGACY_FINALIZER = contract.FINALIZER
-
-
-LEGACY_ANNOTATIONS = (f"{contract.DOMAIN}/last-handled-configuration", f"{contract.DOMAIN}/last-handled")
 
 
 def post_errors(ctx: Context, body: Obj, mem: Memory, result: Result, now: float) -> None:
@@ -42,20 +36,6 @@ def post_errors(ctx: Context, body: Obj, mem: Memory, result: Result, now: float
     if len(mem.errors_posted) > 64:
         for text, _ in sorted(mem.errors_posted.items(), key=lambda kv: kv[1])[:-32]:
             mem.errors_posted.pop(text, None)
-
-
-def last_status(ctx: Context, key: Key, body: Obj, md: ModelDeployment) -> ModelDeploymentStatus | None:
-    """The status this pass builds on: the watched object's, or the one this process wrote moments ago
-    if the watch has not shown it yet."""
-    mem = ctx.mem(key)
-    if mem.status is not None:
-        written, rv, when = mem.status
-        if body["metadata"].get("resourceVersion") != rv and now_minus(when) < ctx.settings.applied_grace:
-            try:
-                return ModelDeploymentStatus.model_validate(written)
-            except ValueError:
-                return md.status
-    return md.status
 
 
 def now_minus(t: float) -> float:
@@ -136,50 +116,67 @@ def write_status(ctx: Context, key: Key, body: Obj, status: ModelDeploymentStatu
     mem.status = (new, str((written or {}).get("metadata", {}).get("resourceVersion", "")), time.time())
 
 
-def invalid(ctx: Context, body: Obj, exc: SpecError, now: float) -> Result:
-    """A spec the API server accepted but the models refuse (an older CRD, or a rule the server cannot
-    check): say so in a condition and an Event, and touch nothing that runs."""
-    key = (body["metadata"]["namespace"], body["metadata"]["name"])
-    message = "; ".join(exc.errors)[:1000]
-    ready = Condition(type="Ready", status="False", reason="InvalidSpec", message=message)
-    old = body.get("status") or {}
-    try:
-        base = ModelDeploymentStatus.model_validate(old)
-    except ValueError:
-        base = ModelDeploymentStatus()
-    conds, changed = merge_conditions(
-        base.conditions, [ready], int(body["metadata"].get("generation") or 0), now
-    )
-    status = base.model_copy(update={"conditions": conds})
-    result = Result()
-    write_status(ctx, key, body, status, result)
-    if changed:
-        ctx.kube.post_event(body, "Warning", "InvalidSpec", message)
-    return result
+def settle(
+    ctx: Context,
+    key: Key,
+    body: Obj,
+    snap: Snapshot,
+    plan: Plan,
+    status: ModelDeploymentStatus,
+    changed: list[Condition],
+    result: Result,
+) -> None:
+    """The pass's status (now, or deferred to the pass STATUS_MIN_INTERVAL later, which writes it with its
+    Events), the Events of its conditions and of its plan, the autoscaler's metrics, and one Event per new
+    refusal. `changed`: the conditions the status changed."""
+    report(ctx, key, body, plan, result)
+    old = snap.md.status
+    previous = {cd.type: cd for cd in (old.conditions if old else [])}
+    defer = status_defer(ctx, key, previous, status, result, snap.now)
+    if defer <= 0:
+        write_status(ctx, key, body, status, result)
+        for cond in changed:
+            event_type = event_for(cond, previous.get(cond.type))
+            if event_type is not None:
+                ctx.kube.post_event(
+                    body, event_type, cond.reason, f"{cond.type}={cond.status}: {cond.message}"
+                )
+            result.conditions_changed.append(f"{cond.type}={cond.status}/{cond.reason}")
+    post_errors(ctx, body, ctx.mem(key), result, snap.now)
+    result.waiting_for_capacity = plan.waiting_for_capacity
+    waits = [w for w in (plan.requeue_after, defer if defer > 0 else None) if w is not None]
+    if result.channel_waits:  # (NVIDIA's DRA driver answers a ComputeDomain within a second or so)
+        waits.append(1.0)
+    result.requeue_after = min(waits, default=None)
 
 
-def remove_legacy(ctx: Context, body: Obj) -> None:
-    """Objects made by tokenfab versions that ran kopf's change handlers carry its finalizer and a copy of
-    the spec in an annotation; neither is used any more (and the finalizer could block deletion)."""
-    meta = body["metadata"]
-    mem = ctx.mem((meta["namespace"], meta["name"]))
-    if mem.legacy_checked == meta.get("uid"):
-        return
-    ann = meta.get("annotations") or {}
-    legacy_ann = [k for k in ann if k in LEGACY_ANNOTATIONS or k.startswith(f"{contract.DOMAIN}/reconcile-")]
-    finalizers = meta.get("finalizers") or []
-    if LEGACY_FINALIZER not in finalizers and not legacy_ann:
-        mem.legacy_checked = str(meta.get("uid"))
-        return
-    patch: Obj = {"metadata": {"resourceVersion": meta.get("resourceVersion")}}
-    if LEGACY_FINALIZER in finalizers:
-        patch["metadata"]["finalizers"] = [f for f in finalizers if f != LEGACY_FINALIZER]
-    if legacy_ann:
-        patch["metadata"]["annotations"] = dict.fromkeys(legacy_ann)
-    try:
-        ctx.kube.merge_patch(API_VERSION, KIND, meta["namespace"], meta["name"], patch)
-        mem.legacy_checked = str(meta.get("uid"))
-    except ApiError as exc:
-        log.warning(
-            "could not remove old kopf bookkeeping from %s/%s: %s", meta["namespace"], meta["name"], exc
-        )
+def ended(
+    ctx: Context,
+    key: Key,
+    body: Obj,
+    status: ModelDeploymentStatus | None,
+    events: tuple[Event, ...],
+    result: Result,
+) -> None:
+    """A pass that ended at its observation: its status, if it has one, and its Events."""
+    if status is not None:
+        write_status(ctx, key, body, status, result)
+    for kind, reason, message in events:
+        ctx.kube.post_event(body, kind, reason, message)
+
+
+def report(ctx: Context, key: Key, body: Obj, plan: Plan, result: Result) -> None:
+    """The autoscaler's decisions: its metrics (each with the target the decision held its signal to),
+    the plan's Events, the Result's record."""
+    for role, metric, dec in plan.autoscaling.decisions:
+        _decision_metrics(key, role, metric, dec)
+        result.decisions.append(f"{role}:{dec.direction}:{dec.reason}")
+    for kind, reason, message in plan.events:
+        ctx.kube.post_event(body, kind, reason, message)
+
+
+def _decision_metrics(key: Key, role: str, metric: str, d: Decision) -> None:
+    telemetry.AUTOSCALER_TARGET.labels(key[0], key[1], role, metric).set(d.target)
+    if d.signal is not None:
+        telemetry.AUTOSCALER_SIGNAL.labels(key[0], key[1], role, metric).set(d.signal)
+    telemetry.SCALING_DECISIONS.labels(key[0], key[1], role, d.direction).inc()

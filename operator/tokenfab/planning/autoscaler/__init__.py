@@ -1,17 +1,21 @@
-"""The autoscaling step of a pass, pure: from the signals already read from Prometheus, the groups and
-the free NVLink capacity, the groups each scaled role should have, the frontend's size, and the new
-autoscaler state.
+"""The autoscaler, pure, in one package with two entries:
+
+- `queries(md, now, urgent)`: what an evaluation reads from Prometheus (the roles due, each with its
+  signal's query, and the deployment-wide queries); the pass reads them before it plans;
+- `step(md, seen, memory, capacity) -> Outcome`: from those readings, the groups and their nodes' health,
+  the autoscaler's memory (status.autoscaling) and the free NVLink capacity, every role's groups with the
+  prefill:decode ratio applied (`groups.with_ratio`, the one place it is), the frontend's size, the new
+  memory, the decisions (each with the target it held its signal to) and when the next one is due.
 
 The result goes to status only (`status.autoscaling.desired`, `.frontendReplicas`), which the plan then
 realises; the user's spec is never written, so a GitOps tool re-applying the manifest sees no drift. The
-policy's memory (recent recommendations, last scale time, last evaluation, the arrival history, the
-learned capacity per group and startup time) lives in status too, so a restart keeps it.
+memory (recent recommendations, last scale time, last evaluation, the arrival history, the learned capacity
+per group and startup time) lives in status too, so a restart keeps it.
 
-- `queries`: which queries an evaluation asks (the pass reads them before it plans) and the
-  deployment-wide values read from them;
-- `role`: one role's evaluation, held to what is safe and to what fits;
-- `frontend`: the frontend's size;
-- `memory`: the memory in status, the startup time learned, the burst watch's test.
+Inside: `policy` (one signal -> a decision, HPA-style, with the leading signals), `forecast` (the demand
+ahead), `signals` (the PromQL of each signal), `queries` (what is due, and the deployment-wide values read),
+`role` (one role's evaluation, held to what is safe and to what fits), `frontend` (its size), `memory`
+(status as memory, the startup time learned, the burst watch's test), `groups` (groups per role, the ratio).
 
 Signals: per group, KV-cache utilization (decode, aggregated workers) or waiting requests (prefill,
 independent); with the leading policy, the waiting requests per decode/worker group, the requests in flight
@@ -19,7 +23,7 @@ at the frontend, and the requests/s arriving there (and input tokens/s, for inde
 frontend's own size).
 
 Part of the planning layer: it imports only tokenfab.api and planning's own modules;
-tokenfab.planning.one_pass calls it, and the controller imports `burst_watch`.
+tokenfab.planning.one_pass calls `step`, the observe phase `queries`, the controller `burst_watch`.
 """
 
 from __future__ import annotations
@@ -29,7 +33,18 @@ from dataclasses import dataclass, field, replace
 
 from tokenfab.api.models import AutoscalingStatus, Condition, ModelDeployment, RoleBounds, RoleName
 from tokenfab.planning import builders
-from tokenfab.planning.autoscaling import (
+from tokenfab.planning.autoscaler import role as per_role
+from tokenfab.planning.autoscaler.frontend import size_frontend
+from tokenfab.planning.autoscaler.groups import remembered_groups, with_ratio
+from tokenfab.planning.autoscaler.memory import (
+    URGENT_GAP_SECONDS,
+    WARMING_BOUND_SECONDS,
+    burst_watch,
+    learned_startup,
+    learned_startup_by_path,
+    sane,
+)
+from tokenfab.planning.autoscaler.policy import (
     KV_UTILIZATION,
     Decision,
     config_for,
@@ -37,48 +52,65 @@ from tokenfab.planning.autoscaling import (
     initial_groups,
     target_for,
 )
+from tokenfab.planning.autoscaler.queries import Queries, Shared, next_due, queries, read_shared, scaled_roles
+from tokenfab.planning.autoscaler.signals import Reading
 from tokenfab.planning.lifecycle import GroupView, NodeHealth
-from tokenfab.planning.scaler import role as per_role
-from tokenfab.planning.scaler.frontend import size_frontend
-from tokenfab.planning.scaler.memory import (
-    URGENT_GAP_SECONDS as URGENT_GAP_SECONDS,
-)
-from tokenfab.planning.scaler.memory import (
-    WARMING_BOUND_SECONDS,
-    due,
-    learned_startup,
-    learned_startup_by_path,
-    remembered,
-)
-from tokenfab.planning.scaler.memory import burst_watch as burst_watch
-from tokenfab.planning.scaler.memory import sane as sane
-from tokenfab.planning.scaler.queries import Reader, Shared, read_shared, scaled_roles, signal_query
-from tokenfab.planning.scaler.queries import due_queries as due_queries
-from tokenfab.planning.scaler.queries import next_due as next_due
 from tokenfab.planning.topology import next_path
 
 __all__ = [
+    "KV_UTILIZATION",
     "URGENT_GAP_SECONDS",
     "WARMING_BOUND_SECONDS",
+    "Capacity",
+    "Decision",
     "Outcome",
-    "autoscale",
+    "Queries",
+    "Seen",
     "burst_watch",
-    "due_queries",
     "learned_startup",
-    "next_due",
-    "sane",
-    "scaled_roles",
+    "queries",
+    "remembered_groups",
+    "step",
 ]
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What the pass observed that a step decides from: the queries it asked and their readings (by query
+    text), the groups and their nodes' health, and the time."""
+
+    now: float
+    asked: Queries = field(default_factory=Queries)
+    readings: Mapping[str, Reading] = field(default_factory=dict)
+    groups: Mapping[RoleName, list[GroupView]] = field(default_factory=dict)
+    health: Mapping[str, NodeHealth] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The free NVLink capacity as the placement ledger saw it when the plan began (`domains_for(role)`),
+    and how warm each node's model cache is (node -> warmth: the forecast looks as far ahead as the next
+    group's start path takes)."""
+
+    domains_for: per_role.DomainsFor
+    warmth: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass
 class Outcome:
-    desired: dict[RoleName, int]  # the roles the autoscaler drives: their groups as it decided
-    status: AutoscalingStatus
-    conditions: list[Condition]
+    """One step's result: what the plan, status and telemetry read."""
+
+    groups: dict[RoleName, int]  # every role's groups, the prefill:decode ratio applied
+    status: AutoscalingStatus | None = None  # the autoscaler's new memory (None: autoscaling off)
+    conditions: list[Condition] = field(default_factory=list)  # MetricsUnavailable, CapacityLimited
     decisions: list[tuple[RoleName, str, Decision]] = field(default_factory=list)  # role, metric, decision
     frontend_replicas: int | None = None  # None: the spec's serving.frontendReplicas
-    groups: dict[RoleName, int] = field(default_factory=dict)  # every role's groups, the ratio applied
+    next_due: float | None = None  # seconds until the next role is due (None: autoscaling off)
+
+    @property
+    def desired(self) -> dict[str, int]:
+        """The roles the autoscaler drives, with their groups as it decided."""
+        return dict(self.status.desired) if self.status is not None else {}
 
 
 @dataclass
@@ -86,10 +118,9 @@ class _Step:
     """One autoscaling step as it goes, role by role."""
 
     md: ModelDeployment
+    seen: Seen
     old: AutoscalingStatus
     status: AutoscalingStatus
-    now: float
-    urgent: bool
     bound: float  # how long a group not serving yet is waited for
     startup: float | None
     by_path: Mapping[str, float] = field(default_factory=dict)  # learned startup per start path
@@ -101,22 +132,18 @@ class _Step:
     shared: Shared | None = None  # read at the first role due
 
 
-def _start(
-    md: ModelDeployment, groups: Mapping[RoleName, list[GroupView]], now: float, urgent: bool
-) -> _Step:
-    a = md.spec.autoscaling
-    old = remembered(md, now)
+def _start(md: ModelDeployment, seen: Seen, old: AutoscalingStatus) -> _Step:
     startup, by_path = old.startup_seconds, dict(old.startup_by_path)
-    if any(due(old, role, now, a.interval_seconds, urgent) for role, _, _ in scaled_roles(md)):
+    if seen.asked.roles:
         # Learned at evaluations only: `since` moves on with them, so each group is one sample.
         since = max(old.last_evaluation.values(), default=None)
-        startup = learned_startup(groups, old.startup_seconds, since)
-        by_path = learned_startup_by_path(groups, old.startup_by_path, since)
+        startup = learned_startup(seen.groups, old.startup_seconds, since)
+        by_path = learned_startup_by_path(seen.groups, old.startup_by_path, since)
     status = old.model_copy(deep=True)
     status.startup_seconds = None if startup is None else round(startup, 1)
     status.startup_by_path = {p: round(v, 1) for p, v in by_path.items()}
     bound = max(WARMING_BOUND_SECONDS, 2.0 * max([startup or 0.0, *by_path.values()]))
-    return _Step(md, old, status, now, urgent, bound, startup, by_path)
+    return _Step(md, seen, old, status, bound, startup, by_path)
 
 
 def _lead_time(step: _Step, role: RoleName, domains_for: per_role.DomainsFor) -> float | None:
@@ -128,48 +155,43 @@ def _lead_time(step: _Step, role: RoleName, domains_for: per_role.DomainsFor) ->
     return step.by_path.get(path, step.startup)
 
 
-def _evaluate(
-    step: _Step,
-    role: RoleName,
-    bounds: RoleBounds,
-    metric: str,
-    groups: Mapping[RoleName, list[GroupView]],
-    health: Mapping[str, NodeHealth],
-    domains_for: per_role.DomainsFor,
-    reader: Reader,
-) -> None:
+def _evaluate(step: _Step, role: RoleName, bounds: RoleBounds, metric: str, capacity: Capacity) -> None:
     """One scaled role: its count as last decided, and a new decision when it is due."""
-    md, a, now, old = step.md, step.md.spec.autoscaling, step.now, step.old
+    md, a, seen, old = step.md, step.md.spec.autoscaling, step.seen, step.old
+    now = seen.now
     spec_role = md.spec.role(role)
     assert spec_role is not None
     kv = metric == KV_UTILIZATION
     target = target_for(a, metric)
-    lead = _lead_time(step, role, domains_for)
+    lead = _lead_time(step, role, capacity.domains_for)
     cfg = config_for(a, bounds.min_replicas, bounds.max_replicas, target, lead, utilization=kv)
     current = old.desired.get(role)
     if current is None:
         current = initial_groups(spec_role.replicas, cfg)
         step.status.desired[role] = current
     step.desired[role] = current
-    if not due(old, role, now, a.interval_seconds, step.urgent):
+    query = next((q for r, _, q in seen.asked.roles if r == role), None)
+    if query is None:
         return  # not due: keep the last decision
     if step.shared is None:
-        step.shared = read_shared(md, reader)
+        step.shared = read_shared(seen.asked, seen.readings)
         step.unavailable += step.shared.unavailable
     tol = float(md.spec.topology.node_failure_toleration_seconds)
-    counts = per_role.count_groups(groups.get(role, []), health, now, tol, a.warmup_seconds, step.bound)
-    reading = reader(a.prometheus_url or "", signal_query(md, role, metric))
+    counts = per_role.count_groups(
+        seen.groups.get(role, []), seen.health, now, tol, a.warmup_seconds, step.bound
+    )
+    reading = seen.readings.get(query) or Reading(None, "not read by this pass", query)
     memory = per_role.policy_memory(md, old, role, current, now, cfg, kv)
     demand = per_role.demand_of(md, role, kv, step.shared, counts, step.unavailable)
     decision = decide(reading.samples, counts.counted, counts.warming, current, cfg, memory, now, demand)
-    if not due(old, role, now, a.interval_seconds):  # (due only because the burst watch asked)
+    if role in seen.asked.burst:  # (due only because the burst watch asked)
         decision = replace(decision, message=f"burst watch: {decision.message}")
     decision = per_role.no_blind_scale_down(decision, cfg, kv, step.shared.blind, current, memory)
     if not decision.metrics_ok:
         step.unavailable.append(
             f"{role}: {decision.message}" + (f" ({reading.error})" if reading.error else "")
         )
-    decision = per_role.limit_to_fit(md, role, current, decision, memory, domains_for, step.limited)
+    decision = per_role.limit_to_fit(md, role, current, decision, memory, capacity.domains_for, step.limited)
     step.desired[role] = decision.desired
     per_role.record(step.status, role, metric, current, decision, now)
     step.decisions.append((role, metric, decision))
@@ -193,16 +215,17 @@ def _conditions(step: _Step) -> list[Condition]:
 
 
 def _outcome(step: _Step) -> Outcome:
-    md, now, status, a = step.md, step.now, step.status, step.md.spec.autoscaling
+    md, now, status, a = step.md, step.seen.now, step.status, step.md.spec.autoscaling
     scaled = {role for role, _, _ in scaled_roles(md)}
     for memory in (status.desired, status.capacity, status.concurrency):
         for stale in [role for role in memory if role not in scaled]:
             memory.pop(stale)
     frontend = step.old.frontend_replicas if a.frontend is not None else None
     shared = step.shared
-    groups = builders.with_ratio(md.spec, {**builders.spec_groups(md.spec), **step.desired})
+    groups = with_ratio(md.spec, {**remembered_groups(md), **step.desired})
+    urgent_kept = step.seen.asked.kept
     if shared is None:  # nothing was due: the last conditions still stand
-        return Outcome(step.desired, status, [], step.decisions, frontend, groups)
+        return Outcome(groups, status, [], step.decisions, frontend, next_due(md, status, now, urgent_kept))
     keep = max(30.0, 3.0 * a.interval_seconds)
     kept = [x for x in step.old.arrivals if len(x) >= 3 and now - x[0] <= keep and x[0] < now]
     status.arrivals = kept
@@ -216,26 +239,19 @@ def _outcome(step: _Step) -> Outcome:
         ]
     if a.frontend is not None:
         frontend = size_frontend(md, status, shared.rate, shared.tokens, now, partial=partial)
-    return Outcome(step.desired, status, _conditions(step), step.decisions, frontend, groups)
+    due_in = next_due(md, status, now, urgent_kept)
+    return Outcome(groups, status, _conditions(step), step.decisions, frontend, due_in)
 
 
-def autoscale(
-    md: ModelDeployment,
-    groups: Mapping[RoleName, list[GroupView]],
-    health: Mapping[str, NodeHealth],
-    domains_for: per_role.DomainsFor,
-    now: float,
-    reader: Reader,
-    urgent: bool = False,
-    warmth: Mapping[str, int] | None = None,
-) -> Outcome:
-    """One autoscaling step. `domains_for(role)` is the free capacity for that role's groups (as the
-    placement ledger saw it when the plan began); `reader` answers a Prometheus query from the readings the
-    pass took before it planned. `urgent`: the burst watch saw a burst begin, and every role is due once
-    URGENT_GAP_SECONDS have passed since its last evaluation. `warmth`: the nodes' model caches (the
-    forecast looks as far ahead as the next group's start path takes)."""
-    step = _start(md, groups, now, urgent)
-    step.warmth = warmth or {}
+def step(md: ModelDeployment, seen: Seen, memory: AutoscalingStatus | None, capacity: Capacity) -> Outcome:
+    """One autoscaling step: every role's groups (the ratio applied), and, with autoscaling on, the roles
+    `seen.asked` found due evaluated from `seen.readings`, held to the free capacity. `memory`: the
+    autoscaler's status as the deployment keeps it (made sane here: status is writable by hand)."""
+    if not md.spec.autoscaling.enabled:
+        return Outcome(remembered_groups(md))
+    old = sane(memory or AutoscalingStatus(), seen.now)
+    s = _start(md, seen, old)
+    s.warmth = capacity.warmth
     for role, bounds, metric in scaled_roles(md):
-        _evaluate(step, role, bounds, metric, groups, health, domains_for, reader)
-    return _outcome(step)
+        _evaluate(s, role, bounds, metric, capacity)
+    return _outcome(s)

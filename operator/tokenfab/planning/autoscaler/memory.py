@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
 
 from tokenfab.api.models import AutoscalingStatus, ModelDeployment, RoleName
-from tokenfab.planning import forecast
-from tokenfab.planning.autoscaling import CLOCK_SKEW_SECONDS, DEFAULT_HORIZON
+from tokenfab.planning.autoscaler import forecast
+from tokenfab.planning.autoscaler.policy import CLOCK_SKEW_SECONDS, DEFAULT_HORIZON
 from tokenfab.planning.lifecycle import GroupView
+from tokenfab.planning.status import parse_rfc3339 as parse
 from tokenfab.planning.topology import PATHS
 
 # A group that has not served this long after its creation (no room to bind, an engine that never loads)
@@ -27,14 +27,6 @@ PATH_BOUND_SECONDS = 7200.0  # (the workers' startup probe gives up after 2 h)
 # An early evaluation (the burst watch saw the requests in flight step up between evaluations) comes no
 # sooner than this after the last one: about a Prometheus scrape, the most often the signal can change.
 URGENT_GAP_SECONDS = 2.0
-
-
-def parse(ts: str | None) -> float | None:
-    """An RFC 3339 time from status, or None when it is missing or unreadable (status is only memory)."""
-    try:
-        return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp() if ts else None
-    except (ValueError, TypeError, AttributeError):
-        return None
 
 
 def _finite(*xs: object) -> bool:

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 
 from tokenfab.planning import contract
-from tokenfab.planning.autoscaling import Sample
+from tokenfab.planning.autoscaler.policy import Sample
 
 KV_METRIC = "dynamo_component_gpu_cache_usage_percent"
 QUEUE_METRIC = "trtllm_num_requests_waiting"

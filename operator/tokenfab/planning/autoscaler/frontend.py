@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from tokenfab.api.models import AutoscalingStatus, ModelDeployment
-from tokenfab.planning import forecast
+from tokenfab.planning.autoscaler import forecast
 
 
 def size_frontend(
