@@ -12,7 +12,6 @@ again, and every refusal is kept, in the API server's words, for status and Even
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +25,7 @@ from tokenfab.planning.groups import RolePlan
 from tokenfab.planning.one_pass import Plan, Snapshot
 from tokenfab.planning.writes import Delete, NewGroup, Release
 from tokenfab.routing import release_groups, route
-from tokenfab.runtime import Context, Result, wait_all
+from tokenfab.runtime import Context, Ended, Observed, Result
 
 log = logging.getLogger(__name__)
 
@@ -102,16 +101,53 @@ def _release(kube: Kube, owner: builders.Owner, r: Release) -> None:
 
 
 def complete(
-    ctx: Context, key: Key, body: Obj, snap: Snapshot, plan: Plan, result: Result, sub: Submitted
+    ctx: Context,
+    key: Key,
+    seen: Observed | Ended,
+    plan: Plan | None,
+    result: Result,
+    sub: Submitted | None,
 ) -> None:
     """Once the API server has answered every submitted write: what each answer means, then the second
-    round trip: the scheduling gates of the groups that now exist whole, lifted together, and routing."""
+    round trip: the scheduling gates of the groups that now exist whole, lifted together, and routing. A
+    pass that ended at its observation writes only what takes old kopf bookkeeping off."""
+    if isinstance(seen, Ended):
+        if seen.legacy is not None:
+            _remove_legacy(ctx, key, dict(seen.legacy))
+        return
+    assert plan is not None
+    assert sub is not None
+    body, snap = seen.body, seen.snapshot
     _applied(ctx, key, sub, result, snap.now)
     _deleted(ctx, key, body, snap, sub, result)
     _channel_waits(ctx, key, plan, result)
     _created(ctx, key, body, snap, plan, sub, result)
-    release_groups(ctx, key, plan, result, snap.now)
-    route(ctx, key, body, snap, plan, result)
+    _released(ctx, key, release_groups(ctx, key, plan, result, snap.now), result, snap.now)
+    wait_all(route(ctx, key, body, snap, plan, result), result)
+
+
+def wait_all(futures: Tagged, result: Result) -> list[Any]:
+    """Wait for submitted writes; returns the tags of the ones that failed (errors go to the result)."""
+    failed = []
+    for fut, tag in futures:
+        try:
+            fut.result()
+        except ApiError as exc:
+            result.errors.append(exc)
+            failed.append(tag)
+    return failed
+
+
+def _released(ctx: Context, key: Key, futures: Tagged, result: Result, now: float) -> None:
+    """The groups whose gates were lifted: expected so (their pods' gates gone) until the watch shows it."""
+    failed = wait_all(futures, result)
+    done: dict[str, set[str]] = {}
+    for _, tag in futures:
+        if tag not in failed:
+            done.setdefault(tag[0], set()).add(tag[1])
+    for group, names in done.items():
+        result.released.append(group)
+        ctx.expectations.expect(key, now, released=names)
 
 
 def _applied(ctx: Context, key: Key, sub: Submitted, result: Result, now: float) -> None:
@@ -290,9 +326,3 @@ def _remove_legacy(ctx: Context, key: Key, patch: Obj) -> None:
         mem.legacy_checked = version
     except ApiError as exc:
         log.warning("could not remove old kopf bookkeeping from %s/%s: %s", *key, exc)
-
-
-def remove_legacy(ctx: Context, key: Key, patch: Mapping[str, object] | None) -> None:
-    """`_remove_legacy` for a pass that ends at its observation (its only write but the status)."""
-    if patch is not None:
-        _remove_legacy(ctx, key, dict(patch))

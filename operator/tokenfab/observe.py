@@ -52,10 +52,8 @@ from tokenfab.planning.one_pass import SOURCE_LOOK_SECONDS, Snapshot, removing
 from tokenfab.planning.role_plan import FaultReaction
 from tokenfab.planning.room import Room
 from tokenfab.planning.status import invalid_status, merge_conditions, rfc3339
-from tokenfab.runtime import Context, Result
+from tokenfab.runtime import Context, Ended, Observed, Result
 from tokenfab.views import group_views, held, node_caches, node_health, usable_claims
-
-Event = tuple[str, str, str]  # (type, reason, message)
 
 # Polls a plan for (profile hash, request): the outcome once ready, None while it is being made.
 Planner = Callable[[str, sla.PlanRequest], sla.PlanOutcome | None]
@@ -69,27 +67,6 @@ CHILD_KINDS = (
     "PersistentVolumeClaim",
     *(k for _, k in writes.DISCOVERY_KINDS),
 )
-
-
-@dataclass(frozen=True)
-class Observed:
-    """A pass's observation: the deployment's object and the snapshot its plan is made from."""
-
-    body: Obj
-    snapshot: Snapshot
-
-
-@dataclass(frozen=True)
-class Ended:
-    """A pass that ends at its observation: the status to write and the Events to post, if any, and the
-    old kopf bookkeeping to take off (nothing else is written)."""
-
-    body: Obj
-    result: Result
-    status: ModelDeploymentStatus | None = None
-    events: tuple[Event, ...] = ()
-    legacy: Mapping[str, object] | None = None
-    gone: bool = False  # the deployment is going: only its old bookkeeping is taken off
 
 
 # ---------------------------------------------------------------------------------- spec.profile

@@ -32,7 +32,7 @@ from tokenfab import act, observe, settle
 from tokenfab.fleet.view import Key
 from tokenfab.planning import one_pass
 from tokenfab.planning.room import Room
-from tokenfab.runtime import Context, Result
+from tokenfab.runtime import Context, Ended, Observed, Result
 
 
 class Stopwatch:
@@ -57,7 +57,7 @@ class Pass:
         self.ctx, self.key, self.now = ctx, key, now
         self.clock = Stopwatch()
         self.result = Result()
-        self.seen: observe.Observed | observe.Ended | None = None
+        self.seen: Observed | Ended | None = None
         self.plan: one_pass.Plan | None = None
         self.submitted: act.Submitted | None = None
 
@@ -71,7 +71,7 @@ class Pass:
         ctx, key = self.ctx, self.key
         self.seen = observe.observe(ctx, key, self.now)
         self.clock.lap("observe")
-        if not isinstance(self.seen, observe.Observed):
+        if not isinstance(self.seen, Observed):
             return
         snap = self.seen.snapshot
         # Plan: every decision that takes capacity is made and reserved inside one ledger session.
@@ -90,23 +90,15 @@ class Pass:
 
     def finish(self) -> Result | None:
         """The rest of the pass once its writes are answered: act on the answers, then settle."""
-        ctx, key, seen, result = self.ctx, self.key, self.seen, self.result
+        seen = self.seen
         if seen is None:
             return None
-        if isinstance(seen, observe.Ended):
-            act.remove_legacy(ctx, key, seen.legacy)
-            if seen.gone:
-                return None
-            settle.ended(ctx, key, seen.body, seen.status, seen.events, seen.result)
-            return seen.result
-        assert self.plan is not None
-        assert self.submitted is not None
-        body, snap, plan = seen.body, seen.snapshot, self.plan
-        act.complete(ctx, key, body, snap, plan, result, self.submitted)
+        result = seen.result if isinstance(seen, Ended) else self.result
+        act.complete(self.ctx, self.key, seen, self.plan, result, self.submitted)
         self.clock.lap("writes")
-        written = one_pass.Written(frozenset(result.created), tuple(str(e) for e in result.errors))
-        status, changed = one_pass.settle(snap, plan, written)
-        settle.settle(ctx, key, body, snap, plan, status, changed, result)
+        if isinstance(seen, Ended) and seen.gone:
+            return None
+        settle.settle(self.ctx, self.key, seen, self.plan, result)
         self.clock.lap("status")
         result.timings = self.clock.laps
         return result

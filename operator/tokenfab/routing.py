@@ -15,7 +15,7 @@ from tokenfab.adapters.kube import Obj
 from tokenfab.fleet.view import Key
 from tokenfab.planning import contract
 from tokenfab.planning.one_pass import Plan, Snapshot
-from tokenfab.runtime import Context, Result, wait_all
+from tokenfab.runtime import Context, Result
 
 
 class _Router:
@@ -63,10 +63,13 @@ class _Router:
         self.futures.append((fut, pod))
 
 
-def route(ctx: Context, key: Key, body: Obj, snap: Snapshot, plan: Plan, result: Result) -> None:
+Tagged = list[tuple[Future[Any], Any]]
+
+
+def route(ctx: Context, key: Key, body: Obj, snap: Snapshot, plan: Plan, result: Result) -> Tagged:
     """Groups into and out of routing: a group starts draining (its pods marked with when, its leader's
     routable condition False), a drain is cancelled (True again), and the leaders the plan names are made
-    routable."""
+    routable. Returns the writes in flight."""
     router = _Router(ctx, key, snap)
     seconds = snap.spec.serving.drain_seconds
     for rp in plan.roles:
@@ -93,13 +96,14 @@ def route(ctx: Context, key: Key, body: Obj, snap: Snapshot, plan: Plan, result:
     for pod in plan.writes.routable:
         if router.once(pod, "routable-True"):
             router.routable(pod, True, "Serving", "its containers are ready")
-    wait_all(router.futures, result)
+    return router.futures
 
 
-def release_groups(ctx: Context, key: Key, plan: Plan, result: Result, now: float) -> None:
+def release_groups(ctx: Context, key: Key, plan: Plan, result: Result, now: float) -> Tagged:
     """Lift the scheduling gate of every pod of each group to release, together: the gated pods the plan
-    names, and every rank of a group created whole in this pass (its pods are not in the view yet)."""
-    futures = []
+    names, and every rank of a group created whole in this pass (its pods are not in the view yet).
+    Returns the writes in flight, each tagged (group, pod)."""
+    futures: Tagged = []
     for rp in plan.roles:
         for group in dict.fromkeys(rp.release):
             names = set(plan.writes.gated.get(group, ()))
@@ -107,11 +111,4 @@ def release_groups(ctx: Context, key: Key, plan: Plan, result: Result, now: floa
                 names = {f"{group}-{r}" for r in range(int(rp.shape.nodes))}
             for n in sorted(names):
                 futures.append((ctx.kube.pool.submit(ctx.kube.release_pod, key[0], n, now), (group, n)))
-    failed = wait_all(futures, result)
-    done: dict[str, set[str]] = {}
-    for _, tag in futures:
-        if tag not in failed:
-            done.setdefault(tag[0], set()).add(tag[1])
-    for group, names in done.items():
-        result.released.append(group)
-        ctx.expectations.expect(key, now, released=names)
+    return futures

@@ -7,12 +7,14 @@ never decides anything on its own, and losing it (a restart) costs at most one r
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 from tokenfab.adapters.kube import ApiError, Kube, Obj
 from tokenfab.adapters.metrics import Reader
+from tokenfab.api.models import ModelDeploymentStatus
 from tokenfab.fleet.expectations import Expectations
 from tokenfab.fleet.ledger import Ledger
 from tokenfab.fleet.view import ClusterView, Key
@@ -20,6 +22,7 @@ from tokenfab.planning.faults import FaultKeys
 from tokenfab.planning.groups import RolePlan
 from tokenfab.planning.launcher_log import Outcome, Progress
 from tokenfab.planning.model_source import SourceClaim
+from tokenfab.planning.one_pass import Snapshot
 
 
 @dataclass
@@ -97,13 +100,22 @@ class Result:
         return bool(self.created or self.deleted or self.released or self.applied)
 
 
-def wait_all(futures: list[tuple[Future[Any], Any]], result: Result) -> list[Any]:
-    """Wait for submitted writes; returns the tags of the ones that failed (errors go to the result)."""
-    failed = []
-    for fut, tag in futures:
-        try:
-            fut.result()
-        except ApiError as exc:
-            result.errors.append(exc)
-            failed.append(tag)
-    return failed
+@dataclass(frozen=True)
+class Observed:
+    """A pass's observation: the deployment's object and the snapshot its plan is made from."""
+
+    body: Obj
+    snapshot: Snapshot
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A pass that ends at its observation: the status to write and the Events to post, if any, and the
+    old kopf bookkeeping to take off (nothing else is written)."""
+
+    body: Obj
+    result: Result
+    status: ModelDeploymentStatus | None = None
+    events: tuple[tuple[str, str, str], ...] = ()  # (type, reason, message)
+    legacy: Mapping[str, object] | None = None
+    gone: bool = False  # the deployment is going: only its old bookkeeping is taken off

@@ -13,10 +13,11 @@ from tokenfab.adapters import telemetry
 from tokenfab.adapters.kube import ApiError, Obj
 from tokenfab.api.models import Condition, ModelDeploymentStatus
 from tokenfab.fleet.view import Key
+from tokenfab.planning import one_pass
 from tokenfab.planning.autoscaler import Decision
-from tokenfab.planning.one_pass import Event, Plan, Snapshot
+from tokenfab.planning.one_pass import Plan
 from tokenfab.planning.status import event_for
-from tokenfab.runtime import Context, Memory, Result
+from tokenfab.runtime import Context, Ended, Memory, Observed, Result
 
 log = logging.getLogger(__name__)
 
@@ -116,19 +117,22 @@ def write_status(ctx: Context, key: Key, body: Obj, status: ModelDeploymentStatu
     mem.status = (new, str((written or {}).get("metadata", {}).get("resourceVersion", "")), time.time())
 
 
-def settle(
-    ctx: Context,
-    key: Key,
-    body: Obj,
-    snap: Snapshot,
-    plan: Plan,
-    status: ModelDeploymentStatus,
-    changed: list[Condition],
-    result: Result,
-) -> None:
-    """The pass's status (now, or deferred to the pass STATUS_MIN_INTERVAL later, which writes it with its
-    Events), the Events of its conditions and of its plan, the autoscaler's metrics, and one Event per new
-    refusal. `changed`: the conditions the status changed."""
+def settle(ctx: Context, key: Key, seen: Observed | Ended, plan: Plan | None, result: Result) -> None:
+    """The pass's status, made from the snapshot, the plan and what the API server answered
+    (`one_pass.settle`), written now or deferred to the pass STATUS_MIN_INTERVAL later (which writes it
+    with its Events); the Events of its conditions and of its plan; the autoscaler's metrics; one Event per
+    new refusal; and when the deployment wants its next pass. A pass that ended at its observation writes
+    the status and Events it came with."""
+    if isinstance(seen, Ended):
+        if seen.status is not None:
+            write_status(ctx, key, seen.body, seen.status, result)
+        for kind, reason, message in seen.events:
+            ctx.kube.post_event(seen.body, kind, reason, message)
+        return
+    assert plan is not None
+    body, snap = seen.body, seen.snapshot
+    written = one_pass.Written(frozenset(result.created), tuple(str(e) for e in result.errors))
+    status, changed = one_pass.settle(snap, plan, written)
     report(ctx, key, body, plan, result)
     old = snap.md.status
     previous = {cd.type: cd for cd in (old.conditions if old else [])}
@@ -148,21 +152,6 @@ def settle(
     if result.channel_waits:  # (NVIDIA's DRA driver answers a ComputeDomain within a second or so)
         waits.append(1.0)
     result.requeue_after = min(waits, default=None)
-
-
-def ended(
-    ctx: Context,
-    key: Key,
-    body: Obj,
-    status: ModelDeploymentStatus | None,
-    events: tuple[Event, ...],
-    result: Result,
-) -> None:
-    """A pass that ended at its observation: its status, if it has one, and its Events."""
-    if status is not None:
-        write_status(ctx, key, body, status, result)
-    for kind, reason, message in events:
-        ctx.kube.post_event(body, kind, reason, message)
 
 
 def report(ctx: Context, key: Key, body: Obj, plan: Plan, result: Result) -> None:
