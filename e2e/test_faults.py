@@ -143,10 +143,15 @@ def replaced(
     """Wait until none of `pods` is left and 2 decode groups serve again; returns the seconds it took."""
     before = {p["metadata"]["uid"] for p in pods}
     return watch_until(
-        f, what,
-        lambda gs: not any(p["metadata"]["uid"] in before for ps in gs.values() for p in ps)
-        and len(serving(gs, "decode")) == 2, timeout, seen,
-    )  # fmt: skip
+        f,
+        what,
+        lambda gs: (
+            not any(p["metadata"]["uid"] in before for ps in gs.values() for p in ps)
+            and len(serving(gs, "decode")) == 2
+        ),
+        timeout,
+        seen,
+    )
 
 
 def test_a_lost_rack_is_re_placed_whole_at_once_and_named(deployed: Factory) -> None:
@@ -207,9 +212,12 @@ def test_a_quarantined_node_is_left_only_once_its_replacement_serves(deployed: F
             return bool(mine) and mine[0]["status"].get("health") == "Degraded"
 
         took = watch_until(
-            f, "the quarantined group gone, its replacement serving",
-            lambda gs: victim not in gs and len(serving(gs, "decode")) == 2, 180, seen,
-        )  # fmt: skip
+            f,
+            "the quarantined group gone, its replacement serving",
+            lambda gs: victim not in gs and len(serving(gs, "decode")) == 2,
+            180,
+            seen,
+        )
         least = seen["min_decode"]
         print(f"\nquarantine: the group moved in {took:.1f} s; decode groups serving: at least {least}")
         assert seen["min_decode"] >= 2, "the quarantined group left before its replacement served"
@@ -315,10 +323,15 @@ def test_a_noexecute_device_taint_loses_the_group_and_it_is_re_placed(deployed: 
     seen: dict[str, Any] = {}
     try:
         took = watch_until(
-            f, "the tainted node's group re-placed and serving",
-            lambda gs: not any(p["spec"].get("nodeName") == node for ps in gs.values() for p in ps)
-            and len(serving(gs, "decode")) == 2, 120, seen,
-        )  # fmt: skip
+            f,
+            "the tainted node's group re-placed and serving",
+            lambda gs: (
+                not any(p["spec"].get("nodeName") == node for ps in gs.values() for p in ps)
+                and len(serving(gs, "decode")) == 2
+            ),
+            120,
+            seen,
+        )
         print(f"\nNoExecute device taint: serving again in {took:.1f} s")
         record = the_new_record(f, before, node)
         assert (record["group"], record["kind"], record["reaction"]) == (victim, "DeviceTainted", "Replaced")

@@ -77,14 +77,30 @@ def test_closed_loop_scales_decode_with_the_burst_and_back(live):
     # file discovery anywhere), every connection on loopback, and `tokenfab doctor` passes.
     assert_real_discovery(f, cfg.namespace)
     # Every series the operator reads, by the name it queries, was on the live scrape of this fleet.
-    for name in (signals.KV_METRIC, signals.QUEUE_METRIC, signals.INFLIGHT_METRIC, signals.FRONTEND_REQUESTS,
-                 signals.FRONTEND_INPUT_TOKENS, signals.FRONTEND_INFLIGHT):  # fmt: skip
+    for name in (
+        signals.KV_METRIC,
+        signals.QUEUE_METRIC,
+        signals.INFLIGHT_METRIC,
+        signals.FRONTEND_REQUESTS,
+        signals.FRONTEND_INPUT_TOKENS,
+        signals.FRONTEND_INFLIGHT,
+    ):
         assert fleet.prom(f, f'count(last_over_time({name}{{namespace="{cfg.namespace}"}}[30m]))'), name
     dr = subprocess.run(
-        [sys.executable, "-m", "tokenfab.cli", "doctor", "--kubeconfig", str(f.kubeconfig),
-         "--prometheus-url", f.prometheus_url],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "tokenfab.cli",
+            "doctor",
+            "--kubeconfig",
+            str(f.kubeconfig),
+            "--prometheus-url",
+            f.prometheus_url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert dr.returncode == 0, dr.stdout + dr.stderr
     assert result["slo"]["requests"] > 100
     assert loop["initial_decode_groups"] == 1

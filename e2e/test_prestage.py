@@ -100,8 +100,14 @@ def test_prestaged_nodes_take_the_scale_up_warm(operator: Factory) -> None:
 
         def scaled() -> list[dict] | None:
             ps = pods(f, "worker")
-            ready = [p for p in ps if any(cd["type"] == "Ready" and cd["status"] == "True"
-                                          for cd in p["status"].get("conditions") or [])]  # fmt: skip
+            ready = [
+                p
+                for p in ps
+                if any(
+                    cd["type"] == "Ready" and cd["status"] == "True"
+                    for cd in p["status"].get("conditions") or []
+                )
+            ]
             return ps if len(ready) == 3 else None
 
         new = [
@@ -170,8 +176,14 @@ def test_two_deployments_of_one_source_share_a_nodes_cache(operator: Factory) ->
 
         def b_ready() -> dict | None:
             ps = pods(f, "worker", "r-b", SHARE)
-            ok = [p for p in ps if any(cd["type"] == "Ready" and cd["status"] == "True"
-                                       for cd in p["status"].get("conditions") or [])]  # fmt: skip
+            ok = [
+                p
+                for p in ps
+                if any(
+                    cd["type"] == "Ready" and cd["status"] == "True"
+                    for cd in p["status"].get("conditions") or []
+                )
+            ]
             return ok[0] if ok else None
 
         pod = wait_for("B's group Ready", b_ready, timeout=120)
@@ -179,8 +191,10 @@ def test_two_deployments_of_one_source_share_a_nodes_cache(operator: Factory) ->
         assert pod["metadata"]["annotations"][contract.ANN_START_PATH] == "warm"
         (vol,) = [v for v in pod["spec"]["volumes"] if v["name"] == "model-cache"]
         assert vol["persistentVolumeClaim"]["claimName"] == name  # (A's claim: staged once on the node)
-        shared = wait_for("the claim owned by both", lambda: (m := get_json(f, "pvc", name, "-n", SHARE))
-                          and owners(m) == ["r-a", "r-b"] and m)  # fmt: skip
+        shared = wait_for(
+            "the claim owned by both",
+            lambda: (m := get_json(f, "pvc", name, "-n", SHARE)) and owners(m) == ["r-a", "r-b"] and m,
+        )
         fields = get_json(f, "pvc", name, "-n", SHARE, "--show-managed-fields")["metadata"]["managedFields"]
         managers = {e["manager"] for e in fields}
         assert {m for m in managers if m.startswith(contract.CACHE_FIELD_MANAGER_PREFIX)} == {
@@ -194,8 +208,11 @@ def test_two_deployments_of_one_source_share_a_nodes_cache(operator: Factory) ->
         # B asks for another cache size: its claims are others now; it lets go of the shared one
         other["spec"]["model"]["cache"]["size"] = "21Gi"
         apply_yaml(f, other)
-        wait_for("B let go of A's claim", lambda: owners(get_json(f, "pvc", name, "-n", SHARE)) == ["r-a"],
-                 timeout=120)  # fmt: skip
+        wait_for(
+            "B let go of A's claim",
+            lambda: owners(get_json(f, "pvc", name, "-n", SHARE)) == ["r-a"],
+            timeout=120,
+        )
         a_claims = {m["metadata"]["name"] for m in cache_claims(f, "r-a", SHARE)}
         kubectl(f, "delete", "mdep", "r-a", "-n", SHARE, "--wait=true")
 
@@ -229,9 +246,12 @@ def test_letting_go_of_a_claim_on_the_real_api_server(factory: Factory) -> None:
             "apiVersion": "v1",
             "kind": "PersistentVolumeClaim",
             "metadata": {"name": name, "namespace": SHARE, "annotations": {contract.ANN_NODE: "n1"}},
-            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": STORAGE_CLASS,
-                     "resources": {"requests": {"storage": "1Gi"}}},
-        }  # fmt: skip
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": STORAGE_CLASS,
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        }
 
     try:
         kube.apply(claim("solo-last"), "tokenfab-cache-uid-solo")
@@ -240,8 +260,13 @@ def test_letting_go_of_a_claim_on_the_real_api_server(factory: Factory) -> None:
         assert gone.returncode != 0 or "Terminating" in gone.stdout, gone.stdout
         made = kube.apply(claim("solo-kept"), "tokenfab-cache-uid-solo")
         uid, rv = made["metadata"]["uid"], made["metadata"]["resourceVersion"]
-        kube.apply({**claim("solo-kept"), "metadata": {**claim("solo-kept")["metadata"],
-                                                       "labels": {"changed": "yes"}}}, "other")  # fmt: skip
+        kube.apply(
+            {
+                **claim("solo-kept"),
+                "metadata": {**claim("solo-kept")["metadata"], "labels": {"changed": "yes"}},
+            },
+            "other",
+        )
         kube.delete(
             "v1",
             "PersistentVolumeClaim",

@@ -19,15 +19,41 @@ import types
 from typing import Any
 
 WORKER_KEYS = (
-    "model", "served_model_name", "extra_engine_args", "disaggregation_mode", "publish_kv_events",
-    "publish_metrics", "discovery_backend", "request_plane", "event_plane", "namespace", "component",
-    "endpoint", "revision",
-)  # fmt: skip
-FRONTEND_KEYS = ("http_port", "router_mode", "namespace", "namespace_prefix", "discovery_backend",
-                 "request_plane", "event_plane")  # fmt: skip
-MOCKER_KEYS = ("model_path", "model_name", "num_gpu_blocks", "block_size", "engine_type",
-               "disaggregation_mode", "bootstrap_ports", "num_workers", "discovery_backend",
-               "speedup_ratio")  # fmt: skip
+    "model",
+    "served_model_name",
+    "extra_engine_args",
+    "disaggregation_mode",
+    "publish_kv_events",
+    "publish_metrics",
+    "discovery_backend",
+    "request_plane",
+    "event_plane",
+    "namespace",
+    "component",
+    "endpoint",
+    "revision",
+)
+FRONTEND_KEYS = (
+    "http_port",
+    "router_mode",
+    "namespace",
+    "namespace_prefix",
+    "discovery_backend",
+    "request_plane",
+    "event_plane",
+)
+MOCKER_KEYS = (
+    "model_path",
+    "model_name",
+    "num_gpu_blocks",
+    "block_size",
+    "engine_type",
+    "disaggregation_mode",
+    "bootstrap_ports",
+    "num_workers",
+    "discovery_backend",
+    "speedup_ratio",
+)
 
 
 def stub_tensorrt_llm() -> None:
@@ -89,9 +115,12 @@ def main() -> None:
     out = []
     for case in json.loads(sys.stdin.read()):
         done = subprocess.run(
-            [sys.executable, __file__, "--one"], input=json.dumps(case), capture_output=True, text=True,
+            [sys.executable, __file__, "--one"],
+            input=json.dumps(case),
+            capture_output=True,
+            text=True,
             timeout=120,
-        )  # fmt: skip
+        )
         out.append(json.loads(done.stdout) if done.returncode == 0 else {"error": done.stderr[-1500:]})
     print(json.dumps(out))
 

@@ -22,16 +22,23 @@ def dynamo_site() -> Path:
     )
     out = subprocess.run(
         [str(DYNAMO_PYTHON), "-c", "import dynamo; print(list(dynamo.__path__)[0])"],
-        capture_output=True, text=True, check=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
     return Path(out.stdout.strip())
 
 
 def parse_all(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     dynamo_site()
     done = subprocess.run(
-        [str(DYNAMO_PYTHON), str(PROBE)], input=json.dumps(cases), capture_output=True, text=True,
-        timeout=900, check=True,
-    )  # fmt: skip
+        [str(DYNAMO_PYTHON), str(PROBE)],
+        input=json.dumps(cases),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=True,
+    )
     results: list[dict[str, Any]] = json.loads(done.stdout)
     return results

@@ -717,8 +717,13 @@ def test_the_discovery_role_grants_what_dynamo_does_and_nothing_else():
     sa, role, binding = builders.discovery_rbac(own, spec)
     assert (sa["kind"], role["kind"], binding["kind"]) == ("ServiceAccount", "Role", "RoleBinding")
     assert sa["metadata"]["name"] == role["metadata"]["name"] == binding["metadata"]["name"]
-    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
-               for v in rule["verbs"]}  # fmt: skip
+    granted = {
+        (g, r, v)
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
     # Dynamo 1.6.1 (read from its API server audit): list/watch EndpointSlices; create (by server-side
     # apply), patch, list, watch its DynamoWorkerMetadata. No update, delete, secrets or pods.
     assert ("discovery.k8s.io", "endpointslices", "watch") in granted
@@ -769,8 +774,12 @@ def test_hf_weights_go_to_a_per_node_cache_claim_that_declares_its_size():
     assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
     # a second group on the same node shares the claim
     again = builders.group_pods(own, spec, "decode", 1, DOMAIN, "rev", nodes)
-    assert {v["persistentVolumeClaim"]["claimName"] for p in again for v in p["spec"]["volumes"]
-            if v["name"] == "model-cache"} == {cond["metadata"]["name"] for cond in claims}  # fmt: skip
+    assert {
+        v["persistentVolumeClaim"]["claimName"]
+        for p in again
+        for v in p["spec"]["volumes"]
+        if v["name"] == "model-cache"
+    } == {cond["metadata"]["name"] for cond in claims}
 
 
 def test_without_a_storage_class_the_cache_is_a_sized_empty_dir_and_pvc_weights_need_none():
@@ -805,9 +814,15 @@ def test_runtime_env_may_set_the_discovery_backend_and_planes_itself():
     only one (a second definition of a name would hide the first)."""
     spec = spec_of(
         "deepseek-r1-disaggregated.yaml",
-        {"runtime": {"env": [{"name": "DYN_DISCOVERY_BACKEND", "value": "etcd"},
-                             {"name": "ETCD_ENDPOINTS", "value": "http://etcd:2379"}]}},
-    )  # fmt: skip
+        {
+            "runtime": {
+                "env": [
+                    {"name": "DYN_DISCOVERY_BACKEND", "value": "etcd"},
+                    {"name": "ETCD_ENDPOINTS", "value": "http://etcd:2379"},
+                ]
+            }
+        },
+    )
     pod = builders.group_pods(owner("deepseek-r1"), spec, "decode", 0, DOMAIN, "rev")[0]
     names = [e["name"] for e in pod["spec"]["containers"][0]["env"]]
     assert names.count("DYN_DISCOVERY_BACKEND") == 1

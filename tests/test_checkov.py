@@ -85,8 +85,16 @@ def test_the_children_tokenfab_creates_pass_checkov(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_the_chart_passes_checkov(tmp_path: Path) -> None:
-    out = helm("template", "tokenfab", str(Path(__file__).parent.parent / "charts" / "tokenfab"),
-               "-n", "tokenfab-system", "--kube-version", "1.37.2", check=True)  # fmt: skip
+    out = helm(
+        "template",
+        "tokenfab",
+        str(Path(__file__).parent.parent / "charts" / "tokenfab"),
+        "-n",
+        "tokenfab-system",
+        "--kube-version",
+        "1.37.2",
+        check=True,
+    )
     (tmp_path / "chart.yaml").write_text(out.stdout)
     failed = checkov(tmp_path)
     unexplained = {k: v[:3] for k, v in failed.items() if k not in CHART_SKIPS}

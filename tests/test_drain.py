@@ -490,9 +490,19 @@ class Sim:
             for r, node in enumerate(g.nodes)
         )
         return GroupView(
-            name, "decode", g.slot, g.revision, g.domain, len(g.nodes), SHAPE.gpus, pods, True, g.nodes,
-            released_at=NOW, draining_since=g.draining_since,
-        )  # fmt: skip
+            name,
+            "decode",
+            g.slot,
+            g.revision,
+            g.domain,
+            len(g.nodes),
+            SHAPE.gpus,
+            pods,
+            True,
+            g.nodes,
+            released_at=NOW,
+            draining_since=g.draining_since,
+        )
 
     def views(self) -> list[GroupView]:
         return [self.view(n) for n in sorted(self.groups)]
@@ -513,10 +523,21 @@ class Sim:
         groups = self.views()
         uses = [GpuUse(SHAPE.pod_gpus, p.node, g.domain) for g in groups for p in g.pods] + self.others
         plan, _ = plan_role(
-            "decode", self.desired, self.revision, SHAPE, groups, build_domains(self.nodes, uses), "pack",
-            {n.name: NodeHealth(True) for n in self.nodes}, self.now, TOL, BIND, 0.0, self.drain_policy(),
+            "decode",
+            self.desired,
+            self.revision,
+            SHAPE,
+            groups,
+            build_domains(self.nodes, uses),
+            "pack",
+            {n.name: NodeHealth(True) for n in self.nodes},
+            self.now,
+            TOL,
+            BIND,
+            0.0,
+            self.drain_policy(),
             self.other_roles_ready,
-        )  # fmt: skip
+        )
         return plan
 
     def apply(self, plan: RolePlan) -> None:

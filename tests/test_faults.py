@@ -36,27 +36,43 @@ EVICTING = NodeFault("Evicting", "taint nvidia.com/gpu-xid-error=true:NoExecute 
         pytest.param([], {}, [], False, [], id="healthy"),
         pytest.param([], {}, [], True, [("Cordoned", False, False)], id="a cordon moves, degrades nothing"),
         pytest.param(
-            [("nvidia.com/gpu-xid-error", "true", "NoSchedule")], {}, [], True,
-            [("Quarantined", False, True)], id="NVSentinel's NoSchedule taint",
+            [("nvidia.com/gpu-xid-error", "true", "NoSchedule")],
+            {},
+            [],
+            True,
+            [("Quarantined", False, True)],
+            id="NVSentinel's NoSchedule taint",
         ),
         pytest.param(
-            [("nvidia.com/gpu-nvlink-error", "true", "NoExecute")], {}, [], False,
-            [("Evicting", True, True)], id="a NoExecute quarantine taint is sudden",
+            [("nvidia.com/gpu-nvlink-error", "true", "NoExecute")],
+            {},
+            [],
+            False,
+            [("Evicting", True, True)],
+            id="a NoExecute quarantine taint is sudden",
         ),
         pytest.param(
-            [], {"GpuNvlinkWatch": "[DCGM_FR_NVLINK_DOWN] link down"}, [], False,
-            [("Quarantined", False, True)], id="a fault condition alone",
+            [],
+            {"GpuNvlinkWatch": "[DCGM_FR_NVLINK_DOWN] link down"},
+            [],
+            False,
+            [("Quarantined", False, True)],
+            id="a fault condition alone",
         ),
         pytest.param(
             [], {}, ["quarantineHealthEvent"], True, [("Quarantined", False, True)], id="cordon + annotation"
         ),
         pytest.param([], {}, ["quarantineHealthEvent"], False, [], id="the annotation without a cordon"),
         pytest.param(
-            [("example.com/other", "", "NoSchedule")], {"MemoryPressure": ""}, [], False, [],
+            [("example.com/other", "", "NoSchedule")],
+            {"MemoryPressure": ""},
+            [],
+            False,
+            [],
             id="taints and conditions of nobody's health system",
         ),
     ],
-)  # fmt: skip
+)
 def test_node_signals_are_read_as_announced_sudden_or_degrading(
     taints, conditions, annotations, cordoned, kinds
 ):
@@ -81,8 +97,11 @@ def test_the_operators_fault_keys_come_from_its_settings_and_reach_the_cluster_v
     assert opts.settings.fault_keys.taints == ("gpu.health/*",)
     view = Controller(kube=None, options=opts).view  # type: ignore[arg-type]
     taint = {"key": "gpu.health/ecc", "effect": "NoSchedule"}
-    node = {"metadata": {"name": "n1"}, "spec": {"taints": [taint]},
-            "status": {"conditions": [{"type": "Ready", "status": "True"}]}}  # fmt: skip
+    node = {
+        "metadata": {"name": "n1"},
+        "spec": {"taints": [taint]},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
     view.on_node("ADDED", node)
     assert [f.kind for f in view.node("n1").faults] == ["Quarantined"]
     # With the defaults, that taint is nobody's quarantine.
@@ -113,7 +132,7 @@ def test_node_facts_read_an_nvsentinel_quarantine_from_the_node_object():
                 {"type": "GpuThermalWatch", "status": "False"},
             ]
         },
-    }  # fmt: skip
+    }
     facts = node_facts(node)
     assert [(f.kind, f.message) for f in facts.faults] == [
         ("Quarantined", "condition GpuMemWatch: ECC errors on GPU 0")
@@ -257,8 +276,13 @@ def test_a_lost_group_is_recorded_with_its_replacement_and_timed_until_it_serves
     assert len(recs) == 1
     r = recs[0]
     assert (r.group, r.node, r.kind, r.reaction, r.replacement, r.domain) == (
-        "m-decode-0", "a-1", "Lost", "Replaced", "m-decode-1", "b",
-    )  # fmt: skip
+        "m-decode-0",
+        "a-1",
+        "Lost",
+        "Replaced",
+        "m-decode-1",
+        "b",
+    )
     cond = fault_report.condition(recs)
     assert (cond.status, cond.reason) == ("True", "NodeLost")
     assert "a-1" in cond.message
@@ -280,10 +304,17 @@ def test_a_lost_group_is_recorded_with_its_replacement_and_timed_until_it_serves
 
 def test_records_keep_the_latest_ten():
     old = [
-        FaultRecord(time="2026-01-01T00:00:00Z", group=f"g{i}", role="decode", node="n", kind="Lost",
-                    reaction="Replaced", recovered="2026-01-01T00:00:10Z")
+        FaultRecord(
+            time="2026-01-01T00:00:00Z",
+            group=f"g{i}",
+            role="decode",
+            node="n",
+            kind="Lost",
+            reaction="Replaced",
+            recovered="2026-01-01T00:00:10Z",
+        )
         for i in range(12)
-    ]  # fmt: skip
+    ]
     recs = fault_report.records(old, [_lost_plan()], NOW, name, frozenset())
     assert len(recs) == fault_report.KEEP
     assert recs[-1].group == "m-decode-0"
@@ -411,16 +442,26 @@ def test_a_replacement_lost_in_turn_hands_its_own_replacement_on_to_the_first_re
     serving = plan([group(cr2.slot, *cr2.nodes)], 1, nodes)[0]
     recs = fault_report.records(recs, [serving], NOW + 5, name, frozenset())
     assert [(r.group, r.replacement, r.recovery_seconds) for r in recs] == [
-        ("m-decode-0", second, 5.0), (first, second, 4.0),
-    ]  # fmt: skip
+        ("m-decode-0", second, 5.0),
+        (first, second, 4.0),
+    ]
 
 
 def test_a_recovered_records_replacement_name_does_not_stop_a_new_group_of_that_name_replacing():
     """Slots are reused: an old fault's replacement m-decode-1 left, and a new group named m-decode-1 is
     made for a new fault. Only open records claim a replacement."""
-    old = FaultRecord(time="2026-11-26T10:00:00Z", group="m-decode-0", role="decode", node="a-0", kind="Lost",
-                      reaction="Replaced", replacement="m-decode-1", domain="a",
-                      recovered="2026-11-26T10:00:09Z", recovery_seconds=9.0)  # fmt: skip
+    old = FaultRecord(
+        time="2026-11-26T10:00:00Z",
+        group="m-decode-0",
+        role="decode",
+        node="a-0",
+        kind="Lost",
+        reaction="Replaced",
+        replacement="m-decode-1",
+        domain="a",
+        recovered="2026-11-26T10:00:09Z",
+        recovery_seconds=9.0,
+    )
     p = _lost_plan()  # m-decode-0 lost now; its replacement written this pass
     made = frozenset(name(cr.role, cr.slot) for cr in p.create)
     assert made == {"m-decode-1"}
@@ -445,9 +486,19 @@ def test_plain_kubernetes_replaces_a_lost_group_only_once_its_pods_are_gone():
 
     def run(groups, reaction, now=NOW):
         return plan_role(
-            "decode", 1, NEW, SHAPE, groups, domains_of(nodes, groups), "pack", health, now, TOL, BIND,
+            "decode",
+            1,
+            NEW,
+            SHAPE,
+            groups,
+            domains_of(nodes, groups),
+            "pack",
+            health,
+            now,
+            TOL,
+            BIND,
             reaction=reaction,
-        )[0]  # fmt: skip
+        )[0]
 
     plain = run([g0], FaultReaction("none"))
     assert plain.delete == [Delete("decode", "m-decode-0", "Broken")]
@@ -463,8 +514,20 @@ def test_plain_kubernetes_replaces_a_lost_group_only_once_its_pods_are_gone():
     # Neither moves a group off an announced fault.
     quarantined = _quarantined(nodes, "a-0")
     for mode in ("none", "gang-delete"):
-        p = plan_role("decode", 1, NEW, SHAPE, [g0], domains_of(nodes, [g0]), "pack", quarantined, NOW, TOL,
-                      BIND, reaction=FaultReaction(mode))[0]  # fmt: skip
+        p = plan_role(
+            "decode",
+            1,
+            NEW,
+            SHAPE,
+            [g0],
+            domains_of(nodes, [g0]),
+            "pack",
+            quarantined,
+            NOW,
+            TOL,
+            BIND,
+            reaction=FaultReaction(mode),
+        )[0]
         assert (p.faults, p.create, p.drain, p.delete) == ({}, [], [], [])
 
 
@@ -487,9 +550,11 @@ def test_a_compute_domain_gone_not_ready_under_a_serving_group_faults_its_nodes(
             "status": "True" if ready else "False",
             "lastTransitionTime": "2026-01-01T00:00:00Z",
         }
-        return {"metadata": {"name": name, "namespace": "ns", "labels": labels, "uid": name},
-                "spec": {"nodeName": node, "containers": []},
-                "status": {"phase": "Running", "conditions": [cond]}}  # fmt: skip
+        return {
+            "metadata": {"name": name, "namespace": "ns", "labels": labels, "uid": name},
+            "spec": {"nodeName": node, "containers": []},
+            "status": {"phase": "Running", "conditions": [cond]},
+        }
 
     cd = {
         "metadata": {"name": "m-decode-0-imex", "namespace": "ns", "labels": labels},
@@ -524,8 +589,11 @@ def test_a_node_that_faults_again_soon_is_avoided_for_a_growing_while():
     view = ClusterView()
     clock = [NOW]
     view.clock = lambda: clock[0]
-    healthy_node = {"metadata": {"name": "n1", "labels": {"clique": "a"}}, "spec": {},
-                    "status": {"conditions": [{"type": "Ready", "status": "True"}]}}  # fmt: skip
+    healthy_node = {
+        "metadata": {"name": "n1", "labels": {"clique": "a"}},
+        "spec": {},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
     sick = {**healthy_node, "spec": {"taints": [{"key": "nvidia.com/gpu-xid-error", "effect": "NoSchedule"}]}}
     view.on_node("ADDED", healthy_node)
     for _ in range(2):  # quarantined and healed twice
@@ -621,8 +689,20 @@ def test_a_worker_whose_health_endpoint_keeps_failing_loses_its_group_once_the_g
     from tokenfab.planning.role_plan import FaultReaction
 
     g = hung(NOW - 3600)
-    plain, _ = plan_role("decode", 1, NEW, SHAPE, [g], domains_of(nodes, [g]), "pack", healthy(nodes), NOW,
-                         TOL, BIND, reaction=FaultReaction("none"))  # fmt: skip
+    plain, _ = plan_role(
+        "decode",
+        1,
+        NEW,
+        SHAPE,
+        [g],
+        domains_of(nodes, [g]),
+        "pack",
+        healthy(nodes),
+        NOW,
+        TOL,
+        BIND,
+        reaction=FaultReaction("none"),
+    )
     assert (plain.states["m-decode-0"], plain.faults, plain.delete, plain.create) == ("starting", {}, [], [])
     # A node fault comes first: the same group on a lost node is Lost.
     health = {n: h for n, h in healthy(nodes).items() if n != "a-0"}
@@ -633,9 +713,14 @@ def _record(domain: str, age: float, kind: str = "WorkerUnhealthy") -> FaultReco
     from tokenfab.planning.status import rfc3339
 
     return FaultRecord(
-        time=rfc3339(NOW - age), group=f"m-decode-{int(age)}", role="decode", node=f"{domain}-0", kind=kind,
-        reaction="Replaced", faulted_domain=domain,
-    )  # fmt: skip
+        time=rfc3339(NOW - age),
+        group=f"m-decode-{int(age)}",
+        role="decode",
+        node=f"{domain}-0",
+        kind=kind,
+        reaction="Replaced",
+        faulted_domain=domain,
+    )
 
 
 def test_a_domain_where_the_deployments_groups_keep_failing_takes_none_of_them_for_a_while():
@@ -660,8 +745,19 @@ def test_a_domain_where_the_deployments_groups_keep_failing_takes_none_of_them_f
     assert p.create[0].domain == "c"
     # With nowhere else to go the group waits (the pass looks again while the backoff runs).
     only_a = cluster(a=2)
-    p, _ = plan_role("decode", 1, NEW, SHAPE, [], domains_of(only_a, []), "pack", healthy(only_a), NOW, TOL,
-                     avoid=frozenset({"a"}))  # fmt: skip
+    p, _ = plan_role(
+        "decode",
+        1,
+        NEW,
+        SHAPE,
+        [],
+        domains_of(only_a, []),
+        "pack",
+        healthy(only_a),
+        NOW,
+        TOL,
+        avoid=frozenset({"a"}),
+    )
     assert (p.create, p.unplaced) == ([], 1)
     cond = fault_report.condition(twice, avoided)
     assert "NVLink domain a avoided" in cond.message

@@ -707,8 +707,12 @@ def test_fetch_only_stages_verified_weights_and_exits_0(tmp_path):
     # its termination message: what the operator puts in status.weightsCache.staged
     said = json.loads((tmp_path / "termination-log").read_text())
     files = [p for p in snapshot.rglob("*") if p.is_file() and not p.name.startswith(".tokenfab")]
-    assert said == {"source": "cache", "bytes": sum(p.stat().st_size for p in files), "files": len(files),
-                    "seconds": said["seconds"]}  # fmt: skip
+    assert said == {
+        "source": "cache",
+        "bytes": sum(p.stat().st_size for p in files),
+        "files": len(files),
+        "seconds": said["seconds"],
+    }
     assert said["bytes"] > 0
 
 

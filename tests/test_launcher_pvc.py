@@ -103,8 +103,11 @@ def test_a_worker_with_a_storage_class_loads_its_copy_and_one_without_loads_the_
 
 
 def test_the_fetch_pod_of_pvc_weights_mounts_their_claim_read_only():
-    spec = rendered("aggregated-small.yaml", "worker", {"model": {"source": SOURCE, "cache": {
-        "storageClassName": "local-nvme", "prestageGroups": 1}}})[0]  # fmt: skip
+    spec = rendered(
+        "aggregated-small.yaml",
+        "worker",
+        {"model": {"source": SOURCE, "cache": {"storageClassName": "local-nvme", "prestageGroups": 1}}},
+    )[0]
     pod = builders.weights_fetch_pod(first_owner(), spec, "a-0", "pvc://models/deepseek/r1@main")
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     assert volumes["model"]["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}

@@ -271,6 +271,9 @@ def test_the_boto3_tested_here_is_the_one_the_worker_image_ships():
     assert image == tested
     installed = subprocess.run(
         [str(S3_PYTHON), "-c", "import boto3; print(boto3.__version__)"],
-        capture_output=True, text=True, check=True, timeout=60,
-    ).stdout.strip()  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.strip()
     assert installed == tested

@@ -491,9 +491,14 @@ def _ok_to_bind(sim: Sim, p: PodView) -> bool:
     health = sim.nodes.get(p.pinned or "")
     whole = sim.gang == "gates" or len(sim.pods) == sim.size
     return (
-        p.node is None and not p.gated and not p.deleting and whole and health is not None
-        and health.ready and health.schedulable
-    )  # fmt: skip
+        p.node is None
+        and not p.gated
+        and not p.deleting
+        and whole
+        and health is not None
+        and health.ready
+        and health.schedulable
+    )
 
 
 def cluster_events(sim: Sim) -> list[tuple[str, int | str | float]]:

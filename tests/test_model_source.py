@@ -46,11 +46,14 @@ ROX, RWX, RWO, RWOP = ("ReadOnlyMany",), ("ReadWriteMany",), ("ReadWriteOnce",),
         pytest.param(SourceClaim("w", True, RWOP), "False", "ClaimNotShared", "ReadOnlyMany", id="RWOP"),
         pytest.param(SourceClaim("w", False), "False", "ClaimNotFound", "does not exist", id="missing"),
         pytest.param(
-            SourceClaim("w", False, error="forbidden: cannot get"), "Unknown", "ClaimUnreadable", "forbidden",
+            SourceClaim("w", False, error="forbidden: cannot get"),
+            "Unknown",
+            "ClaimUnreadable",
+            "forbidden",
             id="unreadable",
         ),
     ],
-)  # fmt: skip
+)
 def test_the_condition_names_the_claim_and_the_fix(
     claim: SourceClaim, status: str, reason: str, words: str
 ) -> None:

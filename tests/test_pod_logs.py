@@ -28,14 +28,16 @@ RESULT = 'tokenfab-launcher: weights-result {"bytes": 2500, "files": 3, "seconds
 
 
 def test_the_last_progress_and_result_lines_are_read_and_nothing_else():
-    text = "\n".join([
-        "engine: starting",
-        PROGRESS % (100, 10.0),
-        "other-program: weights-progress {\"bytes\": 7}",  # (another program's words, same marker: read)
-        PROGRESS % (900, 20.0),
-        RESULT % (41.5, "download"),
-        "[TensorRT-LLM] loading",
-    ])  # fmt: skip
+    text = "\n".join(
+        [
+            "engine: starting",
+            PROGRESS % (100, 10.0),
+            'other-program: weights-progress {"bytes": 7}',  # (another program's words, same marker: read)
+            PROGRESS % (900, 20.0),
+            RESULT % (41.5, "download"),
+            "[TensorRT-LLM] loading",
+        ]
+    )
     got = launcher_log.read(text)
     assert got.progress == launcher_log.Progress(900, 20.0)
     assert got.result == Outcome("download", 2500, 3, 41.5)
@@ -114,8 +116,14 @@ class FakeKube:
         self.reads: list[tuple[str, str, int | None, int | None]] = []
         self.log_pool = SyncPool()
 
-    def pod_log(self, namespace: str, name: str, container: str, tail_lines: int | None = None,
-                limit_bytes: int | None = None) -> str:  # fmt: skip
+    def pod_log(
+        self,
+        namespace: str,
+        name: str,
+        container: str,
+        tail_lines: int | None = None,
+        limit_bytes: int | None = None,
+    ) -> str:
         self.reads.append((name, container, tail_lines, limit_bytes))
         said = self.logs[name]
         if isinstance(said, Exception):
@@ -138,21 +146,25 @@ def _pod(
 ) -> PodFacts:
     labels = {contract.COMPONENT: component, **({contract.LABEL_GROUP: group} if group else {})}
     conditions = [{"type": "Ready", "status": "True" if ready else "False"}]
-    return pod_facts({
-        "metadata": {"name": name, "namespace": "ns", "labels": labels, "creationTimestamp": CREATED},
-        "spec": {"containers": [{"name": "worker"}], **({"nodeName": node} if node else {})},
-        "status": {"phase": phase, "conditions": conditions},
-    })  # fmt: skip
+    return pod_facts(
+        {
+            "metadata": {"name": name, "namespace": "ns", "labels": labels, "creationTimestamp": CREATED},
+            "spec": {"containers": [{"name": "worker"}], **({"nodeName": node} if node else {})},
+            "status": {"phase": phase, "conditions": conditions},
+        }
+    )
 
 
 def test_a_pass_reads_running_downloads_each_time_and_each_workers_log_once():
-    kube = FakeKube({
-        "m-fetch": PROGRESS % (2_000_000_000, 30.0),
-        "m-decode-0-0": RESULT % (0.0, "cache"),
-        "m-decode-0-1": RESULT % (88.0, "download"),
-        "m-prefill-0-0": "engine output only",
-        "m-prefill-1-0": PROGRESS % (500_000_000, 10.0),
-    })  # fmt: skip
+    kube = FakeKube(
+        {
+            "m-fetch": PROGRESS % (2_000_000_000, 30.0),
+            "m-decode-0-0": RESULT % (0.0, "cache"),
+            "m-decode-0-1": RESULT % (88.0, "download"),
+            "m-prefill-0-0": "engine output only",
+            "m-prefill-1-0": PROGRESS % (500_000_000, 10.0),
+        }
+    )
     ctx = FakeCtx(kube)
     pods = [
         _pod("m-fetch", contract.COMPONENT_WEIGHTS_FETCH),
@@ -315,8 +327,9 @@ def test_status_shows_the_bytes_so_far_and_each_groups_weights():
     again = plan(replace(snap, groups=groups))
     decode = groups["decode"][0].name
     placed = placement(snap.owner, groups, again.roles, frozenset(), {decode: "cache"})
-    assert {p.group: p.weights for p in placed} == {g.name: ("cache" if g.name == decode else "")
-                                                   for gs in groups.values() for g in gs}  # fmt: skip
+    assert {p.group: p.weights for p in placed} == {
+        g.name: ("cache" if g.name == decode else "") for gs in groups.values() for g in gs
+    }
     # and a running download asks for a look again soon, to show its bytes
     soon = min(x for x in (again.requeue_after, 15.1) if x is not None)
     assert plan(replace(snap, groups=groups, fetch_pods=(running,))).requeue_after == pytest.approx(soon)

@@ -70,8 +70,19 @@ def test_the_planner_deletes_a_broken_group_but_holds_its_replacement_while_back
     pod = PodView("m-decode-0-0", 0, "Failed", False, "a-0", False, exit_message="exit code 1")
     group = GroupView("m-decode-0", "decode", 0, "rev", "a", 1, 4, (pod,), True, ("a-0",), NOW - 50)
     health = {n: NodeHealth(True) for n in ("a-0", "a-1", "a-2", "a-3")}
-    held, _ = plan_role("decode", 1, "rev", GroupShape(4, 4), [group], _domains(), "pack", health, NOW, 300.0,
-                        hold_seconds=10.0)  # fmt: skip
+    held, _ = plan_role(
+        "decode",
+        1,
+        "rev",
+        GroupShape(4, 4),
+        [group],
+        _domains(),
+        "pack",
+        health,
+        NOW,
+        300.0,
+        hold_seconds=10.0,
+    )
     assert [d.name for d in held.delete] == ["m-decode-0"]
     assert held.create == []
     assert held.backoff == 10.0

@@ -60,11 +60,19 @@ def test_each_deployment_applies_the_claim_as_a_co_owner_with_its_own_manager_an
         assert builders.field_manager(m) == f"{contract.CACHE_FIELD_MANAGER_PREFIX}{owner.uid}"
         assert builders.applied_annotation(m) == f"{contract.ANN_APPLIED_BY_PREFIX}{owner.uid}"
     # the applied hashes live side by side: one deployment's write does not make the other's stale
-    both = {**ma["metadata"]["annotations"], **builders.with_applied_hash(ma)["metadata"]["annotations"],
-            **builders.with_applied_hash(mb)["metadata"]["annotations"]}  # fmt: skip
-    obj = {**ma, "metadata": {**ma["metadata"], "annotations": both,
-                              "ownerReferences": [*ma["metadata"]["ownerReferences"],
-                                                  *mb["metadata"]["ownerReferences"]]}}  # fmt: skip
+    both = {
+        **ma["metadata"]["annotations"],
+        **builders.with_applied_hash(ma)["metadata"]["annotations"],
+        **builders.with_applied_hash(mb)["metadata"]["annotations"],
+    }
+    obj = {
+        **ma,
+        "metadata": {
+            **ma["metadata"],
+            "annotations": both,
+            "ownerReferences": [*ma["metadata"]["ownerReferences"], *mb["metadata"]["ownerReferences"]],
+        },
+    }
     facts = child_facts("PersistentVolumeClaim", obj)
     assert facts.owners == ("r1-a", "r1-b")
     assert facts.holds == (key,)
@@ -138,8 +146,11 @@ def test_a_shared_claim_is_evicted_only_when_every_user_lets_it_go():
         CacheEntry("t/x", "n1", 4, idle_b)
     ]
     # capacity for one of two: the claim the other deployment still pins stays; the idle one goes, once
-    entries = [CacheEntry("t/x", "n1", 4, idle_a), CacheEntry("t/x", "n1", 4, pinned),
-               CacheEntry("t/y", "n1", 4, idle_b)]  # fmt: skip
+    entries = [
+        CacheEntry("t/x", "n1", 4, idle_a),
+        CacheEntry("t/x", "n1", 4, pinned),
+        CacheEntry("t/y", "n1", 4, idle_b),
+    ]
     assert evictions(entries, {"n1": 4}) == frozenset({"t/y"})  # (without the merge x, idler, would go)
 
 
@@ -152,8 +163,9 @@ def test_the_view_gives_each_other_owners_idle_time_of_a_shared_claim():
     third = builders.Owner(name="r1-c", namespace="team", uid="uid-c")
     view.on_child("PersistentVolumeClaim", "ADDED", _claim(A, s, "n1", "", B, third))
     status = {"weightsCache": {"weights": "x", "idleSince": {"n1": rfc3339(NOW - 60)}}}
-    view.on_model_deployment("ADDED", {"metadata": {"namespace": "team", "name": "r1-b"}, "spec": {},
-                                       "status": status})  # fmt: skip
+    view.on_model_deployment(
+        "ADDED", {"metadata": {"namespace": "team", "name": "r1-b"}, "spec": {}, "status": status}
+    )
     got = node_caches(view, ("team", "r1-a"), ["n1"])
     name = f"team/{builders.model_cache_claim_name(A, s, 'n1')}"
     # B idle for a minute, C (no status: counted as pinned); A's own entry comes from its pass
@@ -234,8 +246,11 @@ def test_letting_go_of_a_shared_claim_keeps_it_for_the_others_and_deletes_it_whe
     release_claim(kept, B, "model-cache-x", manager)  # type: ignore[arg-type]
     ((verb, manifest, used),) = kept.calls
     assert (verb, used) == ("apply", f"{contract.CACHE_FIELD_MANAGER_PREFIX}uid-b")
-    assert manifest == {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                        "metadata": {"name": "model-cache-x", "namespace": "team"}}  # fmt: skip
+    assert manifest == {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "model-cache-x", "namespace": "team"},
+    }
     # no owner left (the others let go meanwhile, or are gone): deleted, if still the object written
     orphan = FakeKube({"metadata": {"uid": "c1", "resourceVersion": "8", "ownerReferences": []}})
     release_claim(orphan, B, "model-cache-x", manager)  # type: ignore[arg-type]
@@ -281,10 +296,18 @@ def test_a_pass_deletes_lets_go_of_and_keeps_the_right_claims():
     keep = _claim(A, s, "n1", "")  # (A mounts it: wanted)
     alone = _claim(A, other_size, "n2", "")  # (A's alone, of a size A no longer asks for: deleted)
     both = _claim(A, other_size, "n3", "", B)  # (B still owns it: let go of)
-    orphan = {**_claim(A, other_size, "n4", ""), "metadata": {**_claim(A, other_size, "n4", "")["metadata"],
-              "ownerReferences": [], "resourceVersion": "42"}}  # fmt: skip
-    busy = {**_claim(A, other_size, "n5", ""), "metadata": {**_claim(A, other_size, "n5", "")["metadata"],
-            "ownerReferences": []}}  # fmt: skip
+    orphan = {
+        **_claim(A, other_size, "n4", ""),
+        "metadata": {
+            **_claim(A, other_size, "n4", "")["metadata"],
+            "ownerReferences": [],
+            "resourceVersion": "42",
+        },
+    }
+    busy = {
+        **_claim(A, other_size, "n5", ""),
+        "metadata": {**_claim(A, other_size, "n5", "")["metadata"], "ownerReferences": []},
+    }
     for obj in (keep, alone, both, orphan, busy):
         view.on_child("PersistentVolumeClaim", "ADDED", obj)
     view.on_pod("ADDED", _pod("team", "a-0", "r1-a", keep["metadata"]["name"], "n1", "n1"))
@@ -304,12 +327,18 @@ def test_a_pass_deletes_lets_go_of_and_keeps_the_right_claims():
 
 def _pod(ns: str, name: str, deployment: str, claim: str, node: str | None, pinned: str) -> dict[str, Any]:
     return {
-        "metadata": {"namespace": ns, "name": name, "labels": {contract.LABEL_DEPLOYMENT: deployment},
-                     "annotations": {contract.ANN_NODE: pinned}},
-        "spec": {"nodeName": node, "volumes": [{"name": "model-cache",
-                                                "persistentVolumeClaim": {"claimName": claim}}]},
+        "metadata": {
+            "namespace": ns,
+            "name": name,
+            "labels": {contract.LABEL_DEPLOYMENT: deployment},
+            "annotations": {contract.ANN_NODE: pinned},
+        },
+        "spec": {
+            "nodeName": node,
+            "volumes": [{"name": "model-cache", "persistentVolumeClaim": {"claimName": claim}}],
+        },
         "status": {"phase": "Pending"},
-    }  # fmt: skip
+    }
 
 
 def test_a_claim_another_deployments_pods_mount_before_owning_it_is_neither_evicted_nor_deleted():
@@ -328,8 +357,11 @@ def test_a_claim_another_deployments_pods_mount_before_owning_it_is_neither_evic
     assert view.mounted_elsewhere(("team", "r1-b")) == frozenset()  # (B's own pods do not count)
     assert view.mounted_elsewhere(("other", "r1-a")) == frozenset()  # (another namespace's claim)
     # pinned, it outlives an idle claim of the same size even though it is idle for A
-    entries = [CacheEntry(f"team/{name}", "n1", 4 * TI, NOW - 600), *got.others,
-               CacheEntry("team/y", "n1", 4 * TI, NOW - 60)]  # fmt: skip
+    entries = [
+        CacheEntry(f"team/{name}", "n1", 4 * TI, NOW - 600),
+        *got.others,
+        CacheEntry("team/y", "n1", 4 * TI, NOW - 60),
+    ]
     assert evictions(entries, {"n1": 6 * TI}) == frozenset({"team/y"})
 
 

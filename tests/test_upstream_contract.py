@@ -56,22 +56,40 @@ def test_rendered_command_lines_parse_with_dynamo_1_6_1():
         environ = {k: v for k, v in env(pod).items() if v is not None}
         if role == "frontend":
             cases.append({"kind": "frontend", "argv": ctr["args"], "env": environ})
-            expected.append((variant, role, {
-                "http_port": contract.FRONTEND_PORT, "router_mode": spec.serving.router_mode,
-                "namespace_prefix": ctr["args"][ctr["args"].index("--namespace-prefix") + 1],
-                "discovery_backend": spec.serving.discovery, "request_plane": contract.REQUEST_PLANE,
-            }))  # fmt: skip
+            expected.append(
+                (
+                    variant,
+                    role,
+                    {
+                        "http_port": contract.FRONTEND_PORT,
+                        "router_mode": spec.serving.router_mode,
+                        "namespace_prefix": ctr["args"][ctr["args"].index("--namespace-prefix") + 1],
+                        "discovery_backend": spec.serving.discovery,
+                        "request_plane": contract.REQUEST_PLANE,
+                    },
+                )
+            )
             continue
         assert ctr["command"] == [contract.PYTHON, "-m", contract.LAUNCHER_MODULE]
         cases.append({"kind": "worker", "argv": ctr["args"], "env": environ})
         mode = "prefill" if role == "prefill" and spec.serving.mode == "disaggregated" else None
-        expected.append((variant, role, {
-            "model": builders.model_path(spec), "served_model_name": spec.model.name,
-            "extra_engine_args": contract.ENGINE_CONFIG_PATH,
-            "publish_kv_events": True, "publish_metrics": True,
-            "discovery_backend": spec.serving.discovery, "request_plane": contract.REQUEST_PLANE,
-            "namespace": environ[contract.ENV_DYNAMO_NAMESPACE], "component": mode or "backend",
-        }))  # fmt: skip
+        expected.append(
+            (
+                variant,
+                role,
+                {
+                    "model": builders.model_path(spec),
+                    "served_model_name": spec.model.name,
+                    "extra_engine_args": contract.ENGINE_CONFIG_PATH,
+                    "publish_kv_events": True,
+                    "publish_metrics": True,
+                    "discovery_backend": spec.serving.discovery,
+                    "request_plane": contract.REQUEST_PLANE,
+                    "namespace": environ[contract.ENV_DYNAMO_NAMESPACE],
+                    "component": mode or "backend",
+                },
+            )
+        )
     results = parse_all(cases)
     assert len(results) == len(cases)
     for (variant, role, want), got in zip(expected, results, strict=True):
@@ -137,10 +155,7 @@ def test_every_dyn_variable_tokenfab_sets_is_read_by_dynamo_1_6_1():
     sources = "\n".join(p.read_text(errors="replace") for p in site.rglob("*.py"))
     runtime = b"".join(p.read_bytes() for p in site.glob("_core*.so"))
     assert runtime, f"no compiled runtime under {site}"
-    unknown = [
-        n for n in sorted(names)
-        if not re.search(rf"\b{n}\b", sources) and n.encode() not in runtime
-    ]  # fmt: skip
+    unknown = [n for n in sorted(names) if not re.search(rf"\b{n}\b", sources) and n.encode() not in runtime]
     assert not unknown, f"DYN_* variables the pinned ai-dynamo does not read: {unknown}"
     # Nor one it says it ignores, unless measured otherwise (kept with the reason, so that a release that
     # stops warning, or warns about another, fails here and is looked at).

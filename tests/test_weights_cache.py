@@ -122,8 +122,16 @@ def test_each_new_group_carries_its_start_path_onto_its_pods_and_back():
     assert paths["decode"] == "warm"  # (b-2 and b-3)
     assert paths["prefill"] in ("fetching", "cold")
     decode = next(cr for r in p.roles for cr in r.create if cr.role == "decode")
-    pods = builders.group_pods(snap.owner, md.spec, "decode", decode.slot, decode.domain, decode.revision,
-                        decode.nodes, start_path=decode.path)  # fmt: skip
+    pods = builders.group_pods(
+        snap.owner,
+        md.spec,
+        "decode",
+        decode.slot,
+        decode.domain,
+        decode.revision,
+        decode.nodes,
+        start_path=decode.path,
+    )
     assert {pod["metadata"]["annotations"][contract.ANN_START_PATH] for pod in pods} == {"warm"}
     for pod in pods:
         pod["metadata"].update(namespace="ns", creationTimestamp="2026-11-26T10:00:00Z")
@@ -178,8 +186,11 @@ def test_the_start_time_is_learned_per_path_and_the_horizon_is_the_next_groups_p
     warm_a = {"a-0": 0, "a-1": 0, "a-2": 0, "a-3": 0}
     from tokenfab.planning.room import FreeDomains, Room
 
-    capacity = FreeDomains(Room.fixed(nodes, {}, builders.placement_constraints(md.spec)), md.spec,
-                        builders.Owner(name="m", namespace="ns", uid="u"))  # fmt: skip
+    capacity = FreeDomains(
+        Room.fixed(nodes, {}, builders.placement_constraints(md.spec)),
+        md.spec,
+        builders.Owner(name="m", namespace="ns", uid="u"),
+    )
     assert _lead_time(step, "decode", capacity) == 100.0  # (no warmth known: every path's)
     step.warmth = warm_a
     assert _lead_time(step, "decode", capacity) == 40.0
@@ -194,18 +205,31 @@ def test_kubectl_get_nvlinkdomains_shows_which_weights_each_domains_caches_hold(
 
     view = ClusterView()
     for name, clique in (("a-0", "a"), ("a-1", "a"), ("b-0", "b")):
-        view.on_node("ADDED", {"metadata": {"name": name, "labels": {"nvidia.com/gpu.clique": clique}},
-                               "status": {"conditions": [{"type": "Ready", "status": "True"}]}})  # fmt: skip
+        view.on_node(
+            "ADDED",
+            {
+                "metadata": {"name": name, "labels": {"nvidia.com/gpu.clique": clique}},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+            },
+        )
 
     def claim(ns: str, dep: str, node: str, weights: str) -> dict:
         ann = {contract.ANN_NODE: node, **({contract.ANN_WEIGHTS: weights} if weights else {})}
-        meta = {"name": f"{dep}-model-{node}", "namespace": ns, "labels": {contract.LABEL_DEPLOYMENT: dep},
-                "annotations": ann}  # fmt: skip
+        meta = {
+            "name": f"{dep}-model-{node}",
+            "namespace": ns,
+            "labels": {contract.LABEL_DEPLOYMENT: dep},
+            "annotations": ann,
+        }
         return {"metadata": meta}
 
     r1 = "hf://deepseek-ai/DeepSeek-R1@abc"
-    for obj in (claim("x", "r1", "a-0", r1), claim("y", "r1b", "a-1", r1), claim("x", "r1", "b-0", ""),
-                claim("x", "llama", "a-1", "hf://meta/llama@def")):  # fmt: skip
+    for obj in (
+        claim("x", "r1", "a-0", r1),
+        claim("y", "r1b", "a-1", r1),
+        claim("x", "r1", "b-0", ""),
+        claim("x", "llama", "a-1", "hf://meta/llama@def"),
+    ):
         view.on_child("PersistentVolumeClaim", "ADDED", obj)
     got = cached_models(view, "nvidia.com/gpu.clique")
     assert set(got) == {"a"}  # (b-0's claim holds nothing verified yet)

@@ -167,7 +167,7 @@ def target(f: Factory, ns: str) -> tuple[str, list[str]]:
     decode = sorted(
         (p for p in items if _role(p) == "decode" and p["spec"].get("nodeName")),
         key=lambda p: (nodes[p["spec"]["nodeName"]][RACK_LABEL] in front, p["metadata"]["name"]),
-    )  # fmt: skip
+    )
     node = decode[0]["spec"]["nodeName"]
     return node, [n for n, lab in nodes.items() if lab[RACK_LABEL] == nodes[node][RACK_LABEL]]
 
@@ -245,10 +245,17 @@ def run_one(
     url = fleet.serving(f, ns, NAME)
     full = sample(f, ns, set(), time.monotonic()).gpus
     aiperf = load.AiperfRun(
-        aiperf=tools.aiperf, url=url, model=fleet.MODEL_NAME, tokenizer_dir=fleet.model_dir(tools),
-        points=plan.points(kind), artifact_dir=work / f"{kind}-{contestant}-{run}", isl=plan.isl,
-        osl=plan.osl, concurrency=plan.concurrency, grace_s=plan.grace_s,
-    )  # fmt: skip
+        aiperf=tools.aiperf,
+        url=url,
+        model=fleet.MODEL_NAME,
+        tokenizer_dir=fleet.model_dir(tools),
+        points=plan.points(kind),
+        artifact_dir=work / f"{kind}-{contestant}-{run}",
+        isl=plan.isl,
+        osl=plan.osl,
+        concurrency=plan.concurrency,
+        grace_s=plan.grace_s,
+    )
     started_before = fleet.requests_started(url)
     aiperf.start()
     node, rack = "", []
@@ -317,7 +324,7 @@ def table(result: dict[str, Any]) -> str:
                     f"{i:3}  {kind:16} {who:12} {q['intended']:9} {q['sent']:5} {q['completed']:10} "
                     f"{q['failed']:7} {q['never_sent']:11} {x['recovery_s']!s:>11} "
                     f"{x['gpu_minutes_lost']:13} {x['min_gpus']:4}/{x['full_gpus']}"
-                )  # fmt: skip
+                )
     return "\n".join(lines)
 
 
@@ -355,12 +362,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result: dict[str, Any] = {
             "benchmark": "faults",
-            "plan": {"qps": plan.qps, "osl": plan.osl, "decode_groups": plan.decode,
-                     "drain_after_s": plan.drain_after_s, "observed_s": plan.after_s,
-                     "hang_observed_s": plan.hang_after_s, "runner_speedup": plan.speedup},
-            "runs": [run(f, tools, kinds, contestants, plan, run_dir / "work", i, a.port_base + 20)
-                     for i in range(runs)],
-        }  # fmt: skip
+            "plan": {
+                "qps": plan.qps,
+                "osl": plan.osl,
+                "decode_groups": plan.decode,
+                "drain_after_s": plan.drain_after_s,
+                "observed_s": plan.after_s,
+                "hang_observed_s": plan.hang_after_s,
+                "runner_speedup": plan.speedup,
+            },
+            "runs": [
+                run(f, tools, kinds, contestants, plan, run_dir / "work", i, a.port_base + 20)
+                for i in range(runs)
+            ],
+        }
     finally:
         f.down()
     name = "faults_smoke" if a.smoke else a.name

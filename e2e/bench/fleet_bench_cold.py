@@ -163,9 +163,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def save(
-    runs: list[dict[str, Any]], errors: dict[str, str], a: argparse.Namespace, wall: float, argv: list[str],
+    runs: list[dict[str, Any]],
+    errors: dict[str, str],
+    a: argparse.Namespace,
+    wall: float,
+    argv: list[str],
     started: float,
-) -> Path:  # fmt: skip
+) -> Path:
     """fleet_bench_cold.json: the first run's traces at the top (`traces`), the others under `repeats`."""
     doc = {
         "traces": runs[0]["traces"] if runs else {},

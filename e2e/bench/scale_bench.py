@@ -178,9 +178,17 @@ def clean(f: Factory) -> None:
     for md in get_json(f, "mdep", "-n", NS)["items"]:
         if md["metadata"].get("finalizers"):
             kubectl(
-                f, "patch", "mdep", md["metadata"]["name"], "-n", NS, "--type=merge",
-                "-p", '{"metadata":{"finalizers":null}}', check=False,
-            )  # fmt: skip
+                f,
+                "patch",
+                "mdep",
+                md["metadata"]["name"],
+                "-n",
+                NS,
+                "--type=merge",
+                "-p",
+                '{"metadata":{"finalizers":null}}',
+                check=False,
+            )
 
     def empty() -> bool:
         left = get_json(f, "pods", "-n", NS)["items"]

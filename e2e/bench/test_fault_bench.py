@@ -33,9 +33,15 @@ def test_fault_benchmark_smoke(operator: Factory, record_property):
     fleet.start_runner(operator, tools, speedup_ratio=plan.speedup, namespaces=names)
     try:
         one = fault_bench.run(
-            operator, tools, fault_bench.SMOKE_KINDS, fault_bench.SMOKE_CONTESTANTS, plan,
-            operator.run / "fault-bench", 0, LIVENESS,
-        )  # fmt: skip
+            operator,
+            tools,
+            fault_bench.SMOKE_KINDS,
+            fault_bench.SMOKE_CONTESTANTS,
+            plan,
+            operator.run / "fault-bench",
+            0,
+            LIVENESS,
+        )
     finally:
         operator.stop_extra(fleet.RUNNER)
         operator_up(operator, LIVENESS)  # (the suite's operator, as it was: tokenfab's reaction)

@@ -70,6 +70,19 @@ def isolated(
     hidden = ":".join(str(p) for p in hide)
     binds = ":".join(f"{s}={t}" for s, t in volumes)
     return [
-        "unshare", "--mount", "--propagation", "private", "--",
-        "sh", "-c", SCRIPT, "tokenfab-pod", str(stage), str(own), str(pods), hidden, binds, *argv,
-    ]  # fmt: skip
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "sh",
+        "-c",
+        SCRIPT,
+        "tokenfab-pod",
+        str(stage),
+        str(own),
+        str(pods),
+        hidden,
+        binds,
+        *argv,
+    ]

@@ -157,8 +157,11 @@ def traces(doc: dict[str, Any], out: Path) -> Path:
 def drain(doc: dict[str, Any], out: Path) -> Path:
     """Every intended request per scenario and contestant: completed, failed, never sent."""
     scenarios = list(doc["scenarios"])
-    contestants = [c for c in ("baseline", "baseline_long_grace", "tokenfab")
-                   if any(c in by for by in doc["scenarios"].values())]  # fmt: skip
+    contestants = [
+        c
+        for c in ("baseline", "baseline_long_grace", "tokenfab")
+        if any(c in by for by in doc["scenarios"].values())
+    ]
     fig, ax = plt.subplots(figsize=(9, 3.8))
     width = 0.8 / max(1, len(contestants))
     colors = {"baseline": "tab:gray", "baseline_long_grace": "tab:blue", "tokenfab": "tab:green"}
@@ -169,15 +172,34 @@ def drain(doc: dict[str, Any], out: Path) -> Path:
         failed = [q.get("failed", 0) for q in reqs]
         never = [q.get("never_sent", 0) for q in reqs]
         ax.bar(xs, completed, width, color=colors[policy], label=f"{policy}: completed")
-        ax.bar(xs, failed, width, bottom=completed, color="tab:red", alpha=0.4 + 0.25 * i,
-               label=f"{policy}: failed")  # fmt: skip
+        ax.bar(
+            xs,
+            failed,
+            width,
+            bottom=completed,
+            color="tab:red",
+            alpha=0.4 + 0.25 * i,
+            label=f"{policy}: failed",
+        )
         bottoms = [c + f for c, f in zip(completed, failed, strict=True)]
-        ax.bar(xs, never, width, bottom=bottoms, color="white", edgecolor="black", hatch="//",
-               label=f"{policy}: never sent" if i == 0 else None)  # fmt: skip
+        ax.bar(
+            xs,
+            never,
+            width,
+            bottom=bottoms,
+            color="white",
+            edgecolor="black",
+            hatch="//",
+            label=f"{policy}: never sent" if i == 0 else None,
+        )
         for x, b, f in zip(xs, bottoms, failed, strict=True):
             ax.text(x, b, str(f), ha="center", va="bottom", fontsize=8)
-    tops = [q.get("intended", 0) for by in doc["scenarios"].values() for r in by.values()
-            for q in [r.get("requests") or {}]]  # fmt: skip
+    tops = [
+        q.get("intended", 0)
+        for by in doc["scenarios"].values()
+        for r in by.values()
+        for q in [r.get("requests") or {}]
+    ]
     ax.set_ylim(0, max(tops, default=1) * 1.2)
     ax.set_xticks(range(len(scenarios)), scenarios)
     ax.set_ylabel("requests")

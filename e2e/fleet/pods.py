@@ -97,8 +97,10 @@ def _field(pod: Pod, path: str) -> str:
         "metadata.uid": meta["uid"],
     }
     if path not in plain:
-        raise PodError(f"a downward-API volume names {path}: the runner projects labels, annotations, name, "
-                       "namespace and uid only")  # fmt: skip
+        raise PodError(
+            f"a downward-API volume names {path}: the runner projects labels, annotations, name, "
+            "namespace and uid only"
+        )
     return str(plain[path])
 
 

@@ -296,9 +296,13 @@ class Api:
         headers = {"Accept": "application/json", **({"Content-Type": content_type} if content_type else {})}
         try:
             m, url, hdrs, payload, _ = self.client.param_serialize(
-                method, path, query_params=query or [], header_params=headers, body=body,
+                method,
+                path,
+                query_params=query or [],
+                header_params=headers,
+                body=body,
                 auth_settings=["BearerToken"],
-            )  # fmt: skip
+            )
             resp = self.client.call_api(m, url, hdrs, payload, _request_timeout=self.timeout)
             data = resp.read()
         except Exception as exc:  # (the transport's: refused, timed out, TLS)
@@ -409,9 +413,14 @@ class Runner:
             ports["bootstrap"] = self.ports.take()
         gbps = fabric.PATH_GBPS[self.kv_path(pod)] if mode == "prefill" else None
         mocker = pods.Mocker(
-            str(o.model_dir), o.blocks_per_gpu, o.block_size, o.speedup_ratio, engine_type,
-            gbps, fabric.KV_BYTES_PER_TOKEN if mode == "prefill" else None,
-        )  # fmt: skip
+            str(o.model_dir),
+            o.blocks_per_gpu,
+            o.block_size,
+            o.speedup_ratio,
+            engine_type,
+            gbps,
+            fabric.KV_BYTES_PER_TOKEN if mode == "prefill" else None,
+        )
         argv = [o.dynamo_python, *pods.mocker_argv(engine, mocker, ports.get("bootstrap"))]
         swapped = {contract.ENV_DYN_SYSTEM_PORT: str(ports["system"])}
         penv = pods.process_env(env, path=path, home=str(home), kubeconfig=config, ports=swapped)
@@ -831,8 +840,11 @@ class Runner:
             if h["pid"] == proc.pid and h["stopped_at"] is None:
                 h["terminating_at"] = time.time()
                 h["reason"] = reason
-        print(f"runner: {proc.key} terminating ({reason}): SIGTERM in {proc.prestop:.0f} s, "
-              f"SIGKILL after {proc.grace:.0f} s", flush=True)  # fmt: skip
+        print(
+            f"runner: {proc.key} terminating ({reason}): SIGTERM in {proc.prestop:.0f} s, "
+            f"SIGKILL after {proc.grace:.0f} s",
+            flush=True,
+        )
         self.progress(proc, now)
 
     def progress(self, proc: Proc, now: float) -> None:

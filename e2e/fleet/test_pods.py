@@ -35,8 +35,12 @@ def test_the_pods_own_environment_with_the_downward_api_resolved():
     assert pods.mounts_token(pod)
     assert pods.service_account(pod) == "ds-dynamo"
     bad = live(pod)
-    bad["spec"]["containers"] = [{**pod["spec"]["containers"][0], "env": [
-        {"name": "X", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}]  # fmt: skip
+    bad["spec"]["containers"] = [
+        {
+            **pod["spec"]["containers"][0],
+            "env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
+        }
+    ]
     with pytest.raises(pods.PodError, match="fieldRef"):
         pods.resolve_env(bad)
 
@@ -50,9 +54,15 @@ def test_only_the_host_ports_and_kubelet_additions_differ_from_the_pod():
     )
     added = {k: v for k, v in out.items() if env.get(k) != v}
     assert set(added) == {
-        "PATH", "HOME", "KUBECONFIG", contract.ENV_DYN_SYSTEM_PORT, *pods.HOST_ENV, "HF_HUB_OFFLINE",
-        "TRANSFORMERS_OFFLINE", "PYTHONUNBUFFERED",
-    }  # fmt: skip
+        "PATH",
+        "HOME",
+        "KUBECONFIG",
+        contract.ENV_DYN_SYSTEM_PORT,
+        *pods.HOST_ENV,
+        "HF_HUB_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+        "PYTHONUNBUFFERED",
+    }
     assert all(out[h] == "127.0.0.1" for h in pods.HOST_ENV)
     # no discovery setting of the runner's own
     for name in ("DYN_FILE_KV", "ETCD_ENDPOINTS", "NATS_SERVER"):

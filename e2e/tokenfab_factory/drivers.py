@@ -262,9 +262,13 @@ class Driver:
             headers["Content-Type"] = "application/apply-patch+yaml"  # (JSON is YAML)
             body = json.dumps(body)
         m, url, hdrs, payload, _ = self.api.param_serialize(
-            method, path, query_params=query or [], header_params=headers, body=body,
+            method,
+            path,
+            query_params=query or [],
+            header_params=headers,
+            body=body,
             auth_settings=["BearerToken"],
-        )  # fmt: skip
+        )
         resp = self.api.call_api(m, url, hdrs, payload, _request_timeout=(5, 30))
         data = resp.read()
         if not 200 <= resp.status < 300:
@@ -323,8 +327,11 @@ class Driver:
         try:
             if meta.get("deletionTimestamp"):
                 with contextlib.suppress(ApiException):
-                    self._call("DELETE", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates/"
-                               f"{rct['metadata']['name']}")  # fmt: skip
+                    self._call(
+                        "DELETE",
+                        f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates/"
+                        f"{rct['metadata']['name']}",
+                    )
                 left = [f for f in meta.get("finalizers") or [] if f != FINALIZER]
                 self.custom.patch_namespaced_custom_object(
                     GROUP, VERSION, ns, PLURAL, name, {"metadata": {"finalizers": left or None}}

@@ -177,8 +177,12 @@ def hang(f: Factory, namespace: str, pod: str) -> str:
     core = client.CoreV1Api(f.api())
     obj = core.read_namespaced_pod(pod, namespace)
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    failed = {"status": "False", "reason": "ContainersNotReady", "lastTransitionTime": now,
-              "message": "containers with unready status: [worker]"}  # fmt: skip
+    failed = {
+        "status": "False",
+        "reason": "ContainersNotReady",
+        "lastTransitionTime": now,
+        "message": "containers with unready status: [worker]",
+    }
     patch = {
         "status": {
             "conditions": [{"type": "ContainersReady", **failed}, {"type": "Ready", **failed}],
@@ -234,8 +238,14 @@ def heal(f: Factory, names: list[str] | None = None) -> list[str]:
         }
         core.patch_node(node.metadata.name, patch)
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        cleared = {"type": QUARANTINE_CONDITION, "status": "False", "reason": "SysLogsXIDErrorIsHealthy",
-                   "message": "healthy", "lastHeartbeatTime": now, "lastTransitionTime": now}  # fmt: skip
+        cleared = {
+            "type": QUARANTINE_CONDITION,
+            "status": "False",
+            "reason": "SysLogsXIDErrorIsHealthy",
+            "message": "healthy",
+            "lastHeartbeatTime": now,
+            "lastTransitionTime": now,
+        }
         core.patch_node_status(node.metadata.name, {"status": {"conditions": [cleared]}})
         done.append(f"node {node.metadata.name} unquarantined")
     custom = client.CustomObjectsApi(api)

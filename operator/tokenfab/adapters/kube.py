@@ -107,9 +107,13 @@ class Kube:
         code = "0"
         try:
             m, url, hdrs, payload, _ = self.api_client.param_serialize(
-                method, path, query_params=query or [], header_params=headers, body=body,
+                method,
+                path,
+                query_params=query or [],
+                header_params=headers,
+                body=body,
                 auth_settings=["BearerToken"],
-            )  # fmt: skip
+            )
             resp = self.api_client.call_api(m, url, hdrs, payload, _request_timeout=timeout or self.timeout)
             code = str(resp.status)
             if stream and 200 <= resp.status < 300:
@@ -210,9 +214,13 @@ class Kube:
         if limit_bytes is not None:
             query.append(("limitBytes", str(limit_bytes)))
         text: str = self.request(
-            "GET", f"/api/v1/namespaces/{namespace}/pods/{name}/log", query,
-            timeout=LOG_TIMEOUT, what=f"log of pod {name}", raw=True,
-        )  # fmt: skip
+            "GET",
+            f"/api/v1/namespaces/{namespace}/pods/{name}/log",
+            query,
+            timeout=LOG_TIMEOUT,
+            what=f"log of pod {name}",
+            raw=True,
+        )
         return text
 
     def list_page(

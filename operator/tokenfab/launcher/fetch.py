@@ -49,8 +49,9 @@ def obtain(
         ) from exc
     what = f"hf://{fetch.repo}@{fetch.revision or 'main'}"
     try:
-        local = snapshot_download(fetch.repo, revision=fetch.revision, cache_dir=fetch.cache_dir,
-                                  local_files_only=True)  # fmt: skip
+        local = snapshot_download(
+            fetch.repo, revision=fetch.revision, cache_dir=fetch.cache_dir, local_files_only=True
+        )
     except Exception:
         local = None
     full = env.get("TOKENFAB_VERIFY_WEIGHTS", "").lower() == "full"
@@ -84,8 +85,10 @@ def _download(fetch: Fetch, what: str, local: str | None) -> str | None:
     except Exception as exc:
         if local is None:
             raise LaunchError(f"weights {what} could not be fetched: {type(exc).__name__}: {exc}") from exc
-        log(f"weights {what}: the hub did not answer ({type(exc).__name__}); the cached snapshot "
-            "may be incomplete or behind the branch")  # fmt: skip
+        log(
+            f"weights {what}: the hub did not answer ({type(exc).__name__}); the cached snapshot "
+            "may be incomplete or behind the branch"
+        )
         return local
     log(f"weights {what}: commit {commit}, fetching what {fetch.cache_dir} lacks of it")
     _quiet_hub()
@@ -133,8 +136,10 @@ def main_fetch_only(env: Mapping[str, str]) -> int:
         signal.signal(sig, _stop)
     fetch = fetch_of_env(env)
     if fetch is None:
-        log(f"--fetch-only needs {contract.ENV_MODEL_SOURCE}=hf://<org>/<repo> or s3://<bucket>/<prefix> and "
-            f"{contract.ENV_MODEL_CACHE} (the model cache's directory): nothing to fetch")  # fmt: skip
+        log(
+            f"--fetch-only needs {contract.ENV_MODEL_SOURCE}=hf://<org>/<repo> or s3://<bucket>/<prefix> and "
+            f"{contract.ENV_MODEL_CACHE} (the model cache's directory): nothing to fetch"
+        )
         return 78
     what = fetch.url()
     try:

@@ -35,16 +35,20 @@ def obtain(fetch: Fetch, env: Mapping[str, str], what: str, log: Callable[[str],
     try:
         from modelexpress.model_client import ModelCacheClient
     except ImportError:
-        log(f"weights {what}: {SERVER_VARIABLES[0]} names a ModelExpress server, but this image has no "
-            "modelexpress package: from the hub")  # fmt: skip
+        log(
+            f"weights {what}: {SERVER_VARIABLES[0]} names a ModelExpress server, but this image has no "
+            "modelexpress package: from the hub"
+        )
         return None
     try:
         with ModelCacheClient(server_url=url, cache_directory=fetch.cache_dir) as client:
             snapshot = Path(client.install_metadata_snapshot(fetch.repo, requested_revision=fetch.revision))
             client.install_weight_files(fetch.repo, snapshot)
     except Exception as exc:
-        log(f"weights {what}: the ModelExpress server at {url} did not serve them "
-            f"({type(exc).__name__}: {exc}): from the hub")  # fmt: skip
+        log(
+            f"weights {what}: the ModelExpress server at {url} did not serve them "
+            f"({type(exc).__name__}: {exc}): from the hub"
+        )
         return None
     manifest.write(snapshot, snapshot.name)  # (a snapshot's directory is named after its commit)
     log(f"weights {what}: commit {snapshot.name} from the ModelExpress server at {url}")

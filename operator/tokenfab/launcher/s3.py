@@ -67,8 +67,10 @@ def obtain(fetch: Fetch, downloading: Callable[[bool], None] = lambda _on: None)
             verdict = manifest.verify(local)
         if not verdict.ok:
             raise LaunchError(f"weights {what} could not be listed: {type(exc).__name__}: {exc}") from exc
-        log(f"weights {what}: S3 did not answer ({type(exc).__name__}); the verified snapshot in the cache "
-            "may be behind the bucket")  # fmt: skip
+        log(
+            f"weights {what}: S3 did not answer ({type(exc).__name__}); the verified snapshot in the cache "
+            "may be behind the bucket"
+        )
         return Obtained(str(local), "cache", 0.0, f", {verdict.words()}")
     if not objects:
         raise LaunchError(f"weights {what}: no object under s3://{bucket}/{prefix.strip('/')}/")

@@ -70,8 +70,11 @@ def gone(
     them only once they are gone, which the pod garbage collector would do only after its own wait."""
     lost = sorted((p.name, p.node) for p in pods if p.node and p.node not in health)
     said = [
-        ("Warning", "FrontendLost", f"frontend pod {name} was on node {node}, which is gone: deleted, "
-         "its Deployment starts another")
+        (
+            "Warning",
+            "FrontendLost",
+            f"frontend pod {name} was on node {node}, which is gone: deleted, its Deployment starts another",
+        )
         for name, node in lost
-    ]  # fmt: skip
+    ]
     return tuple(name for name, _ in lost), said

@@ -319,11 +319,14 @@ def _scale(s: Snapshot, capacity: FreeDomains) -> tuple[ModelDeploymentSpec, aut
 
 def _scaling_events(outcome: autoscaler.Outcome) -> list[Event]:
     return [
-        ("Normal", "ScaledUp" if d.direction == "up" else "ScaledDown",
-         f"{role} {d.current} -> {d.desired} groups: {metric} {d.message} ({d.reason})")
+        (
+            "Normal",
+            "ScaledUp" if d.direction == "up" else "ScaledDown",
+            f"{role} {d.current} -> {d.desired} groups: {metric} {d.message} ({d.reason})",
+        )
         for role, metric, d in outcome.decisions
         if d.direction != "hold"
-    ]  # fmt: skip
+    ]
 
 
 def children(

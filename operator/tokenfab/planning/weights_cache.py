@@ -319,8 +319,14 @@ def events(staged: Staging) -> list[tuple[str, str, str]]:
     nodes = ", ".join(staged.evict[:5]) + (
         f" and {len(staged.evict) - 5} more" if len(staged.evict) > 5 else ""
     )
-    return [("Normal", "ModelCacheEvicted", f"model cache claim deleted on {nodes}: the least recently used "
-             "there, to keep the node's caches within its tokenfab.dev/model-cache-capacity")]  # fmt: skip
+    return [
+        (
+            "Normal",
+            "ModelCacheEvicted",
+            f"model cache claim deleted on {nodes}: the least recently used "
+            "there, to keep the node's caches within its tokenfab.dev/model-cache-capacity",
+        )
+    ]
 
 
 def fetches_wanted(

@@ -75,8 +75,15 @@ def forecast(history: Sequence[tuple[float, float]], now: float, window: float, 
     return Forecast(rate_now, trend, max(rate_now, ahead), max(r for _, r in recent))
 
 
-def learn(capacity: float | None, load: float, groups: int, utilization: float, target: float,
-          alpha: float = 0.3, floor: float = MIN_UTILIZATION) -> float | None:  # fmt: skip
+def learn(
+    capacity: float | None,
+    load: float,
+    groups: int,
+    utilization: float,
+    target: float,
+    alpha: float = 0.3,
+    floor: float = MIN_UTILIZATION,
+) -> float | None:
     """What one group takes at the target, smoothed (EWMA), from the `load` (requests/s, or requests in
     flight) its `groups` carry at `utilization`: load / groups x target / utilization. Unchanged when the
     sample says too little (no load, no groups, utilization under `floor`) or the cache is saturated (the
