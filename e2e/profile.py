@@ -38,7 +38,7 @@ LONGEST_FIRST = (
     "e2e/test_fleet_burst.py",
     "e2e/bench/test_factory_bench.py",
     "e2e/bench/test_operator_bench.py",
-    "tests/test_plan_aic.py",
+    "tests/adapters/test_aic.py",
     "e2e/test_resilience.py",
     "e2e/test_autoscaling.py",
     "e2e/test_failures.py",
@@ -47,7 +47,7 @@ LONGEST_FIRST = (
     "e2e/bench/test_scale_bench.py",
     "e2e/test_helm.py",
     "e2e/test_faults.py",
-    "tests/test_launcher.py",
+    "tests/launcher/test_launcher.py",
 )
 
 _seconds: dict[str, float] = defaultdict(float)

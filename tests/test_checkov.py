@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from testing.chart import helm
-from tests.test_builders import VARIANTS, render_children
+from tests.planning.test_builders import VARIANTS, render_children
 
 CHECKOV = (
     Path(os.environ.get("TOKENFAB_VENVS", Path.home() / ".cache" / "tokenfab" / "venvs"))

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_one_pass import deployment, materialize, nodes_of, snapshot
+from tests.planning.test_one_pass import deployment, materialize, nodes_of, snapshot
 from tokenfab import pod_logs
 from tokenfab.adapters.kube import ApiError
 from tokenfab.fleet.facts import PodFacts, pod_facts

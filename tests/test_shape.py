@@ -71,3 +71,34 @@ def test_every_package_says_what_lives_there_and_who_may_import_it(path: Path):
     doc = ast.get_docstring(ast.parse(path.read_text())) or ""
     assert len(doc) > 80, f"{_name(path)}: say what lives in the package"
     assert "import" in doc, f"{_name(path)}: say what may import the package (or what it may import)"
+
+
+# Test modules named after a concept rather than one source module (each says which in its docstring).
+CONCEPTS = {
+    "tests/test_chart.py": "the Helm chart",
+    "tests/test_checkov.py": "checkov over everything tokenfab puts in a cluster",
+    "tests/test_dockerfiles.py": "the runtime images",
+    "tests/test_shape.py": "the operator's shape",
+    "tests/test_upstream_contract.py": "the contract with the pinned upstream packages",
+    "tests/launcher/test_launcher.py": "the launcher package's plan and process parts",
+    "tests/planning/test_builders.py": "the builders package",
+    "tests/planning/test_drain.py": "drains and rollouts in the group planner",
+    "tests/planning/test_prestage.py": "pre-staging weights",
+    "tests/planning/test_retired.py": "roles that left the spec",
+    "tests/planning/test_shared_cache.py": "model caches shared across deployments",
+    "tests/planning/autoscaler/test_leading.py": "the leading policy",
+}
+TESTS = sorted(p for p in (ROOT / "tests").rglob("test_*.py"))
+
+
+@pytest.mark.parametrize("path", TESTS, ids=_name)
+def test_every_test_module_sits_beside_what_it_tests(path: Path):
+    """tests/ mirrors operator/tokenfab: tests/<package>/test_<module>.py tests that module (or a concept
+    listed in CONCEPTS)."""
+    name = _name(path)
+    source = ROOT / "operator" / "tokenfab" / path.relative_to(ROOT / "tests").parent / path.name[5:]
+    assert source.exists() or name in CONCEPTS, f"{name}: no module {_name(source)}; name it after one"
+
+
+def test_the_concepts_listed_exist():
+    assert all((ROOT / name).exists() for name in CONCEPTS)

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.test_groups import (
+from tests.planning.test_groups import (
     BIND,
     NEW,
     NOW,

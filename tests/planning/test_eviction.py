@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from tests.test_one_pass import NOW, deployment, snapshot
-from tests.test_prestage import NODES
+from tests.planning.test_one_pass import NOW, deployment, snapshot
+from tests.planning.test_prestage import NODES
 from tokenfab.api.models import ModelDeploymentStatus, WeightsCacheStatus
 from tokenfab.fleet.view import ClusterView
 from tokenfab.planning import builders, contract, weights_cache

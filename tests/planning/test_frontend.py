@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from tests.test_one_pass import deployment, nodes_of, snapshot
+from tests.planning.test_one_pass import deployment, nodes_of, snapshot
 from tokenfab.fleet.facts import child_facts
 from tokenfab.planning import builders, contract
 from tokenfab.planning.faults import NodeFault

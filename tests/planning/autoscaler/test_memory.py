@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from testing.autoscaling import autoscale, due_queries, seconds_to_next
-from tests.test_autoscaling_leading import (
+from tests.planning.autoscaler.test_leading import (
     NOW,
     Prom,
     conditions,

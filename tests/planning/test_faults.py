@@ -10,8 +10,8 @@ from dataclasses import replace
 
 import pytest
 
-from tests import test_one_pass as one
-from tests.test_groups import NEW, NOW, TOL, cluster, group, healthy, plan
+from tests.planning import test_one_pass as one
+from tests.planning.test_groups import NEW, NOW, TOL, cluster, group, healthy, plan
 from tokenfab.api.models import FaultRecord
 from tokenfab.fleet.facts import node_facts
 from tokenfab.planning import fault_report
@@ -476,7 +476,7 @@ def test_a_recovered_records_replacement_name_does_not_stop_a_new_group_of_that_
 
 
 def test_plain_kubernetes_replaces_a_lost_group_only_once_its_pods_are_gone():
-    from tests.test_groups import BIND, SHAPE, domains_of
+    from tests.planning.test_groups import BIND, SHAPE, domains_of
     from tokenfab.planning.groups import plan_role
     from tokenfab.planning.role_plan import FaultReaction
 
@@ -659,7 +659,7 @@ def test_pod_facts_tell_a_worker_that_stopped_answering_from_one_still_loading()
 
 
 def test_a_worker_whose_health_endpoint_keeps_failing_loses_its_group_once_the_grace_is_over():
-    from tests.test_groups import with_pod
+    from tests.planning.test_groups import with_pod
     from tokenfab.planning import recovery
     from tokenfab.planning.lifecycle import UNHEALTHY_GRACE
 
@@ -684,7 +684,7 @@ def test_a_worker_whose_health_endpoint_keeps_failing_loses_its_group_once_the_g
     assert (recs[0].kind, recs[0].faulted_domain) == ("WorkerUnhealthy", "a")
     assert fault_report.condition(recs).reason == "WorkerUnhealthy"
     # Plain Kubernetes only takes the hung pod out of its Service: the group stays, hung, for ever.
-    from tests.test_groups import BIND, SHAPE, domains_of
+    from tests.planning.test_groups import BIND, SHAPE, domains_of
     from tokenfab.planning.groups import plan_role
     from tokenfab.planning.role_plan import FaultReaction
 
@@ -724,7 +724,7 @@ def _record(domain: str, age: float, kind: str = "WorkerUnhealthy") -> FaultReco
 
 
 def test_a_domain_where_the_deployments_groups_keep_failing_takes_none_of_them_for_a_while():
-    from tests.test_groups import SHAPE, domains_of
+    from tests.planning.test_groups import SHAPE, domains_of
     from tokenfab.planning.faults import FLAP_BASE
     from tokenfab.planning.groups import plan_role
 

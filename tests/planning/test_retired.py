@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from testing.cases import load_example
-from tests.test_groups import group
+from tests.planning.test_groups import group
 from tokenfab.api.errors import parse_model_deployment
 from tokenfab.planning.one_pass import observed_shape as _observed_shape
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tests.test_one_pass import deployment, materialize, nodes_of, snapshot, used_by
+from tests.planning.test_one_pass import deployment, materialize, nodes_of, snapshot, used_by
 from tokenfab.api.models import ModelDeploymentSpec
 from tokenfab.fleet.facts import child_facts
 from tokenfab.planning import builders, contract, weights_cache
@@ -159,7 +159,7 @@ def _paths(owner: builders.Owner, spec: ModelDeploymentSpec, cr: Create) -> set[
 
 
 def test_the_start_time_is_learned_per_path_and_the_horizon_is_the_next_groups_path():
-    from tests.test_groups import group
+    from tests.planning.test_groups import group
     from tokenfab.planning.autoscaler import _lead_time, _Step
     from tokenfab.planning.autoscaler.memory import learned_startup_by_path
     from tokenfab.planning.topology import next_path

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_one_pass import deployment, nodes_of, snapshot
+from tests.planning.test_one_pass import deployment, nodes_of, snapshot
 from tokenfab import observe
 from tokenfab.adapters.kube import ApiError
 from tokenfab.api.errors import parse_model_deployment

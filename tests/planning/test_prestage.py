@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from tests.test_one_pass import deployment, materialize, nodes_of, snapshot, used_by
+from tests.planning.test_one_pass import deployment, materialize, nodes_of, snapshot, used_by
 from tokenfab.api.models import ModelDeployment, ModelDeploymentStatus, RoleBounds
 from tokenfab.fleet.facts import child_facts
 from tokenfab.fleet.view import ClusterView

@@ -14,7 +14,7 @@ import os
 import zipfile
 from pathlib import Path
 
-from tests.test_launcher import COMMIT, fetch_only_environ, hub_down, launcher
+from tests.launcher.test_launcher import COMMIT, fetch_only_environ, hub_down, launcher
 from tokenfab.launcher import modelexpress
 
 VENVS = Path(os.environ.get("TOKENFAB_VENVS", Path.home() / ".cache" / "tokenfab" / "venvs"))
@@ -126,7 +126,7 @@ def _params(tree: ast.Module, cls: str, method: str) -> list[str]:
 
 
 def test_the_calls_match_the_pinned_modelexpress_release():
-    setup = (Path(__file__).resolve().parents[1] / "e2e" / "fleet" / "setup.sh").read_text()
+    setup = (Path(__file__).resolve().parents[2] / "e2e" / "fleet" / "setup.sh").read_text()
     assert f"MODELEXPRESS_VERSION={MODELEXPRESS_VERSION}" in setup
     client = _pinned_source("model_client.py")
     init = _params(client, "ModelCacheClient", "__init__")

@@ -106,3 +106,126 @@ def test_where_compute_domains_are_not_watched_the_domain_is_written_and_its_tem
     api = Api(templates={name})
     assert _pass(ClusterView(), api, spec) == ([group], [])
     assert api.calls[:2] == [("get", "ResourceClaimTemplate", name), ("apply", "ComputeDomain", name)]
+
+
+# ------------------------------------------------------------------------------------------ what goes
+
+
+def test_the_plan_names_the_stale_children_and_the_discovery_identity_once_nothing_needs_it():
+    """What execute used to decide while writing is in the plan: engine ConfigMaps of revisions no pod
+    uses, the budget of a role that left the spec, and (discovery off, every pod current) the identity."""
+    from dataclasses import replace
+
+    from tests.planning.test_one_pass import NOW, deployment, nodes_of, snapshot
+    from tokenfab.planning.one_pass import plan
+
+    md = deployment()
+    snap = snapshot(md, nodes_of({"r0": 6}), {}, {})
+    current = {(r, builders.role_revision(md.spec, r)) for r, _ in md.spec.roles()}
+    kids = (
+        writes.Child("ConfigMap", "old-engine", "decode", "rev0"),  # (no pod of rev0 is left)
+        writes.Child("ConfigMap", "kept-engine", "decode", "rev9"),  # (a pod still runs rev9)
+        writes.Child("PodDisruptionBudget", "m-worker", "worker"),  # (worker left the spec)
+        writes.Child("PodDisruptionBudget", "m-decode", "decode"),
+        writes.Child("ServiceAccount", "m-dynamo"),
+    )
+    seen = writes.Seen(children=kids, revisions=frozenset(current | {("decode", "rev9")}))
+    p = plan(replace(snap, children=seen, now=NOW))
+    assert p.writes.names("ConfigMap") == ("old-engine",)
+    assert p.writes.names("PodDisruptionBudget") == ("m-worker",)
+    # the identity stays while a pod of an older revision may need it; with every pod current it goes
+    uses = builders.uses_kubernetes_discovery(md.spec)
+    assert p.writes.names("ServiceAccount") == ()
+    if not uses:
+        now_current = plan(replace(snap, children=replace(seen, revisions=frozenset(current))))
+        assert now_current.writes.names("ServiceAccount") == ("m-dynamo",)
+
+
+def test_the_discovery_identity_goes_only_when_kubernetes_discovery_is_off():
+    spec = _spec()
+    kids = (writes.Child("ServiceAccount", "r1-dynamo"), writes.Child("Role", "r1-dynamo"))
+    current = frozenset((r, builders.role_revision(spec, r)) for r, _ in spec.roles())
+    deletes, _ = writes.stale(OWNER, spec, writes.Seen(children=kids, revisions=current))
+    if builders.uses_kubernetes_discovery(spec):
+        assert deletes == []
+    off = spec.model_copy(update={"serving": spec.serving.model_copy(update={"discovery": "etcd"})})
+    # (the pods of the revisions before the switch still need it; once every pod is of the new ones, not)
+    deletes, _ = writes.stale(OWNER, off, writes.Seen(children=kids, revisions=current))
+    assert deletes == []
+    renewed = frozenset((r, builders.role_revision(off, r)) for r, _ in off.roles())
+    deletes, _ = writes.stale(OWNER, off, writes.Seen(children=kids, revisions=renewed))
+    assert sorted((d.kind, d.name) for d in deletes) == [
+        ("Role", "r1-dynamo"),
+        ("ServiceAccount", "r1-dynamo"),
+    ]
+
+
+def test_the_mounted_claims_are_read_only_when_a_claim_is_to_go():
+    spec = _spec()
+    asked: list[int] = []
+
+    def mounted() -> frozenset[str]:
+        asked.append(1)
+        return frozenset()
+
+    writes.stale(OWNER, spec, writes.Seen(mounted=mounted))
+    assert asked == [], "no claim to judge: the walk over the pods is not taken"
+
+
+def test_legacy_kopf_bookkeeping_is_a_patch_named_by_the_plan():
+    meta = {
+        "resourceVersion": "7",
+        "finalizers": [writes.LEGACY_FINALIZER, "other/keep"],
+        "annotations": {writes.LEGACY_ANNOTATIONS[0]: "{}", "mine": "x"},
+    }
+    patch = writes.legacy_patch(meta)
+    assert patch == {
+        "metadata": {
+            "resourceVersion": "7",
+            "finalizers": ["other/keep"],
+            "annotations": {writes.LEGACY_ANNOTATIONS[0]: None},
+        }
+    }
+    assert writes.legacy_patch({"resourceVersion": "7", "annotations": {"mine": "x"}}) is None
+
+
+def test_the_leaders_to_route_and_the_gated_pods_to_release_come_from_the_snapshot():
+    from tokenfab.planning.lifecycle import GroupView, PodView
+
+    def pod(name: str, rank: int, **kw: Any) -> PodView:
+        return PodView(name=name, rank=rank, phase="Running", ready=True, node="n", deleting=False, **kw)
+
+    ready = GroupView(
+        "g0",
+        "decode",
+        0,
+        "rev1",
+        "d",
+        2,
+        8,
+        (pod("g0-0", 0, containers_ready=True), pod("g0-1", 1, containers_ready=True)),
+        True,
+    )
+    routed = GroupView(
+        "g1", "decode", 1, "rev1", "d", 1, 4, (pod("g1-0", 0, containers_ready=True, routable=True),), True
+    )
+    draining = GroupView(
+        "g2",
+        "decode",
+        2,
+        "rev1",
+        "d",
+        1,
+        4,
+        (pod("g2-0", 0, containers_ready=True, marked_draining=True),),
+        True,
+    )
+    gated = GroupView(
+        "g3", "decode", 3, "rev1", "d", 2, 8, (pod("g3-0", 0, gated=True), pod("g3-1", 1, gated=True)), True
+    )
+    groups = {"decode": [ready, routed, draining, gated]}
+    rp = RolePlan(role="decode", desired=4, revision="rev1", shape=builders.group_shape(_spec(), "decode"))
+    rp.states = {"g0": "serving", "g1": "serving", "g2": "serving", "g3": "starting"}
+    rp.release.append("g3")
+    assert writes.routable_leaders([rp], groups) == ("g0-0",)
+    assert writes.gated_pods([rp], groups) == {"g3": ("g3-0", "g3-1")}

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_one_pass import deployment, nodes_of, snapshot
+from tests.planning.test_one_pass import deployment, nodes_of, snapshot
 from tokenfab.fleet.facts import child_facts
 from tokenfab.fleet.view import ClusterView
 from tokenfab.planning import builders, contract, weights_cache

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from testing.cases import env
-from tests.test_launcher import (
+from tests.launcher.test_launcher import (
     base_environ,
     fake_program,
     pod_args,
@@ -28,7 +28,7 @@ from tokenfab.launcher import fetch, s3
 from tokenfab.launcher.weights import Fetch
 from tokenfab.planning import contract
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VENVS = Path(os.environ.get("TOKENFAB_VENVS", Path.home() / ".cache" / "tokenfab" / "venvs"))
 S3_PYTHON = VENVS / "s3" / "bin" / "python"
 BUCKET, PREFIX = "weights", "deepseek/r1"

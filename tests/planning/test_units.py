@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from testing.cases import load_example
-from tests.test_one_pass import materialize, nodes_of, snapshot, used_by
+from tests.planning.test_one_pass import materialize, nodes_of, snapshot, used_by
 from tokenfab.api.errors import parse_model_deployment
 from tokenfab.api.models import ModelDeployment
 from tokenfab.planning import builders, units

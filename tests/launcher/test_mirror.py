@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 
 from testing.cases import env
-from tests.test_launcher import base_environ, fake_program, launcher, pod_args, rendered
-from tests.test_prestage import first_owner
+from tests.launcher.test_launcher import base_environ, fake_program, launcher, pod_args, rendered
+from tests.planning.test_prestage import first_owner
 from tokenfab.launcher import fetch, mirror
 from tokenfab.planning import builders, contract, launcher_log
 

@@ -1,0 +1,93 @@
+"""The act phase (tokenfab.act) applies the plan's writes and nothing else: every write the plan names goes
+out once, in the plan's order, and a shared child the cluster already holds is not written again."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import replace
+from typing import Any
+
+from tests.planning.test_one_pass import deployment, nodes_of, snapshot
+from tokenfab import act
+from tokenfab.fleet.ledger import Ledger
+from tokenfab.fleet.view import ClusterView
+from tokenfab.planning import builders, writes
+from tokenfab.planning.one_pass import plan
+from tokenfab.runtime import Context, Settings
+
+
+class Kube:
+    """Records every write; each answers at once."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.pool = self
+
+    def submit(self, fn: Any, *args: Any) -> Future[Any]:
+        done: Future[Any] = Future()
+        done.set_result(fn(*args))
+        return done
+
+    def apply(self, m: dict[str, Any], manager: str = "") -> dict[str, Any]:
+        self.calls.append(("apply", m["kind"], m["metadata"]["name"]))
+        return m
+
+    def delete(self, api: str, kind: str, name: str, ns: str, preconditions: Any = None) -> None:
+        self.calls.append(("delete", kind, name, preconditions))
+
+    def force_delete_pod(self, ns: str, name: str) -> None:
+        self.calls.append(("force-delete", "Pod", name))
+
+    def delete_group(self, ns: str, group: str, cd: bool = False) -> None:
+        self.calls.append(("delete-group", group))
+
+    def merge_patch(self, api: str, kind: str, ns: str, name: str, patch: Any) -> None:
+        self.calls.append(("patch", kind, name))
+
+
+def _context(kube: Kube) -> Context:
+    view = ClusterView()
+    return Context(kube=kube, view=view, ledger=Ledger(view), settings=Settings())  # type: ignore[arg-type]
+
+
+def test_every_write_the_plan_names_goes_out_and_nothing_else():
+    md = deployment(decode=1)
+    snap = snapshot(md, nodes_of({"r0": 6}), {}, {})
+    p = plan(snap)
+    goes = (
+        writes.Delete("v1", "ConfigMap", "old-engine"),
+        writes.Delete("v1", "Pod", "lost-0", force=True),
+        writes.Delete("v1", "PersistentVolumeClaim", "orphan", unchanged="42"),
+    )
+    w = replace(p.writes, deletes=goes, legacy={"metadata": {"resourceVersion": "3"}})
+    p = replace(p, writes=w)
+    kube = Kube()
+    sub = act.submit(_context(kube), ("ns", md.metadata.name or ""), snap, p)
+    assert all(f.done() for f in sub.futures())
+    shared = [("apply", m["kind"], m["metadata"]["name"]) for m in (w.workers_service, *w.identity, *w.rest)]
+    groups = [("apply", m["kind"], m["metadata"]["name"]) for g in w.groups for m in g.objects]
+    deletes = [
+        ("delete", "ConfigMap", "old-engine", None),
+        ("force-delete", "Pod", "lost-0"),
+        ("delete", "PersistentVolumeClaim", "orphan", {"resourceVersion": "42"}),
+    ]
+    assert sorted(kube.calls, key=str) == sorted(
+        [*shared, *groups, *deletes, ("patch", "ModelDeployment", md.metadata.name)], key=str
+    )
+    assert len(groups) == sum(len(g.objects) for g in w.groups) > 0
+    # the workers' Service goes before the new groups' pods it selects
+    first_pod = next(i for i, c in enumerate(kube.calls) if c[1] == "Pod")
+    assert kube.calls.index(("apply", "Service", w.workers_service["metadata"]["name"])) < first_pod
+
+
+def test_a_shared_child_the_cluster_holds_is_not_written_again():
+    md = deployment(decode=1)
+    snap = snapshot(md, nodes_of({"r0": 6}), {}, {})
+    p = plan(snap)
+    kube = Kube()
+    ctx = _context(kube)
+    service = builders.with_applied_hash(p.writes.workers_service)
+    ctx.view.on_child("Service", "ADDED", service)
+    act.submit(ctx, ("ns", md.metadata.name or ""), snap, p)
+    assert ("apply", "Service", service["metadata"]["name"]) not in kube.calls
+    assert any(c[:2] == ("apply", "Deployment") for c in kube.calls)
