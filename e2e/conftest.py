@@ -17,7 +17,8 @@ import pytest
 from e2e import profile
 from e2e.helpers import install_crds, operator_up
 from tokenfab_factory import lanes
-from tokenfab_factory.factory import Factory, FactoryConfig
+from tokenfab_factory.config import FactoryConfig
+from tokenfab_factory.factory import Factory
 
 ROOT = Path(__file__).resolve().parent.parent
 # aiconfigurator plans are kept for the session, for `tokenfab plan` runs and the operator (spec.profile).

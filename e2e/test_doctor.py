@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from e2e.conftest import E2E_PORT_BASE
-from tokenfab_factory.factory import Factory, FactoryConfig
+from tokenfab_factory.config import FactoryConfig
+from tokenfab_factory.factory import Factory
 
 
 def doctor(*args: str) -> subprocess.CompletedProcess[str]:

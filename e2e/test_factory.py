@@ -13,7 +13,8 @@ import pytest
 
 from e2e.helpers import MetricsHandler, apply_yaml, gpu_deployment, kubectl, restore_node, wait_for
 from tokenfab_factory import lanes, process
-from tokenfab_factory.factory import Factory, FactoryConfig, FactoryError
+from tokenfab_factory.config import FactoryConfig, FactoryError
+from tokenfab_factory.factory import Factory
 from tokenfab_factory.racks import CLIQUE_LABEL, GPU_RESOURCE
 
 

@@ -25,7 +25,8 @@ import yaml
 from e2e.conftest import E2E_PORT_BASE, ROOT
 from e2e.helpers import apply_yaml, condition, get_json, kubectl, wait_for
 from testing.cases import EXAMPLES
-from tokenfab_factory.factory import Factory, FactoryConfig
+from tokenfab_factory.config import FactoryConfig
+from tokenfab_factory.factory import Factory
 
 
 def small(name: str, ns: str) -> dict:

@@ -19,7 +19,7 @@ Policies, each started at the same count with empty memory:
 - tokenfab: `tokenfab.planning.autoscaler.policy.decide` with the operator's defaults (`models.Autoscaling()`:
   the leading policy, target 0.7, tolerance 0.1, steps +2/-1, no scale-up window, 300 s scale-down
   window, 30 s warm-up after Ready during which a group is left out of the mean and blocks scale-down),
-  bounds 1..16, fed what operator/tokenfab/planning/scaler/ feeds it: KV-cache use per group, the arrival
+  bounds 1..16, fed what operator/tokenfab/planning/autoscaler/ feeds it: KV-cache use per group, the arrival
   rate and requests in flight at the frontend, the waiting requests per group and the groups on their way;
 - tokenfab_kv_only: the same with `policy: kv` (KV-cache use alone, no demand signals);
 - threshold: the naive policy, +1 when the mean utilization of serving groups is above target + 0.1,
@@ -161,7 +161,7 @@ class Policy(Protocol):
 
 
 class Tokenfab:
-    """tokenfab's pure policy with the operator's defaults, called the way operator/tokenfab/planning/scaler/
+    """tokenfab's pure policy with the operator's defaults, called the way operator/tokenfab/planning/autoscaler/
     calls it: counted = Ready for at least warmupSeconds, warming = every other group; with the leading
     policy (the default) the frontend's arrival rate and requests in flight, the waiting requests of the
     counted groups and the groups on their way."""

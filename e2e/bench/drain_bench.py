@@ -42,7 +42,8 @@ from e2e import record
 from e2e.fleet import fleet, load, plot
 from e2e.helpers import apply_yaml, get_json, kubectl, start_operator, wait_established, wait_for
 from tokenfab.planning import contract
-from tokenfab_factory.factory import Factory, FactoryConfig
+from tokenfab_factory.config import FactoryConfig
+from tokenfab_factory.factory import Factory
 
 ROOT = record.ROOT
 SCENARIOS = ("scale_down", "rollout", "node_drain")

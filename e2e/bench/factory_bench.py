@@ -20,7 +20,8 @@ from typing import Any
 from e2e import record
 from e2e.helpers import repeat_for
 from tokenfab_factory import process
-from tokenfab_factory.factory import Factory, FactoryConfig, default_bin_dir
+from tokenfab_factory.config import FactoryConfig, default_bin_dir
+from tokenfab_factory.factory import Factory
 
 
 def build_times(bin_dir: Path) -> list[dict[str, Any]]:

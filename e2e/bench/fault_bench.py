@@ -53,7 +53,8 @@ from e2e.fleet import fleet, load
 from e2e.helpers import apply_yaml, get_json, kubectl, operator_up, wait_established, wait_for
 from tokenfab.planning import contract
 from tokenfab_factory import faults
-from tokenfab_factory.factory import Factory, FactoryConfig
+from tokenfab_factory.config import FactoryConfig
+from tokenfab_factory.factory import Factory
 from tokenfab_factory.racks import CLIQUE_LABEL, RACK_LABEL
 
 KINDS = ("rack_loss", "node_quarantine", "device_taint")

@@ -50,7 +50,8 @@ from tokenfab.fleet.view import node_facts
 from tokenfab.planning import contract
 from tokenfab.planning.capacity import Constraints, snapshot
 from tokenfab.planning.topology import GroupShape, first_fit
-from tokenfab_factory.factory import Factory, FactoryConfig
+from tokenfab_factory.config import FactoryConfig
+from tokenfab_factory.factory import Factory
 from tokenfab_factory.racks import CLIQUE_LABEL, GPU_RESOURCE
 
 ROOT = record.ROOT

@@ -38,7 +38,8 @@ import yaml
 from e2e import helpers, record
 from e2e.fleetmix import SCALE_MIX, asked_gpus, fleet, worker_pods
 from e2e.helpers import gpu_deployment, install_crds, repeat_for, wait_for, wait_healthy
-from tokenfab_factory.factory import Factory, FactoryConfig
+from tokenfab_factory.config import FactoryConfig
+from tokenfab_factory.factory import Factory
 
 ROOT = record.ROOT
 NS = "scale"

@@ -32,7 +32,8 @@ from e2e.fleet import fleet, load
 from e2e.helpers import apply_yaml, install_crds, kubectl, start_operator, wait_for
 from tokenfab.planning import contract
 from tokenfab_factory import process
-from tokenfab_factory.factory import Factory, FactoryConfig
+from tokenfab_factory.config import FactoryConfig
+from tokenfab_factory.factory import Factory
 
 POLICIES = ("tokenfab", "tokenfab_kv_only", "static", "threshold", "planner_baseline")
 TRACES = ("single_burst", "repeated_burst", "ramp")

@@ -1,8 +1,8 @@
 """How long a new engine's weights take to load in the factory: a MODEL of time, not a measurement.
 
 The fleet runner plays the kubelet and the hardware; weight loading is part of the hardware it simulates
-(the launcher's own fetch is tested on its own, tests/launcher/test_launcher.py). A new engine is held back before
-it registers for as long as its weights would take on the path they come from, and that path follows
+(the launcher's own fetch is tested on its own, tests/launcher/test_launcher.py). A new engine is held back
+before it registers for as long as its weights would take on the path they come from, and that path follows
 from the pod's model cache volume, as it would on a cluster:
 
 - "cold": the weights come from the hub: a per-pod emptyDir (always), or a node-local model cache

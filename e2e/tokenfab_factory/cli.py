@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 
 from tokenfab_factory import process
-from tokenfab_factory.factory import Factory, FactoryConfig, FactoryError, default_run_dir
+from tokenfab_factory.config import FactoryConfig, FactoryError, default_run_dir
+from tokenfab_factory.factory import Factory
 from tokenfab_factory.racks import SYSTEMS
 
 app = typer.Typer(no_args_is_help=True, add_completion=False)

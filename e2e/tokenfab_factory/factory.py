@@ -11,8 +11,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import os
-import re
 import shutil
 import ssl
 import sys
@@ -25,267 +23,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from tokenfab_factory import process
-from tokenfab_factory.pki import Pki, make_pki
+from tokenfab_factory import components, files, process
+from tokenfab_factory.config import COMPONENTS, PORT_OFFSETS, FactoryConfig, FactoryError, Layout
+from tokenfab_factory.pki import make_pki
 from tokenfab_factory.racks import FACTORY_LABEL, SYSTEMS, rack_nodes
-
-COMPONENTS = (
-    "etcd",
-    "kube-apiserver",
-    "kube-controller-manager",
-    "kube-scheduler",
-    "kwok",
-    "prometheus",
-    "drivers",
-)
-PORT_OFFSETS = {
-    "etcd": 0,
-    "etcd-peer": 1,
-    "kube-apiserver": 2,
-    "kube-controller-manager": 3,
-    "kube-scheduler": 4,
-    "kwok": 5,
-    "prometheus": 6,
-    "drivers": 7,
-}
-KWOK_STAGES = (
-    "node/fast/node-initialize.yaml",
-    "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
-    "pod/fast/pod-ready.yaml",
-    "pod/fast/pod-delete.yaml",
-)
-# Pods in namespaces named live-* are run by the fleet runner (e2e/fleet/runner.py), which plays their
-# kubelet's probes: kwok starts them (Running; a container with a startup probe not `started` yet) but leaves
-# them not ready, and the runner sets `started` and ContainersReady when the engine's /health answers and
-# Ready when the readiness gates hold too, as a kubelet does. Everywhere else kwok's fast stage makes a pod
-# Ready (and its readiness gates True) at once.
-# Both give the pod an IP from POD_CIDR, as a kubelet would: the EndpointSlice controller lists a pod only
-# with one (Dynamo's kubernetes discovery never connects to it: its addresses come from DynamoWorkerMetadata).
-LIVE_NAMESPACE_PREFIX = "live-"
-LIVE_POD_START = """\
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: tokenfab-live-pod-start
-spec:
-  resourceRef:
-    apiGroup: v1
-    kind: Pod
-  selector:
-    matchExpressions:
-    - key: '.metadata.deletionTimestamp'
-      operator: 'DoesNotExist'
-    - key: '.status.phase'
-      operator: 'In'
-      values: ['Pending']
-    - key: '.spec.nodeName'
-      operator: 'Exists'
-    - key: '.metadata.namespace | startswith("live-")'
-      operator: 'In'
-      values: ['true']
-  next:
-    statusTemplate: |
-      {{ $now := Now }}
-      conditions:
-      - lastTransitionTime: {{ $now | Quote }}
-        status: "True"
-        type: Initialized
-      - lastTransitionTime: {{ $now | Quote }}
-        status: "True"
-        type: PodScheduled
-      - lastTransitionTime: {{ $now | Quote }}
-        status: "False"
-        reason: ContainersNotReady
-        type: ContainersReady
-      - lastTransitionTime: {{ $now | Quote }}
-        status: "False"
-        reason: ContainersNotReady
-        type: Ready
-      containerStatuses:
-      {{ range .spec.containers }}
-      - image: {{ .image | Quote }}
-        name: {{ .name | Quote }}
-        ready: false
-        started: {{ if .startupProbe }}false{{ else }}true{{ end }}
-        restartCount: 0
-        state:
-          running:
-            startedAt: {{ $now | Quote }}
-      {{ end }}
-      {{ $hostIPs := NodeIPsWith .spec.nodeName }}
-      {{ with $hostIPs }}
-      hostIP: {{ index . 0 | Quote }}
-      hostIPs:
-      {{ range . }}
-      - ip: {{ . | Quote }}
-      {{ end }}
-      {{ end }}
-      {{ $podIPs := PodIPsWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" )
-         ( or .metadata.name "" ) ( or .metadata.namespace "" ) }}
-      {{ with $podIPs }}
-      podIP: {{ index . 0 | Quote }}
-      podIPs:
-      {{ range . }}
-      - ip: {{ . | Quote }}
-      {{ end }}
-      {{ end }}
-      phase: Running
-      startTime: {{ $now | Quote }}
-"""
-# A weights-fetch pod (tokenfab's pre-staging) outside the live namespaces completes two seconds after it
-# runs, as its download would (the live namespaces' runner times it by the weights model instead).
-FETCH_POD_COMPLETE = """\
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: tokenfab-weights-fetch-complete
-spec:
-  resourceRef:
-    apiGroup: v1
-    kind: Pod
-  selector:
-    matchExpressions:
-    - key: '.metadata.deletionTimestamp'
-      operator: 'DoesNotExist'
-    - key: '.status.phase'
-      operator: 'In'
-      values: ['Running']
-    - key: '.metadata.labels["app.kubernetes.io/component"]'
-      operator: 'In'
-      values: ['weights-fetch']
-    - key: '.metadata.namespace | startswith("live-")'
-      operator: 'NotIn'
-      values: ['true']
-  delay:
-    durationMilliseconds: 2000
-  next:
-    statusTemplate: |
-      {{ $now := Now }}
-      conditions:
-      - lastTransitionTime: {{ $now | Quote }}
-        status: "False"
-        reason: PodCompleted
-        type: ContainersReady
-      - lastTransitionTime: {{ $now | Quote }}
-        status: "False"
-        reason: PodCompleted
-        type: Ready
-      containerStatuses:
-      {{ range .spec.containers }}
-      - image: {{ .image | Quote }}
-        name: {{ .name | Quote }}
-        ready: false
-        started: false
-        restartCount: 0
-        state:
-          terminated:
-            exitCode: 0
-            reason: Completed
-            finishedAt: {{ $now | Quote }}
-      {{ end }}
-      phase: Succeeded
-"""
-# kwok renews each simulated node's Lease; on a busy 2-core machine with 1,152 nodes a renewal can lag,
-# so leases are long and the controller-manager waits several of them before calling a node NotReady.
-NODE_LEASE_SECONDS = 60
-NODE_MONITOR_GRACE = "180s"
-# Kubernetes 1.37's gang scheduling (Workload and PodGroup, scheduling.k8s.io/v1beta1) is beta and off by
-# default (a beta API group is not served unless asked, and the GenericWorkload gate, which also turns on
-# the scheduler's GangScheduling plugin, defaults to false): turned on here so the operator's PodGroup path
-# runs end to end (the operator falls back to its scheduling gates without it). DRA device taints
-# (DeviceTaintRule, resource.k8s.io/v1) are GA and on by default.
-GANG_FEATURE_GATES = "GenericWorkload=true"
-GANG_RUNTIME_CONFIG = "scheduling.k8s.io/v1beta1=true"
-# Simulated pods get addresses from 198.18.0.0/15 (RFC 2544: reserved for benchmarking, never routed), which
-# the endpoint controllers accept (loopback addresses they refuse with a Warning per Service). Nothing ever
-# connects to them: every real process of the factory and the live fleet serves on 127.0.0.1.
-POD_CIDR = "198.18.0.0/15"
-
-
-# The scrape job tokenfab documents for a plain Prometheus (the chart's PodMonitor says the same).
-SCRAPE_CONFIG = Path(__file__).resolve().parents[2] / "charts/tokenfab/prometheus/scrape-config.yaml"
-# The engine is simulated by Dynamo's mocker, which names its metrics after vLLM's (`vllm:` or `trtllm:`
-# prefixed, DP rank in label `engine`), not as the real TensorRT-LLM worker does. The factory's Prometheus
-# renames the series the autoscaler reads to the real worker's (dynamo_component_gpu_cache_usage_percent per
-# dp_rank, trtllm_num_requests_waiting): a translation of the hardware's stand-in, never in the operator.
-MOCKER_METRICS: list[dict[str, Any]] = [
-    {
-        "source_labels": ["__name__", "engine"],
-        "regex": "(trtllm|vllm):kv_cache_usage_perc;(.*)",
-        "target_label": "dp_rank",
-        "replacement": "$2",
-    },
-    {
-        "source_labels": ["__name__"],
-        "regex": "(trtllm|vllm):kv_cache_usage_perc",
-        "target_label": "__name__",
-        "replacement": "dynamo_component_gpu_cache_usage_percent",
-    },
-    {
-        "source_labels": ["__name__"],
-        "regex": "(trtllm|vllm):num_requests_waiting",
-        "target_label": "__name__",
-        "replacement": "trtllm_num_requests_waiting",
-    },
-]
-
-
-def documented_scrape_job() -> dict[str, Any]:
-    jobs = yaml.safe_load(SCRAPE_CONFIG.read_text())
-    if not isinstance(jobs, list) or len(jobs) != 1:
-        raise FactoryError(f"{SCRAPE_CONFIG}: expected one scrape job")
-    return dict(jobs[0])
-
-
-DRIVERS_MODULE = "tokenfab_factory.drivers"
-
-
-class FactoryError(RuntimeError):
-    """Something the user must act on; the message says what."""
-
-
-def default_run_dir() -> Path:
-    env = os.environ.get("TOKENFAB_FACTORY_DIR")
-    if env:
-        return Path(env)
-    return Path.home() / ".cache" / "tokenfab" / "factory"
-
-
-def default_bin_dir() -> Path:
-    env = os.environ.get("TOKENFAB_BIN")
-    if env:
-        return Path(env)
-    return Path.home() / ".cache" / "tokenfab" / "bin" / "current"
-
-
-@dataclass
-class FactoryConfig:
-    """What to bring up, and where."""
-
-    run_dir: Path = field(default_factory=default_run_dir)
-    racks: int = 4
-    gpu: str = "gb200"
-    port_base: int = 31000
-    bin_dir: Path = field(default_factory=default_bin_dir)
-    scrape_interval: str = "2s"
-    gang_api: bool = True  # serve the alpha PodGroup gang API (feature gates on apiserver and scheduler)
-    # An API server and its etcd only (no controllers, scheduler, nodes, Prometheus or drivers): a cluster
-    # with nothing tokenfab needs, for the checks that say so.
-    bare: bool = False
-
-    @property
-    def components(self) -> tuple[str, ...]:
-        return ("etcd", "kube-apiserver") if self.bare else COMPONENTS
-
-    def port(self, component: str) -> int:
-        return self.port_base + PORT_OFFSETS[component]
-
-    @property
-    def name(self) -> str:
-        """The run directory's name as a valid label value (it labels the factory's nodes)."""
-        return re.sub(r"[^A-Za-z0-9._-]", "-", self.run_dir.name)[:63].strip("-_.") or "factory"
 
 
 @dataclass
@@ -311,56 +52,12 @@ class ComponentStatus:
     rss_bytes: int = 0
 
 
-class Factory:
+class Factory(Layout):
     """Control of one factory run directory."""
 
     def __init__(self, config: FactoryConfig, say: Callable[[str], None] = print) -> None:
-        self.config = config
-        self.run = config.run_dir
+        super().__init__(config)
         self.say = say
-        self.pki = Pki(self.run / "pki")
-
-    # ------------------------------------------------------------------ paths
-    @property
-    def kubeconfig(self) -> Path:
-        return self.run / "kubeconfig"
-
-    @property
-    def env_file(self) -> Path:
-        return self.run / "env"
-
-    @property
-    def state_file(self) -> Path:
-        return self.run / "state.json"
-
-    @property
-    def file_sd_dir(self) -> Path:
-        """Drop Prometheus file_sd target files (*.json) here; they are picked up within seconds."""
-        return self.run / "prometheus" / "file_sd"
-
-    @property
-    def prometheus_url(self) -> str:
-        return f"http://127.0.0.1:{self.config.port('prometheus')}"
-
-    @property
-    def apiserver_url(self) -> str:
-        return f"https://127.0.0.1:{self.config.port('kube-apiserver')}"
-
-    def log(self, component: str) -> Path:
-        return self.run / "logs" / f"{component}.log"
-
-    def binary(self, name: str) -> str:
-        if name == "prometheus":
-            found = shutil.which("prometheus")
-            if not found:
-                raise FactoryError(
-                    "prometheus not found: install Debian's package (apt-get install prometheus)"
-                )
-            return found
-        path = self.config.bin_dir / name
-        if not path.exists():
-            raise FactoryError(f"{path} missing: build the toolchain with e2e/toolchain/build.sh")
-        return str(path)
 
     # ------------------------------------------------------------------ state
     def read_state(self) -> State | None:
@@ -397,7 +94,7 @@ class Factory:
                             "run `tokenfab factory down` first to change its size"
                         )
                     self.say(f"factory already running in {self.run}; nothing to do")
-                    self._write_env()
+                    files.write_env(self)
                     return existing
                 dead = [s.name for s in statuses if not s.running]
                 self.say(
@@ -439,15 +136,15 @@ class Factory:
         (self.run / "logs").mkdir(parents=True, exist_ok=True)
         self.file_sd_dir.mkdir(parents=True, exist_ok=True)
         make_pki(self.run / "pki")
-        self._write_kubeconfig()
-        self._write_kwok_config()
-        self._write_prometheus_config()
+        files.write_kubeconfig(self)
+        files.write_kwok_config(self)
+        files.write_prometheus_config(self)
         state = State(racks=cfg.racks, gpu=cfg.gpu, port_base=cfg.port_base, started=time.time())
         self.write_state(state)
         deadline = t0 + timeout
         try:
             for comp in cfg.components:
-                state.pids[comp] = process.start(self._argv(comp), self.log(comp))
+                state.pids[comp] = process.start(components.argv(self, comp), self.log(comp))
                 self.write_state(state)
                 if comp in ("etcd", "kube-apiserver"):
                     self._wait(comp, state, deadline)
@@ -455,7 +152,7 @@ class Factory:
             if cfg.bare:
                 state.ready_seconds = round(time.monotonic() - t0, 2)
                 self.write_state(state)
-                self._write_env()
+                files.write_env(self)
                 return state
             self._create_nodes()
             state.phases["nodes_created"] = round(time.monotonic() - t0, 2)
@@ -472,205 +169,8 @@ class Factory:
             raise
         state.ready_seconds = round(time.monotonic() - t0, 2)
         self.write_state(state)
-        self._write_env()
+        files.write_env(self)
         return state
-
-    def _argv(self, comp: str) -> list[str]:
-        cfg, pki, run = self.config, self.pki, self.run
-        kc = str(self.kubeconfig)
-        if comp == "etcd":
-            client, peer = f"http://127.0.0.1:{cfg.port('etcd')}", f"http://127.0.0.1:{cfg.port('etcd-peer')}"
-            return [
-                self.binary("etcd"),
-                "--name=tokenfab",
-                f"--data-dir={run / 'etcd'}",
-                f"--listen-client-urls={client}",
-                f"--advertise-client-urls={client}",
-                f"--listen-peer-urls={peer}",
-                f"--initial-advertise-peer-urls={peer}",
-                f"--initial-cluster=tokenfab={peer}",
-                "--unsafe-no-fsync=true",
-                "--quota-backend-bytes=8589934592",
-                "--log-level=warn",
-            ]
-        if comp == "kube-apiserver":
-            return [
-                self.binary("kube-apiserver"),
-                f"--etcd-servers=http://127.0.0.1:{cfg.port('etcd')}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                f"--secure-port={cfg.port('kube-apiserver')}",
-                f"--tls-cert-file={pki.server_crt}",
-                f"--tls-private-key-file={pki.server_key}",
-                f"--client-ca-file={pki.ca_crt}",
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                f"--service-account-key-file={pki.sa_pub}",
-                f"--service-account-signing-key-file={pki.sa_key}",
-                "--service-cluster-ip-range=10.96.0.0/16",
-                "--authorization-mode=Node,RBAC",
-                "--allow-privileged=true",
-                "--endpoint-reconciler-type=none",
-                "--profiling=false",
-                "--event-ttl=2h",
-                *(
-                    [f"--feature-gates={GANG_FEATURE_GATES}", f"--runtime-config={GANG_RUNTIME_CONFIG}"]
-                    if cfg.gang_api
-                    else []
-                ),
-            ]
-        if comp in ("kube-controller-manager", "kube-scheduler"):
-            argv = [
-                self.binary(comp),
-                f"--kubeconfig={kc}",
-                f"--authentication-kubeconfig={kc}",
-                f"--authorization-kubeconfig={kc}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={cfg.port(comp)}",
-                "--leader-elect=false",
-                "--profiling=false",
-            ]
-            if comp == "kube-controller-manager":
-                argv += [
-                    f"--root-ca-file={pki.ca_crt}",
-                    f"--service-account-private-key-file={pki.sa_key}",
-                    "--use-service-account-credentials=true",
-                    f"--node-monitor-grace-period={NODE_MONITOR_GRACE}",
-                    "--concurrent-gc-syncs=10",
-                    "--kube-api-qps=200",
-                    "--kube-api-burst=400",
-                ]
-                if cfg.gang_api:  # the PodGroup protection controller (removes PodGroups' finalizer)
-                    argv.append(f"--feature-gates={GANG_FEATURE_GATES}")
-            else:
-                argv += ["--kube-api-qps=200", "--kube-api-burst=400"]
-                if cfg.gang_api:
-                    argv.append(f"--feature-gates={GANG_FEATURE_GATES}")
-            return argv
-        if comp == "kwok":
-            return [
-                self.binary("kwok"),
-                f"--kubeconfig={kc}",
-                f"--config={run / 'kwok.yaml'}",
-                "--manage-all-nodes=false",
-                f"--manage-nodes-with-label-selector={FACTORY_LABEL}",
-                f"--cidr={POD_CIDR}",
-                "--node-ip=127.0.0.1",
-                f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}",
-                f"--server-address=127.0.0.1:{cfg.port('kwok')}",
-            ]
-        if comp == "prometheus":
-            return [
-                self.binary("prometheus"),
-                f"--config.file={run / 'prometheus' / 'prometheus.yml'}",
-                f"--storage.tsdb.path={run / 'prometheus' / 'data'}",
-                f"--web.listen-address=127.0.0.1:{cfg.port('prometheus')}",
-                "--storage.tsdb.retention.time=1d",
-                "--web.enable-lifecycle",
-            ]
-        if (
-            comp == "drivers"
-        ):  # simulated node drivers: NVIDIA DRA (ComputeDomains, IMEX channels), local volumes
-            return [
-                sys.executable,
-                "-m",
-                DRIVERS_MODULE,
-                f"--kubeconfig={kc}",
-                f"--port={cfg.port(comp)}",
-            ]
-        raise ValueError(comp)
-
-    def _write_kubeconfig(self) -> None:
-        kubeconfig = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [
-                {
-                    "name": "tokenfab",
-                    "cluster": {"server": self.apiserver_url, "certificate-authority": str(self.pki.ca_crt)},
-                }
-            ],
-            "users": [
-                {
-                    "name": "admin",
-                    "user": {
-                        "client-certificate": str(self.pki.admin_crt),
-                        "client-key": str(self.pki.admin_key),
-                    },
-                }
-            ],
-            "contexts": [
-                {
-                    "name": "tokenfab",
-                    "context": {"cluster": "tokenfab", "user": "admin", "namespace": "default"},
-                }
-            ],
-            "current-context": "tokenfab",
-        }
-        self.kubeconfig.write_text(yaml.safe_dump(kubeconfig, sort_keys=False))
-        self.kubeconfig.chmod(0o600)
-
-    def _write_kwok_config(self) -> None:
-        stage_dir = self.config.bin_dir / "kwok-stage"
-        docs = [yaml.safe_load((stage_dir / s).read_text()) for s in KWOK_STAGES]
-        for doc in docs:
-            if doc["metadata"]["name"] == "pod-ready":  # not for the live namespaces (see LIVE_POD_START)
-                doc["spec"]["selector"]["matchExpressions"].append(
-                    {
-                        "key": f'.metadata.namespace | startswith("{LIVE_NAMESPACE_PREFIX}")',
-                        "operator": "NotIn",
-                        "values": ["true"],
-                    }
-                )
-        docs.append(yaml.safe_load(LIVE_POD_START))
-        docs.append(yaml.safe_load(FETCH_POD_COMPLETE))
-        (self.run / "kwok.yaml").write_text(yaml.safe_dump_all(docs, sort_keys=False))
-
-    def _write_prometheus_config(self) -> None:
-        pki = self.pki
-        config = {
-            "global": {
-                "scrape_interval": self.config.scrape_interval,
-                "evaluation_interval": self.config.scrape_interval,
-            },
-            "scrape_configs": [
-                {
-                    "job_name": "kube-apiserver",
-                    "scheme": "https",
-                    "tls_config": {
-                        "ca_file": str(pki.ca_crt),
-                        "cert_file": str(pki.admin_crt),
-                        "key_file": str(pki.admin_key),
-                    },
-                    "scrape_interval": "15s",
-                    "static_configs": [{"targets": [f"127.0.0.1:{self.config.port('kube-apiserver')}"]}],
-                },
-                {
-                    # tokenfab's documented scrape job (Kubernetes pod discovery and its relabelling) on
-                    # the fleet runner's loopback targets, which carry the labels that discovery gives a
-                    # pod; the only addition is the mocker's metric names (MOCKER_METRICS)
-                    "job_name": "tokenfab",
-                    "file_sd_configs": [
-                        {"files": [str(self.file_sd_dir / "*.json")], "refresh_interval": "2s"}
-                    ],
-                    "relabel_configs": documented_scrape_job()["relabel_configs"],
-                    "metric_relabel_configs": MOCKER_METRICS,
-                },
-            ],
-        }
-        path = self.run / "prometheus" / "prometheus.yml"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(config, sort_keys=False))
-
-    def _write_env(self) -> None:
-        lines = [
-            "# Source this file to use the local AI factory: `source " + str(self.env_file) + "`",
-            f"export KUBECONFIG={self.kubeconfig}",
-            f"export PATH={self.config.bin_dir}:{Path(sys.executable).parent}:$PATH",
-            f"export TOKENFAB_FACTORY_DIR={self.run}",
-            f"export TOKENFAB_PROMETHEUS_URL={self.prometheus_url}",
-            f"export TOKENFAB_FILE_SD_DIR={self.file_sd_dir}",
-        ]
-        self.env_file.write_text("\n".join(lines) + "\n")
 
     # ------------------------------------------------------------------ health
     def _https(self, url: str, client_cert: bool) -> tuple[int, str]:
@@ -816,7 +316,7 @@ class Factory:
         old = state.pids.get(comp)
         if old and process.alive(old, _expect(comp)):
             process.stop(old, _expect(comp))
-        state.pids[comp] = process.start(self._argv(comp), self.log(comp))
+        state.pids[comp] = process.start(components.argv(self, comp), self.log(comp))
         self.write_state(state)
         self._wait(comp, state, time.monotonic() + timeout)
         return state.pids[comp]
@@ -896,7 +396,7 @@ class Factory:
 
 
 def _expect(comp: str) -> str:
-    return {"drivers": DRIVERS_MODULE}.get(comp, comp)
+    return {"drivers": components.DRIVERS_MODULE}.get(comp, comp)
 
 
 def _get(url: str, ctx: ssl.SSLContext | None = None) -> tuple[int, str]:

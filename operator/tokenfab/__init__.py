@@ -7,10 +7,12 @@ imports only the layers below it):
 - doctor, handlers: the cluster check, and kopf's thin handlers (they hand keys to the controller);
 - controller, leader: the fleet controller (watches, work queue, the one writer's threads) and election;
 - inventory: the NVLink domains' status objects;
-- reconcile: one pass of a ModelDeployment, observe -> plan -> act;
-- execute, observe: acting on a plan (the writes), and reading the cluster view into planning's types;
-- routing, status_write: routing and gang admission after the writes, and the status and Events;
-- runtime: the process's settings, context and a pass's Result;
+- reconcile: one pass of a ModelDeployment (`Pass`), observe -> plan -> act -> settle;
+- observe, act, settle: the phases (the snapshot read; the plan's writes and their answers; the status
+  and Events);
+- routing, views, pod_logs: the act phase's second round (gates, routing); the cluster view's facts as
+  planning's types; the launcher's lines read from pod logs;
+- runtime: the process's settings, context, a pass's Result and what a pass observed;
 - fleet: the state the passes share (cluster view, placement ledger, expectations, work queue);
 - adapters: the Kubernetes and Prometheus clients, telemetry, aiconfigurator;
 - planning: every decision, pure (no I/O), `planning.one_pass.plan(snapshot) -> Plan`;

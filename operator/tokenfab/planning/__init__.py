@@ -6,20 +6,20 @@ NVLink domains, the children's manifests, the plan of each role's groups, autosc
 plans and the status. Nothing here reads a clock, calls the API server or Prometheus, opens a file or a
 socket, or logs; the layers above do that and hand the results in.
 
-What may import it: every layer above it (adapters, fleet, runtime, execute and observe, reconcile, the
-controller, handlers, doctor, the CLI and the worker launcher; see the layers contract in pyproject.toml).
+What may import it: every layer above it (adapters, fleet, runtime, observe, act and settle, reconcile,
+the controller, handlers, doctor, the CLI and the worker launcher; see the layers contract in
+pyproject.toml).
 What it imports: of tokenfab, only tokenfab.api (and its own modules); otherwise the standard library and
 pure libraries (PyYAML renders the engine config). The import-linter contracts keep both directions, and
 forbid the cluster and HTTP clients here.
 
 Main modules: one_pass (one pass's whole plan from its snapshot: `one_pass.plan(snapshot) -> Plan`, and
-the status once its writes are answered), room (free capacity as one plan sees it), scaler (the
-autoscaling step: signals, one role's evaluation, the frontend's size), signals (the PromQL and the
-readings), topology and capacity (NVLink domains, the placement ledger), lifecycle and recovery (a
-group's state, backoff), groups (what to create, release, drain and delete per role), builders (the
-children's manifests, by concern), engine and contract (the engine config, the names shared with the
-worker images), autoscaling and forecast (the scaling policy), sla (plans from a
-performance model), status (conditions and the status subresource).
+the status once its writes are answered), writes (every write a plan names), room (free capacity as one
+plan sees it), autoscaler (the package: `queries` and `step`; its policy, forecast, signals and memory),
+topology and capacity (NVLink domains, the placement ledger), lifecycle and recovery (a group's state,
+backoff), groups (what to create, release, drain and delete per role), builders (the children's
+manifests, by concern), engine and contract (the engine config, the names shared with the worker
+images), sla (plans from a performance model), status (conditions and the status subresource).
 
 Importing the package has no side effects: it imports none of its modules.
 """

@@ -1,7 +1,7 @@
 """One reconcile pass's decisions, pure: `plan(snapshot) -> Plan`, and `settle(snapshot, plan, written)`,
 the status once the API server has answered the plan's writes.
 
-The snapshot is everything a pass observed (tokenfab.reconcile.observe): the deployment with its freshest
+The snapshot is everything a pass observed (tokenfab.observe): the deployment with its freshest
 status, its groups and their nodes' health, the readings taken from Prometheus, what the cluster cannot
 serve, and the free NVLink capacity as the placement ledger saw it when the plan began. The plan is the
 whole desired state: the groups per role (from the spec, or the autoscaler), what each role creates, keeps,

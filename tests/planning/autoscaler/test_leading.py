@@ -1,4 +1,4 @@
-"""The leading policy: the forecast (tokenfab.planning.forecast), `decide` with demand, and the autoscaling
+"""The leading policy: the forecast (tokenfab.planning.autoscaler.forecast), `decide` with demand, and the autoscaling
 step `tokenfab.planning.autoscaler.autoscale` with a fake Prometheus.
 
 Properties (Hypothesis): with any demand the decision stays within the bounds and the step caps; missing,

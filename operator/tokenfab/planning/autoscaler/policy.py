@@ -14,7 +14,7 @@ data. That includes partial data: while a group that counts has no fresh sample 
 (and the decision says metrics are missing); a scale-up still may, on the load that was measured.
 
 Leading signals (Config.leading, the default): the KV recommendation is a guard, and the demand ahead
-leads. The arrival rate at the frontend is forecast a little ahead (tokenfab.planning.forecast) and
+leads. The arrival rate at the frontend is forecast a little ahead (tokenfab.planning.autoscaler.forecast) and
 divided by a capacity per group (from the plan, or learned from the load being served); the requests in
 flight at the frontend, divided by what one group holds at the target (learned from the cache), size the
 groups for the load already there, a burst's first requests included; queues forming in the groups
