@@ -446,8 +446,9 @@ class Controller:
     def watch_bursts(self, now: float) -> list[Key]:
         """One look of the burst watch: the requests in flight at every autoscaled deployment's frontend,
         one query per Prometheus for the whole fleet (not one per deployment); each deployment whose count
-        steps up (tokenfab.planning.autoscaler.burst_watch) is evaluated now instead of at its next interval. A
-        failed read wakes nobody: the evaluations go on at their interval. Returns the deployments woken."""
+        steps up (tokenfab.planning.autoscaler.burst_watch) is evaluated now instead of at its next
+        interval. A failed read wakes nobody: the evaluations go on at their interval. Returns the
+        deployments woken."""
         by_url: dict[str, list[tuple[Key, Obj]]] = {}
         for key in self.view.deployments():
             body = self.view.model_deployment(key)

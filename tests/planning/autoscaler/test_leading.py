@@ -1,5 +1,5 @@
-"""The leading policy: the forecast (tokenfab.planning.autoscaler.forecast), `decide` with demand, and the autoscaling
-step `tokenfab.planning.autoscaler.autoscale` with a fake Prometheus.
+"""The leading policy: the forecast (tokenfab.planning.autoscaler.forecast), `decide` with demand, and the
+autoscaling step (`tokenfab.planning.autoscaler.queries` then `step`) with a fake Prometheus.
 
 Properties (Hypothesis): with any demand the decision stays within the bounds and the step caps; missing,
 stale or bad data never lowers the count; a stationary noisy load never makes the count reverse
