@@ -162,9 +162,9 @@ class Policy(Protocol):
 
 class Tokenfab:
     """tokenfab's pure policy with the operator's defaults, called the way its autoscaler package
-    (operator/tokenfab/planning/autoscaler/) calls it: counted = Ready for at least warmupSeconds, warming = every other group; with the leading
-    policy (the default) the frontend's arrival rate and requests in flight, the waiting requests of the
-    counted groups and the groups on their way."""
+    (operator/tokenfab/planning/autoscaler/) calls it: counted = Ready for at least warmupSeconds,
+    warming = every other group; with the leading policy (the default) the frontend's arrival rate and
+    requests in flight, the waiting requests of the counted groups and the groups on their way."""
 
     def __init__(
         self, warmup: float | None = None, name: str = "tokenfab", policy: str | None = None
