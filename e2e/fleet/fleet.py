@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from e2e.fleet import runner
+from e2e.fleet import state
 from e2e.helpers import get_json, kubectl, wait_for
 from tokenfab.adapters import metrics
 from tokenfab.planning import contract
@@ -58,7 +58,7 @@ def model_dir(t: Tools) -> Path:
 
 
 def state_dir(f: Factory) -> Path:
-    return runner.state_dir_of(f.run)
+    return state.state_dir_of(f.run)
 
 
 def start_runner(
@@ -105,7 +105,7 @@ def _lane_ports() -> list[str]:
 
 
 def runner_state(f: Factory) -> dict[str, Any]:
-    return runner.read_state(state_dir(f))
+    return state.read_state(state_dir(f))
 
 
 def frontend_url(f: Factory, namespace: str, name: str, timeout: float = 180) -> str:

@@ -14,7 +14,7 @@ factory's API server, with each pod's ServiceAccount token (a TokenRequest bound
 routed to while its pod is ready in the EndpointSlice of its deployment's workers Service; the runner
 plays the kubelet's part in that:
 - readiness, in the live-* namespaces (where kwok starts pods but leaves them not ready, see
-  tokenfab_factory.factory.LIVE_POD_START): a pod's ContainersReady follows its readiness probe (the
+  tokenfab_factory.files.LIVE_POD_START): a pod's ContainersReady follows its readiness probe (the
   engine's or the frontend's /health answering 200; a rank that runs nothing is ready once started) and
   Ready is ContainersReady with every readiness gate True, so a leader whose tokenfab.dev/routable gate
   turns False leaves routing through its EndpointSlice, as on a real cluster;
@@ -27,7 +27,11 @@ discovery gives a pod, which the factory's Prometheus relabels with the scrape c
 (charts/tokenfab/prometheus/scrape-config.yaml).
 
 The runner's state (processes, their ports, the frontend URLs, every PID it ever started) is written to
-`<state-dir>/state.json` after every pass, for the scenario and the tests.
+`<state-dir>/state.json` after every pass, for the scenario and the tests (e2e/fleet/state.py).
+
+This module is the loop (`Runner`) and its command line; its parts live beside it: the processes and their
+ports (procs.py), what it reads off a pod object (podview.py), its API client (api.py), the kubelet's probes
+and the pod status written from them (probes.py), and the state file (state.py).
 
 Run it through `Factory.start_extra` (see `start`) so the factory also stops it by PID.
 """
@@ -36,26 +40,21 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
-import ipaddress
 import json
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
 import yaml
-from kubernetes import client as kclient
-from kubernetes import config as kconfig
-from urllib3.util.retry import Retry
 
-from e2e.fleet import fabric, isolation, pods, weights_model
+from e2e.fleet import fabric, isolation, pods, podview, probes, state, weights_model
+from e2e.fleet.api import Api
+from e2e.fleet.procs import PortPool, Proc, foreign_connections, spawn
 from tokenfab.planning import contract
 from tokenfab_factory import process
 
@@ -73,9 +72,9 @@ DEFAULT_SYSTEM_PORTS = (26100, 26899)
 # Dynamo 1.6.1's mocker refuses disaggregated serving with --engine-type trtllm ("mocker handoff does not
 # support TRT-LLM"): disaggregated workers emulate the engine with the vllm timing and metric names;
 # aggregated workers use trtllm. Either way the factory's Prometheus renames the mocker's engine metrics to
-# the real worker's (see tokenfab_factory.factory.MOCKER_METRICS).
+# the real worker's (see tokenfab_factory.files.MOCKER_METRICS).
 ENGINE_AUTO = "auto"
-LIVE_PREFIX = "live-"  # the namespaces whose pods' readiness the runner plays (see probe)
+LIVE_PREFIX = "live-"  # the namespaces whose pods' readiness the runner plays (see probes.probe)
 
 
 @dataclass
@@ -97,223 +96,6 @@ class Options:
     # A new engine's weights from the hub take this long (a cold start); a warm model cache takes its
     # published share of it (e2e/fleet/weights_model.py: a model of time).
     start_delay_seconds: float = 0.0
-
-
-@dataclass
-class Proc:
-    """One Dynamo process standing in for one pod."""
-
-    key: str  # <namespace>/<pod>
-    uid: str
-    kind: str  # mocker | frontend
-    pid: int
-    ports: dict[str, int]
-    labels: dict[str, str]
-    started_at: float
-    url: str = ""
-    metrics_url: str = ""
-    health_url: str = ""  # what the pod's readiness probe asks
-    argv: list[str] = field(default_factory=list)
-    grace: float = 30.0  # the pod's terminationGracePeriodSeconds
-    prestop: float = 0.0  # the pod's preStop sleep
-    terminating_since: float | None = None
-    sigterm_at: float | None = None  # when SIGTERM is due (after preStop)
-    sigterm_sent: bool = False
-    out_of_routing: bool = False  # its pod's routable gate is False (the EndpointSlice says not ready)
-    target: dict[str, str] = field(default_factory=dict)  # its Prometheus target's discovery labels
-    node: str = ""  # the node its pod is bound to (when that Node is gone, the process dies at once)
-    failing_since: float | None = None  # its health endpoint has not answered since (once it had)
-
-
-class PortPool:
-    def __init__(self, lo: int, hi: int) -> None:
-        self.free = list(range(lo, hi + 1))
-        self.used: set[int] = set()
-
-    def take(self) -> int:
-        for i, p in enumerate(self.free):
-            if process.port_free(p):
-                del self.free[i]
-                self.used.add(p)
-                return p
-        raise RuntimeError("no free port left in the fleet's range")
-
-    def give(self, port: int) -> None:
-        if port in self.used:
-            self.used.discard(port)
-            self.free.append(port)  # reuse last: a port leaves TIME_WAIT before it comes round again
-
-
-def foreign_connections(pid: int) -> list[str]:
-    """The remote addresses outside loopback that a process (or any of its children) is connected to, TCP
-    or UDP: the fleet may only ever talk to 127.0.0.1 (EndpointSlices carry the pods' simulated IPs)."""
-    out = []
-    try:
-        root = psutil.Process(pid)
-        family = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return []
-    for p in family:
-        try:
-            conns = p.net_connections(kind="inet")
-        except psutil.Error:
-            continue
-        for conn in conns:
-            if conn.raddr and not ipaddress.ip_address(conn.raddr.ip).is_loopback:
-                out.append(f"{conn.raddr.ip}:{conn.raddr.port}")
-    return sorted(set(out))
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: get SIGTERM if the runner dies without stopping us (e.g. SIGKILL)."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def spawn(argv: Sequence[str], log: Path, env: dict[str, str]) -> int:
-    """Start a Dynamo process in its own session, output appended to `log`; it dies with the runner."""
-    return process.start(argv, log, env, preexec=_die_with_parent)
-
-
-def pod_labels(pod: dict[str, Any], role: str, group: str) -> dict[str, str]:
-    meta = pod["metadata"]
-    return {
-        "namespace": meta["namespace"],
-        "pod": meta["name"],
-        contract.PROM_LABEL_DEPLOYMENT: meta.get("labels", {}).get(contract.LABEL_DEPLOYMENT, ""),
-        contract.PROM_LABEL_ROLE: role,
-        contract.PROM_LABEL_GROUP: group,
-    }
-
-
-def _grace(pod: dict[str, Any]) -> tuple[float, float]:
-    """(terminationGracePeriodSeconds, preStop sleep seconds) of a pod."""
-    spec = pod.get("spec") or {}
-    prestop = 0.0
-    for ctr in spec.get("containers") or []:
-        sleep = ((ctr.get("lifecycle") or {}).get("preStop") or {}).get("sleep") or {}
-        prestop = max(prestop, float(sleep.get("seconds") or 0))
-    return float(spec.get("terminationGracePeriodSeconds", 30)), prestop
-
-
-def _routable(pod: dict[str, Any]) -> bool | None:
-    for cond in (pod.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == contract.ROUTABLE_CONDITION:
-            return bool(cond.get("status") == "True")
-    return None
-
-
-COUNTERS = ("dynamo_component_requests_total", "dynamo_component_inflight_requests")
-
-
-def scrape_counters(url: str) -> dict[str, float]:
-    """Requests served and in flight (the `generate` endpoint) from an engine's /metrics; {} if gone."""
-    import urllib.request
-
-    out: dict[str, float] = {}
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            text = r.read().decode(errors="replace")
-    except OSError:
-        return out
-    for line in text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in COUNTERS and 'dynamo_endpoint="generate"' in line:
-            with contextlib.suppress(ValueError):
-                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    return out
-
-
-def http_ok(url: str) -> bool:
-    """A readiness probe: the URL answers 2xx within a second."""
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=1) as r:
-            return 200 <= int(r.status) < 300
-    except (OSError, urllib.error.URLError, ValueError):
-        return False
-
-
-def _epoch(stamp: str | None) -> float | None:
-    """A Kubernetes timestamp (RFC 3339, whole seconds) as seconds since the epoch."""
-    if not stamp:
-        return None
-    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-
-
-def _deleting(pod: dict[str, Any] | None) -> bool:
-    return bool(pod is not None and pod["metadata"].get("deletionTimestamp"))
-
-
-def _is_fetch(pod: dict[str, Any]) -> bool:
-    return bool(pod["metadata"].get("labels", {}).get(contract.COMPONENT) == contract.COMPONENT_WEIGHTS_FETCH)
-
-
-def wanted(pod: dict[str, Any]) -> str | None:
-    """'mocker', 'frontend' or None: what this pod runs on the fleet, if it is Running and not leaving."""
-    meta = pod["metadata"]
-    if meta.get("deletionTimestamp") or pod.get("status", {}).get("phase") != "Running":
-        return None
-    if not pod["spec"].get("nodeName"):
-        return None
-    labels = meta.get("labels", {})
-    if labels.get(contract.MANAGED_BY) != contract.MANAGED_BY_VALUE:
-        return None
-    component = labels.get(contract.COMPONENT)
-    if component == "worker" and labels.get(contract.LABEL_RANK, "0") == "0":
-        return "mocker"
-    if component == "frontend":
-        return "frontend"
-    return None
-
-
-class Api:
-    """The API server as this simulated kubelet talks to it: one HTTP client in this process, JSON in and
-    out. (A kubectl per call costs a Go process start: on 2 shared cores the pods of a burst each waited
-    seconds for their own.)"""
-
-    def __init__(self, kubeconfig: str, timeout: float = 30) -> None:
-        cfg = kclient.Configuration()
-        kconfig.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-        # A dropped connection is tried again at once; a read that timed out is not (the loop's next
-        # tick is), so a call waits at most its timeout, as a kubectl's did.
-        cfg.retries = Retry(total=2, read=0, redirect=0)
-        self.client = kclient.ApiClient(cfg)
-        self.timeout = timeout
-
-    def __call__(
-        self,
-        method: str,
-        path: str,
-        query: list[tuple[str, str]] | None = None,
-        body: Any = None,
-        content_type: str | None = None,
-    ) -> Any:
-        headers = {"Accept": "application/json", **({"Content-Type": content_type} if content_type else {})}
-        try:
-            m, url, hdrs, payload, _ = self.client.param_serialize(
-                method,
-                path,
-                query_params=query or [],
-                header_params=headers,
-                body=body,
-                auth_settings=["BearerToken"],
-            )
-            resp = self.client.call_api(m, url, hdrs, payload, _request_timeout=self.timeout)
-            data = resp.read()
-        except Exception as exc:  # (the transport's: refused, timed out, TLS)
-            raise pods.PodError(f"{method} {path}: {exc}") from exc
-        if not 200 <= resp.status < 300:
-            said = bytes(data or b"")[:300].decode(errors="replace")
-            raise pods.PodError(f"{method} {path}: {resp.status} {said}")
-        try:
-            return json.loads(data) if data else None
-        except ValueError as exc:
-            raise pods.PodError(f"{method} {path}: not JSON: {exc}") from exc
 
 
 class Runner:
@@ -395,7 +177,9 @@ class Runner:
             argv = [o.dynamo_python, *pods.frontend_args(pod, ports["http"])]
             penv = pods.process_env(env, path=path, home=str(home), kubeconfig=config, ports={})
             url = f"http://127.0.0.1:{ports['http']}"
-            proc = Proc(key, meta["uid"], kind, 0, ports, pod_labels(pod, "frontend", ""), time.time(), url)
+            proc = Proc(
+                key, meta["uid"], kind, 0, ports, podview.pod_labels(pod, "frontend", ""), time.time(), url
+            )
             proc.node = pod["spec"].get("nodeName") or ""
             proc.metrics_url = f"{url}/metrics"
             proc.health_url = f"{url}{contract.HEALTH_PATH}"
@@ -426,7 +210,7 @@ class Runner:
         penv = pods.process_env(env, path=path, home=str(home), kubeconfig=config, ports=swapped)
         role = labels.get(contract.LABEL_ROLE, "worker")
         group = labels.get(contract.LABEL_GROUP, meta["name"])
-        proc = Proc(key, meta["uid"], "mocker", 0, ports, pod_labels(pod, role, group), time.time())
+        proc = Proc(key, meta["uid"], "mocker", 0, ports, podview.pod_labels(pod, role, group), time.time())
         proc.node = pod["spec"].get("nodeName") or ""
         proc.metrics_url = f"http://127.0.0.1:{ports['system']}/metrics"
         proc.health_url = f"http://127.0.0.1:{ports['system']}{contract.HEALTH_PATH}"
@@ -450,7 +234,8 @@ class Runner:
             return False
         key = f"{ns}/{pod['metadata']['name']}"
         (self.logs / f"{key.replace('/', '_')}.log").write_text(f"NCCL WARN {why}\n")
-        self.patch_status(
+        probes.patch_status(
+            self.api,
             pod,
             {
                 "status": {
@@ -557,7 +342,7 @@ class Runner:
 
     def start(self, kind: str, pod: dict[str, Any]) -> None:
         argv, env, proc = self.argv_for(kind, pod)
-        proc.grace, proc.prestop = _grace(pod)
+        proc.grace, proc.prestop = podview.grace(pod)
         name = proc.key.replace("/", "_")
         if self.isolate:  # (the pod's own directory only; a frontend mounts no model: isolation.py)
             hide = [self.opts.model_dir] if kind == "frontend" else []
@@ -576,7 +361,7 @@ class Runner:
                 "started_at": proc.started_at,
                 "stopped_at": None,
                 # the pod's creation (the scale-up) and its first healthy probe (serving), wall clock
-                "created_at": _epoch(pod["metadata"].get("creationTimestamp")),
+                "created_at": podview.epoch(pod["metadata"].get("creationTimestamp")),
                 "healthy_at": None,
                 "generation": pod["metadata"].get("labels", {}).get(contract.LABEL_REVISION, "")[:8],
                 "labels": proc.labels,
@@ -620,7 +405,7 @@ class Runner:
         )
         desired: dict[str, tuple[str, dict[str, Any]]] = {}
         for key, listed in by_key.items():
-            kind = wanted(listed)
+            kind = podview.wanted(listed)
             if kind and key not in lost:
                 desired[key] = (kind, listed)
         now = time.monotonic()
@@ -641,16 +426,18 @@ class Runner:
             if same and pod is not None and pod.get("status", {}).get("phase") == "Failed":
                 self.stop(key, "pod failed")
             elif not same or key not in desired:
-                self.terminate(proc, now, "pod deleted" if not same or _deleting(pod) else "pod stopped")
+                self.terminate(
+                    proc, now, "pod deleted" if not same or podview.deleting(pod) else "pod stopped"
+                )
             elif not process.alive(proc.pid):
                 print(f"runner: {proc.kind} for {key} (pid {proc.pid}) exited; restarting", flush=True)
                 self.stop(key, "exited")
                 self.backoff[key] = time.monotonic() + self.opts.restart_backoff_seconds
             elif proc.kind == "mocker" and pod is not None:
-                routable = _routable(pod)
+                routable = podview.routable(pod)
                 if routable is False and not proc.out_of_routing:
-                    # (the EndpointSlice drops it once probe() writes Ready=False: Dynamo stops routing)
-                    self.record_counters(proc, "at_cordon")
+                    # (the EndpointSlice drops it once probes.probe writes Ready=False: Dynamo stops routing)
+                    probes.record_counters(self.history, proc, "at_cordon")
                     proc.out_of_routing = True
                 elif routable is not False and proc.out_of_routing:
                     proc.out_of_routing = False
@@ -679,12 +466,12 @@ class Runner:
             self.pending.pop(key)
             self.paths.pop(key, None)
         for key, pod in by_key.items():
-            if not pod["metadata"]["namespace"].startswith(LIVE_PREFIX) or _deleting(pod):
+            if not pod["metadata"]["namespace"].startswith(LIVE_PREFIX) or podview.deleting(pod):
                 continue
-            if _is_fetch(pod):
+            if podview.is_fetch(pod):
                 self.play_fetch(key, pod, now)
-            else:
-                self.probe(key, pod)
+            elif not probes.probe(self.api, self.history, key, pod, self.procs.get(key)):
+                self.errors += 1  # (its readiness was not written)
         for key in [k for k in self.fetch_due if k not in by_key]:  # deleted before its download ended
             _due, cache = self.fetch_due.pop(key)
             self.weights.abandon(cache, now)
@@ -717,7 +504,7 @@ class Runner:
         ]
         patch = {"status": {"phase": "Succeeded", "containerStatuses": statuses}}
         try:
-            self.patch_status(pod, patch)
+            probes.patch_status(self.api, pod, patch)
         except pods.PodError as exc:
             self.errors += 1
             print(f"runner: completion of {key} not written: {exc}", file=sys.stderr, flush=True)
@@ -728,103 +515,7 @@ class Runner:
         )
         print(f"runner: {key} Succeeded (its download was due at {due:.1f})", flush=True)
 
-    # --------------------------------------------------------------------------- readiness
-    def probe(self, key: str, pod: dict[str, Any]) -> None:
-        """The kubelet's readiness bookkeeping for a live pod: ContainersReady from its probe, Ready from
-        that and its readiness gates; the pod's status is patched when either differs."""
-        status = pod.get("status") or {}
-        if status.get("phase") != "Running":
-            return
-        conds = {x.get("type"): x.get("status") == "True" for x in status.get("conditions") or []}
-        proc = self.procs.get(key)
-        if wanted(pod) is None:
-            healthy = True  # a rank that runs nothing: its container started, nothing to probe
-        elif proc is None or proc.uid != pod["metadata"]["uid"]:
-            healthy = False  # not started yet (a cold start) or restarting
-        else:
-            healthy = self.readiness(proc, pod, conds.get("ContainersReady") is True)
-            if healthy:
-                self.mark_healthy(proc)
-        gates = [g.get("conditionType") for g in (pod.get("spec") or {}).get("readinessGates") or []]
-        ready = healthy and all(conds.get(g) is True for g in gates)
-        # A container with a startup probe is `started` from its first healthy answer until it ends.
-        had = {s.get("name"): s for s in status.get("containerStatuses") or []}
-        was = {name: bool(s.get("started")) for name, s in had.items()}
-        names = [ctr["name"] for ctr in pod["spec"].get("containers") or []]
-        started = {name: was.get(name, False) or healthy for name in names}
-        if conds.get("ContainersReady") == healthy and conds.get("Ready") == ready and started == was:
-            return
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-        def cond(kind: str, value: bool) -> dict[str, Any]:
-            out: dict[str, Any] = {"type": kind, "status": "True" if value else "False"}
-            if conds.get(kind) != value:
-                out["lastTransitionTime"] = now
-            if not value:
-                out["reason"] = "ContainersNotReady" if not healthy else "ReadinessGatesNotReady"
-            else:
-                out["reason"] = None
-            return out
-
-        patch = {
-            "status": {
-                "conditions": [cond("ContainersReady", healthy), cond("Ready", ready)],
-                # (the whole list, as a kubelet writes it: a status patch replaces it, no merge key)
-                "containerStatuses": [
-                    {**had.get(name, {"name": name}), "ready": healthy, "started": on}
-                    for name, on in started.items()
-                ],
-            }
-        }
-        try:
-            self.patch_status(pod, patch)
-        except pods.PodError as exc:
-            self.errors += 1
-            print(f"runner: readiness of {key} not written: {exc}", file=sys.stderr, flush=True)
-            return
-        print(f"runner: {key} ContainersReady={healthy} Ready={ready}", flush=True)
-
-    def patch_status(self, pod: dict[str, Any], patch: dict[str, Any]) -> None:
-        """A strategic-merge patch of the pod's status, as a kubelet writes it."""
-        meta = pod["metadata"]
-        path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status"
-        self.api("PATCH", path, body=patch, content_type="application/strategic-merge-patch+json")
-
-    def mark_healthy(self, proc: Proc) -> None:
-        """Note in the process's history entry when its pod first answered its readiness probe."""
-        for h in reversed(self.history):
-            if h["key"] == proc.key and h["pid"] == proc.pid:
-                if h.get("healthy_at") is None:
-                    h["healthy_at"] = time.time()
-                return
-
-    @staticmethod
-    def readiness(proc: Proc, pod: dict[str, Any], was_ready: bool) -> bool:
-        """The readiness probe's verdict, as the kubelet's: a ready container turns not ready only once its
-        probe has failed failureThreshold times periodSeconds apart (3 x 10 s by default), not on the
-        first slow answer."""
-        if http_ok(proc.health_url):
-            proc.failing_since = None
-            return True
-        if not was_ready:
-            return False
-        now = time.monotonic()
-        proc.failing_since = proc.failing_since or now
-        probe = next((ctr.get("readinessProbe") or {} for ctr in pod["spec"].get("containers") or []), {})
-        window = float(probe.get("failureThreshold", 3)) * float(probe.get("periodSeconds", 10))
-        return now - proc.failing_since < window
-
     # ------------------------------------------------------------------ routing and termination
-    def record_counters(self, proc: Proc, when: str) -> None:
-        """The engine's own request counters, kept in the history (an engine's counters die with it)."""
-        if proc.kind != "mocker":
-            return
-        counters = scrape_counters(proc.metrics_url)
-        for h in self.history:
-            if h["pid"] == proc.pid:
-                h[when] = counters
-                h["labels"] = proc.labels
-
     def terminate(self, proc: Proc, now: float, reason: str) -> None:
         """As the kubelet does for a deleted pod: out of routing now, preStop, SIGTERM, then SIGKILL."""
         # (A new pod of the same name may come while this one drains: it is tracked by uid from now on.)
@@ -834,7 +525,7 @@ class Runner:
         proc.sigterm_at = now + proc.prestop
         if proc.kind == "mocker" and not proc.out_of_routing:
             # (its EndpointSlice entry turned not ready with the deletion: Dynamo stops routing to it)
-            self.record_counters(proc, "at_cordon")
+            probes.record_counters(self.history, proc, "at_cordon")
             proc.out_of_routing = True
         for h in self.history:
             if h["pid"] == proc.pid and h["stopped_at"] is None:
@@ -854,7 +545,7 @@ class Runner:
             self.finish(proc, "exited after SIGTERM" if proc.sigterm_sent else "exited")
             return
         if not proc.sigterm_sent and now >= proc.sigterm_at:
-            self.record_counters(proc, "at_sigterm")
+            probes.record_counters(self.history, proc, "at_sigterm")
             self.target_file(proc).unlink(missing_ok=True)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGTERM)
@@ -877,30 +568,19 @@ class Runner:
         print(f"runner: {proc.kind} for {proc.key} pid {proc.pid} done ({reason})", flush=True)
 
     def write_state(self, running: bool = True) -> None:
-        frontends = {
-            f"{p.labels['namespace']}/{p.labels[contract.PROM_LABEL_DEPLOYMENT]}": p.url
-            for p in self.procs.values()
-            if p.kind == "frontend"
-        }
-        doc = {
-            "runner_pid": os.getpid(),
-            "running": running,
-            "updated_at": time.time(),
-            "errors": self.errors,
-            "foreign_connections": self.foreign,
-            "model_dir": str(self.opts.model_dir),
-            "frontends": frontends,
-            "processes": {k: asdict(p) for k, p in sorted(self.procs.items())},
-            "terminating": {uid: asdict(p) for uid, p in sorted(self.terminating.items())},
-            "history": self.history,
-            "fetches": self.fetches,
-            "refused": self.refused,  # engines the simulated fabric failed at NCCL init
-            "isolated": self.isolate,  # each process in a mount namespace of its own
-        }
-        path = self.opts.state_dir / "state.json"
-        tmp = path.with_name(".state.json.tmp")
-        tmp.write_text(json.dumps(doc, indent=1))
-        tmp.replace(path)
+        state.write_state(
+            self.opts.state_dir,
+            running=running,
+            errors=self.errors,
+            foreign=self.foreign,
+            model_dir=self.opts.model_dir,
+            procs=self.procs,
+            terminating=self.terminating,
+            history=self.history,
+            fetches=self.fetches,
+            refused=self.refused,
+            isolated=self.isolate,
+        )
 
     def check_sockets(self) -> None:
         """Read every process's sockets: a connection to anything but 127.0.0.1 is recorded (and tested)."""
@@ -933,16 +613,6 @@ class Runner:
             process.stop(proc.pid, expect="dynamo", timeout=8)
             self.finish(proc, "runner stopped")
         self.write_state(running=False)
-
-
-def state_dir_of(run_dir: Path) -> Path:
-    return run_dir / "fleet"
-
-
-def read_state(state_dir: Path) -> dict[str, Any]:
-    with contextlib.suppress(OSError, ValueError):
-        return dict(json.loads((state_dir / "state.json").read_text()))
-    return {}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from e2e.fleet import pods
-from e2e.fleet.runner import foreign_connections
+from e2e.fleet.procs import foreign_connections
 from testing.cases import DOMAIN, owner, rendered, spec_of
 from testing.upstream import parse_all
 from tokenfab.planning import builders, contract

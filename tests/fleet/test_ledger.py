@@ -21,7 +21,7 @@ from tokenfab.fleet.ledger import Ledger
 from tokenfab.fleet.view import ClusterView
 from tokenfab.planning import contract
 from tokenfab.planning.capacity import Constraints, add
-from tokenfab.planning.groups import plan_role
+from tokenfab.planning.groups import Judging, Placing, Wanted, plan_role
 from tokenfab.planning.topology import GroupShape, best_fit_nodes, choose_domain
 
 GPU = kube_objects.GPU
@@ -205,7 +205,8 @@ class LedgerMachine(RuleBasedStateMachine):
         req = request(shape, cpus)
         with self.ledger.session() as s:
             domains = s.domains(req, CONSTRAINTS)
-            plan, after = plan_role("decode", count, "r1", shape, [], domains, policy, {}, self.now, 30.0)
+            want, judge = Wanted("decode", count, "r1", shape), Judging({}, self.now, 30.0)
+            plan, after = plan_role(want, [], Placing(domains, policy), judge)
             for cr in plan.create:
                 name = f"{owner[1]}-g{self.serial}"
                 self.serial += 1

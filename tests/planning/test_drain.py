@@ -38,8 +38,12 @@ from tokenfab.planning.groups import (
     Drain,
     DrainPolicy,
     GroupView,
+    Judging,
+    Leaving,
+    Placing,
     PodView,
     RolePlan,
+    Wanted,
     plan_role,
 )
 from tokenfab.planning.lifecycle import NodeHealth, classify
@@ -65,20 +69,11 @@ def run(
     extra: tuple[GpuUse, ...] = (),
 ) -> RolePlan:
     plan, _ = plan_role(
-        "decode",
-        desired,
-        revision,
-        SHAPE,
+        Wanted("decode", desired, revision, SHAPE),
         groups,
-        domains_of(nodes, groups, extra),
-        "pack",
-        healthy(nodes),
-        NOW,
-        TOL,
-        BIND,
-        hold,
-        drain,
-        ready,
+        Placing(domains_of(nodes, groups, extra)),
+        Judging(healthy(nodes), NOW, TOL, BIND),
+        Leaving(hold, drain, ready),
     )
     return plan
 
@@ -523,20 +518,11 @@ class Sim:
         groups = self.views()
         uses = [GpuUse(SHAPE.pod_gpus, p.node, g.domain) for g in groups for p in g.pods] + self.others
         plan, _ = plan_role(
-            "decode",
-            self.desired,
-            self.revision,
-            SHAPE,
+            Wanted("decode", self.desired, self.revision, SHAPE),
             groups,
-            build_domains(self.nodes, uses),
-            "pack",
-            {n.name: NodeHealth(True) for n in self.nodes},
-            self.now,
-            TOL,
-            BIND,
-            0.0,
-            self.drain_policy(),
-            self.other_roles_ready,
+            Placing(build_domains(self.nodes, uses)),
+            Judging({n.name: NodeHealth(True) for n in self.nodes}, self.now, TOL, BIND),
+            Leaving(0.0, self.drain_policy(), self.other_roles_ready),
         )
         return plan
 

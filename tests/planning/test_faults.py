@@ -477,7 +477,7 @@ def test_a_recovered_records_replacement_name_does_not_stop_a_new_group_of_that_
 
 def test_plain_kubernetes_replaces_a_lost_group_only_once_its_pods_are_gone():
     from tests.planning.test_groups import BIND, SHAPE, domains_of
-    from tokenfab.planning.groups import plan_role
+    from tokenfab.planning.groups import Judging, Placing, Wanted, plan_role
     from tokenfab.planning.role_plan import FaultReaction
 
     nodes = cluster(a=2, b=2)
@@ -486,18 +486,10 @@ def test_plain_kubernetes_replaces_a_lost_group_only_once_its_pods_are_gone():
 
     def run(groups, reaction, now=NOW):
         return plan_role(
-            "decode",
-            1,
-            NEW,
-            SHAPE,
+            Wanted("decode", 1, NEW, SHAPE),
             groups,
-            domains_of(nodes, groups),
-            "pack",
-            health,
-            now,
-            TOL,
-            BIND,
-            reaction=reaction,
+            Placing(domains_of(nodes, groups)),
+            Judging(health, now, TOL, BIND, reaction),
         )[0]
 
     plain = run([g0], FaultReaction("none"))
@@ -515,18 +507,10 @@ def test_plain_kubernetes_replaces_a_lost_group_only_once_its_pods_are_gone():
     quarantined = _quarantined(nodes, "a-0")
     for mode in ("none", "gang-delete"):
         p = plan_role(
-            "decode",
-            1,
-            NEW,
-            SHAPE,
+            Wanted("decode", 1, NEW, SHAPE),
             [g0],
-            domains_of(nodes, [g0]),
-            "pack",
-            quarantined,
-            NOW,
-            TOL,
-            BIND,
-            reaction=FaultReaction(mode),
+            Placing(domains_of(nodes, [g0])),
+            Judging(quarantined, NOW, TOL, BIND, FaultReaction(mode)),
         )[0]
         assert (p.faults, p.create, p.drain, p.delete) == ({}, [], [], [])
 
@@ -685,23 +669,15 @@ def test_a_worker_whose_health_endpoint_keeps_failing_loses_its_group_once_the_g
     assert fault_report.condition(recs).reason == "WorkerUnhealthy"
     # Plain Kubernetes only takes the hung pod out of its Service: the group stays, hung, for ever.
     from tests.planning.test_groups import BIND, SHAPE, domains_of
-    from tokenfab.planning.groups import plan_role
+    from tokenfab.planning.groups import Judging, Placing, Wanted, plan_role
     from tokenfab.planning.role_plan import FaultReaction
 
     g = hung(NOW - 3600)
     plain, _ = plan_role(
-        "decode",
-        1,
-        NEW,
-        SHAPE,
+        Wanted("decode", 1, NEW, SHAPE),
         [g],
-        domains_of(nodes, [g]),
-        "pack",
-        healthy(nodes),
-        NOW,
-        TOL,
-        BIND,
-        reaction=FaultReaction("none"),
+        Placing(domains_of(nodes, [g])),
+        Judging(healthy(nodes), NOW, TOL, BIND, FaultReaction("none")),
     )
     assert (plain.states["m-decode-0"], plain.faults, plain.delete, plain.create) == ("starting", {}, [], [])
     # A node fault comes first: the same group on a lost node is Lost.
@@ -726,7 +702,7 @@ def _record(domain: str, age: float, kind: str = "WorkerUnhealthy") -> FaultReco
 def test_a_domain_where_the_deployments_groups_keep_failing_takes_none_of_them_for_a_while():
     from tests.planning.test_groups import SHAPE, domains_of
     from tokenfab.planning.faults import FLAP_BASE
-    from tokenfab.planning.groups import plan_role
+    from tokenfab.planning.groups import Judging, Placing, Wanted, plan_role
 
     once = [_record("a", 100)]
     assert fault_report.avoided(once, NOW) == {}
@@ -739,24 +715,14 @@ def test_a_domain_where_the_deployments_groups_keep_failing_takes_none_of_them_f
     assert fault_report.avoided([_record("a", 100, "Cordoned"), _record("a", 5, "Cordoned")], NOW) == {}
     # Best fit would choose a (it fits exactly); avoided, the group goes to c.
     nodes = cluster(a=2, c=4)
-    args = ("decode", 1, NEW, SHAPE, [], domains_of(nodes, []), "pack", healthy(nodes), NOW, TOL)
-    assert plan_role(*args)[0].create[0].domain == "a"
-    p, _ = plan_role(*args, avoid=frozenset({"a"}))
+    want, judge = Wanted("decode", 1, NEW, SHAPE), Judging(healthy(nodes), NOW, TOL)
+    assert plan_role(want, [], Placing(domains_of(nodes, [])), judge)[0].create[0].domain == "a"
+    p, _ = plan_role(want, [], Placing(domains_of(nodes, []), avoid=frozenset({"a"})), judge)
     assert p.create[0].domain == "c"
     # With nowhere else to go the group waits (the pass looks again while the backoff runs).
     only_a = cluster(a=2)
     p, _ = plan_role(
-        "decode",
-        1,
-        NEW,
-        SHAPE,
-        [],
-        domains_of(only_a, []),
-        "pack",
-        healthy(only_a),
-        NOW,
-        TOL,
-        avoid=frozenset({"a"}),
+        want, [], Placing(domains_of(only_a, []), avoid=frozenset({"a"})), Judging(healthy(only_a), NOW, TOL)
     )
     assert (p.create, p.unplaced) == ([], 1)
     cond = fault_report.condition(twice, avoided)

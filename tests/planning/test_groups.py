@@ -19,8 +19,12 @@ from tokenfab.planning.groups import (
     Delete,
     DrainPolicy,
     GroupView,
+    Judging,
+    Leaving,
     NodeHealth,
+    Placing,
     PodView,
+    Wanted,
     plan_role,
 )
 from tokenfab.planning.lifecycle import ALIVE, classify, missing_ranks
@@ -128,19 +132,11 @@ def plan(
 ):
     """plan_role for the decode role, with free capacity derived from `nodes` and the groups' pods."""
     return plan_role(
-        "decode",
-        desired,
-        revision,
-        shape,
+        Wanted("decode", desired, revision, shape),
         groups,
-        domains_of(nodes, groups, extra, shape),
-        policy,
-        healthy(nodes) if health is None else health,
-        NOW,
-        TOL,
-        bind,
-        drain=drain,
-        other_roles_ready=other_roles_ready,
+        Placing(domains_of(nodes, groups, extra, shape), policy),
+        Judging(healthy(nodes) if health is None else health, NOW, TOL, bind),
+        Leaving(drain=drain, other_roles_ready=other_roles_ready),
     )
 
 
@@ -665,20 +661,11 @@ def scenarios(draw):
 def _run(shape, nodes, health, groups, desired, policy, extra, drain, other_roles_ready):
     domains = domains_of(nodes, groups, extra, shape=shape)
     return domains, plan_role(
-        "decode",
-        desired,
-        NEW,
-        shape,
+        Wanted("decode", desired, NEW, shape),
         groups,
-        domains,
-        policy,
-        health,
-        NOW,
-        TOL,
-        BIND,
-        0.0,
-        drain,
-        other_roles_ready,
+        Placing(domains, policy),
+        Judging(health, NOW, TOL, BIND),
+        Leaving(0.0, drain, other_roles_ready),
     )
 
 
@@ -903,20 +890,11 @@ def test_plan_role_invariants(scenario):
 def retired_plan(groups, nodes, *, other_roles_ready, others_short=False):
     """plan_role for a role no longer in the spec, as plan_all calls it (desired 0, no revision)."""
     return plan_role(
-        "decode",
-        0,
-        "",
-        SHAPE,
+        Wanted("decode", 0, "", SHAPE),
         groups,
-        domains_of(nodes, groups),
-        "pack",
-        healthy(nodes),
-        NOW,
-        TOL,
-        BIND,
-        other_roles_ready=other_roles_ready,
-        retired=True,
-        others_short=others_short,
+        Placing(domains_of(nodes, groups)),
+        Judging(healthy(nodes), NOW, TOL, BIND),
+        Leaving(other_roles_ready=other_roles_ready, retired=True, others_short=others_short),
     )
 
 

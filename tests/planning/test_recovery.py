@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tokenfab.planning import recovery
-from tokenfab.planning.groups import plan_role
+from tokenfab.planning.groups import Judging, Leaving, Placing, Wanted, plan_role
 from tokenfab.planning.lifecycle import GroupView, NodeHealth, PodView
 from tokenfab.planning.topology import Domain, GroupShape
 
@@ -70,22 +70,11 @@ def test_the_planner_deletes_a_broken_group_but_holds_its_replacement_while_back
     pod = PodView("m-decode-0-0", 0, "Failed", False, "a-0", False, exit_message="exit code 1")
     group = GroupView("m-decode-0", "decode", 0, "rev", "a", 1, 4, (pod,), True, ("a-0",), NOW - 50)
     health = {n: NodeHealth(True) for n in ("a-0", "a-1", "a-2", "a-3")}
-    held, _ = plan_role(
-        "decode",
-        1,
-        "rev",
-        GroupShape(4, 4),
-        [group],
-        _domains(),
-        "pack",
-        health,
-        NOW,
-        300.0,
-        hold_seconds=10.0,
-    )
+    want = Wanted("decode", 1, "rev", GroupShape(4, 4))
+    held, _ = plan_role(want, [group], Placing(_domains()), Judging(health, NOW, 300.0), Leaving(10.0))
     assert [d.name for d in held.delete] == ["m-decode-0"]
     assert held.create == []
     assert held.backoff == 10.0
     assert held.unplaced == 0
-    free, _ = plan_role("decode", 1, "rev", GroupShape(4, 4), [group], _domains(), "pack", health, NOW, 300.0)
+    free, _ = plan_role(want, [group], Placing(_domains()), Judging(health, NOW, 300.0))
     assert [cr.reason for cr in free.create] == ["Replace"]

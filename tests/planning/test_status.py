@@ -17,9 +17,13 @@ from tokenfab.planning.groups import (
     Drain,
     DrainPolicy,
     GroupView,
+    Judging,
+    Leaving,
     NodeHealth,
+    Placing,
     PodView,
     RolePlan,
+    Wanted,
     plan_role,
 )
 from tokenfab.planning.status import (
@@ -123,7 +127,9 @@ def _replaced_broken_group() -> RolePlan:
     broken = GroupView("m-decode-0", "decode", 0, "r2", "a", 2, 8, pods, True)
     domains = build_domains(nodes, [GpuUse(4, p.node) for p in pods])  # its pods still hold their nodes
     health = {n.name: NodeHealth(True) for n in nodes}
-    plan, _ = plan_role("decode", 1, "r2", GroupShape(8, 4), [broken], domains, "pack", health, T0, 30)
+    plan, _ = plan_role(
+        Wanted("decode", 1, "r2", GroupShape(8, 4)), [broken], Placing(domains), Judging(health, T0, 30)
+    )
     assert plan.create == [Create("decode", 1, "a", "r2", "Replace", ("a-2", "a-3"))]
     assert plan.delete == [Delete("decode", "m-decode-0", "Broken")]
     assert (plan.unbound, plan.release) == ({}, [])
@@ -341,7 +347,11 @@ def test_status_from_a_plan_with_drains_under_way_counts_only_groups_still_drain
 
     def planned(desired: int) -> RolePlan:
         return plan_role(
-            "decode", desired, "r2", GroupShape(8, 4), groups, domains, "pack", health, T0, 30, drain=drain
+            Wanted("decode", desired, "r2", GroupShape(8, 4)),
+            groups,
+            Placing(domains),
+            Judging(health, T0, 30),
+            Leaving(drain=drain),
         )[0]
 
     # Scaled to 1: m-decode-2 starts to drain; m-decode-1 and -3 go on.
@@ -554,7 +564,10 @@ def test_plan_role_records_why_a_pod_waits():
     running = PodView("m-decode-0-1", 1, "Running", True, "a-1", False)
     group = GroupView("m-decode-0", "decode", 0, "r2", "a", 2, 8, (pending, running), True)
     plan, _ = plan_role(
-        "decode", 1, "r2", GroupShape(8, 4), [group], domains, "pack", {"a-1": NodeHealth(True)}, 0.0, 30.0
+        Wanted("decode", 1, "r2", GroupShape(8, 4)),
+        [group],
+        Placing(domains),
+        Judging({"a-1": NodeHealth(True)}, 0.0, 30.0),
     )
     assert plan.states == {"m-decode-0": "starting"}
     assert plan.waiting == {"m-decode-0": "pod m-decode-0-0: 0/4 nodes are available"}

@@ -98,13 +98,51 @@ def _completion_nodes(
 
 
 @dataclass(frozen=True)
-class _Judge:
-    """How this plan classifies a group: node health, the clock and the timeouts."""
+class Wanted:
+    """What a role should run: `desired` groups of `shape` at `revision`."""
+
+    role: RoleName
+    desired: int
+    revision: str
+    shape: GroupShape
+
+
+@dataclass(frozen=True)
+class Placing:
+    """Where a role's new groups may go: the free NVLink `domains`, the placement policy, the domains to
+    stay out of (fault_report.avoided), how warm each node's model cache is (weights_cache), and the
+    deployment's prefill-decode units to place them beside (planning.units)."""
+
+    domains: dict[str, Domain]
+    policy: PlacementPolicy = "pack"
+    avoid: frozenset[str] = frozenset()
+    warmth: Mapping[str, int] = field(default_factory=dict)
+    units: Units | None = None
+
+
+@dataclass(frozen=True)
+class Leaving:
+    """How a role's groups leave and are replaced: `hold_seconds` > 0 (the role's groups keep failing:
+    planning.recovery; or a function of this pass's broken groups' reasons) creates no new group; groups
+    go through `drain`; a rollout waits for the other roles (`other_roles_ready`); a `retired` role (left
+    the spec) gives up a group at a time while the spec's new groups find no room (`others_short`)."""
+
+    hold_seconds: float | Callable[[list[str]], float] = 0.0
+    drain: DrainPolicy | None = None
+    other_roles_ready: bool = True
+    retired: bool = False
+    others_short: bool = False
+
+
+@dataclass(frozen=True)
+class Judging:
+    """How a plan classifies a group: its nodes' health, the clock, how long a node may be NotReady
+    (`toleration`), how long a released group may take to bind, and how faults are answered."""
 
     nodes: Mapping[str, NodeHealth]
     now: float
     toleration: float
-    bind_timeout: float
+    bind_timeout: float = float("inf")
     reaction: FaultReaction = field(default_factory=FaultReaction)
 
     @property
@@ -193,50 +231,35 @@ class _Placer:
 
 
 def plan_role(
-    role: RoleName,
-    desired: int,
-    revision: str,
-    shape: GroupShape,
+    want: Wanted,
     groups: Sequence[GroupView],
-    domains: dict[str, Domain],
-    policy: PlacementPolicy,
-    nodes: Mapping[str, NodeHealth],
-    now: float,
-    toleration: float,
-    bind_timeout: float = float("inf"),
-    hold_seconds: float | Callable[[list[str]], float] = 0.0,
-    drain: DrainPolicy | None = None,
-    other_roles_ready: bool = True,
-    retired: bool = False,
-    others_short: bool = False,
-    reaction: FaultReaction | None = None,
-    avoid: frozenset[str] = frozenset(),
-    warmth: Mapping[str, int] | None = None,
-    units: Units | None = None,
+    placing: Placing,
+    judge: Judging,
+    leaving: Leaving = Leaving(),
 ) -> tuple[RolePlan, dict[str, Domain]]:
     """Plan one role. Returns the plan and the domains with this plan's new pods taken out.
 
-    `hold_seconds` > 0 (the role's groups keep failing: tokenfab.planning.recovery; a function of this
-    pass's broken groups' reasons) creates no new group (broken ones are deleted, interrupted ones done).
+    While `leaving.hold_seconds` > 0 no new group is created (broken ones are deleted, interrupted ones
+    done). Groups leave through `leaving.drain` (see DrainPolicy). A rollout brings up groups of the new
+    revision (a generation) wherever capacity allows; once the generation is ready (every role of the
+    deployment has a serving group of it) the old groups are drained: all of them when the new ones all
+    serve, or as many as new groups could not be placed (making room, batch by batch).
 
-    Groups leave through `drain` (see DrainPolicy). A rollout brings up groups of the new revision (a
-    generation) wherever capacity allows; once the generation is ready (every role of the deployment has
-    a serving group of it) the old groups are drained: all of them when the new ones all serve, or as
-    many as new groups could not be placed (making room, batch by batch); `other_roles_ready`: the other
-    roles have a serving group of the new generation.
-
-    A `retired` role (left the spec) serves until every spec role has a serving group; while the spec's new
-    groups find no room (`others_short`) it gives up one group at a time while another still serves. New
-    groups stay out of the `avoid` domains (fault_report.avoided), on the warmest nodes (weights_cache),
-    beside their prefill-decode unit (`units`)."""
-    leave = drain or DrainPolicy()
-    judge = _Judge(nodes, now, toleration, bind_timeout, reaction or FaultReaction())
+    A retired role (left the spec) serves until every spec role has a serving group; while the spec's new
+    groups find no room it gives up one group at a time while another still serves. New groups stay out
+    of the avoided domains, on the warmest nodes, beside their prefill-decode unit (`placing`)."""
+    role, desired, revision, shape = want.role, want.desired, want.revision, want.shape
+    domains, policy = placing.domains, placing.policy
+    hold_seconds = leaving.hold_seconds
+    leave = leaving.drain or DrainPolicy()
     plan = RolePlan(role=role, desired=desired, revision=revision, shape=shape)
     alive, domains = _classify_groups(plan, groups, domains, judge)
     hold = hold_seconds(list(plan.broken_reasons.values())) if callable(hold_seconds) else hold_seconds
     plan.backoff = max(0.0, hold)
     slots = {g.slot for g in groups}
-    placer = _Placer(plan, domains, policy, slots, _per_domain(alive), avoid, warmth or {}, units)
+    placer = _Placer(
+        plan, domains, policy, slots, _per_domain(alive), placing.avoid, placing.warmth, placing.units
+    )
     counted = [g for g in alive if plan.states[g.name] != "draining"]
     _note_moving(plan, groups, alive, judge)
     _settle_draining(plan, alive, counted, judge, leave)
@@ -244,21 +267,20 @@ def plan_role(
     new = [g for g in counted if g.revision == revision and g.name not in plan.faults]
     old = [g for g in counted if g.revision != revision]
     plan.old_groups = len(old)
-    leaving = _leaving(plan, groups, nodes)
+    going = _leaving(plan, groups, judge.nodes)
     if plan.backoff > 0 and len(new) + len(old) < desired:
         pass  # replacements wait for the backoff to run out
     elif not old:
         _scale(plan, placer, new, leave)
     else:
-        _rollout(
-            plan, placer, new, old, leaving, leave, _Generation(other_roles_ready, retired, others_short)
-        )
+        generation = _Generation(leaving.other_roles_ready, leaving.retired, leaving.others_short)
+        _rollout(plan, placer, new, old, going, leave, generation)
     _evacuate(plan, new, moving, leave)
     return plan, _drop_doomed(plan, groups, placer.domains)
 
 
 def _classify_groups(
-    plan: RolePlan, groups: Sequence[GroupView], domains: dict[str, Domain], judge: _Judge
+    plan: RolePlan, groups: Sequence[GroupView], domains: dict[str, Domain], judge: Judging
 ) -> tuple[list[GroupView], dict[str, Domain]]:
     """Each group's state: broken groups are deleted, reserved ones completed or released, and the groups
     still alive are returned with the domains less the room their completion takes."""
@@ -337,7 +359,7 @@ def _per_domain(alive: Sequence[GroupView]) -> dict[str, int]:
 
 
 def _settle_draining(
-    plan: RolePlan, alive: Sequence[GroupView], counted: list[GroupView], judge: _Judge, leave: DrainPolicy
+    plan: RolePlan, alive: Sequence[GroupView], counted: list[GroupView], judge: Judging, leave: DrainPolicy
 ) -> None:
     """Groups already draining: back into routing if needed again (they count again: `counted`), else
     gone once idle or out of time."""
@@ -406,7 +428,7 @@ def _scale(plan: RolePlan, placer: _Placer, new: Sequence[GroupView], leave: Dra
 
 
 def _note_moving(
-    plan: RolePlan, groups: Sequence[GroupView], alive: Sequence[GroupView], judge: _Judge
+    plan: RolePlan, groups: Sequence[GroupView], alive: Sequence[GroupView], judge: Judging
 ) -> None:
     """The alive groups of the current revision standing on a node with an announced fault: they move
     (answering faults the plain Kubernetes way, nothing moves, and a broken group's replacement waits

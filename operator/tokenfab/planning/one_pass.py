@@ -33,7 +33,7 @@ from tokenfab.planning.fabric import condition as fabric_condition
 from tokenfab.planning.fabric import kv_path_summary, unit_statuses
 from tokenfab.planning.frontend import FrontendPod, gone
 from tokenfab.planning.frontend import move as move_frontend
-from tokenfab.planning.groups import DrainPolicy, RolePlan, plan_role
+from tokenfab.planning.groups import DrainPolicy, Judging, Leaving, Placing, RolePlan, Wanted, plan_role
 from tokenfab.planning.launcher_log import Progress
 from tokenfab.planning.lifecycle import UNHEALTHY_GRACE, GroupView, NodeHealth, classify
 from tokenfab.planning.role_plan import FaultReaction
@@ -240,27 +240,21 @@ def _plan_one(
     in_spec = spec.role(role) is not None
     shape = builders.group_shape(spec, role) if in_spec else observed_shape(x.groups[role], spec)
     domains = LazyDomains((lambda: capacity(role)) if in_spec else dict)
+    revision = builders.role_revision(spec, role) if in_spec else ""
     plan, _ = plan_role(
-        role,
-        x.desired.get(role, 0),
-        builders.role_revision(spec, role) if in_spec else "",
-        shape,
+        Wanted(role, x.desired.get(role, 0), revision, shape),
         x.groups.get(role, []),
-        domains,  # type: ignore[arg-type]
-        spec.topology.placement,
-        x.health,
-        x.now,
-        float(spec.topology.node_failure_toleration_seconds),
-        x.bind_timeout,
-        x.holds.get(role, 0.0),
-        x.drain,
-        all(r in ready for r, _ in spec.roles() if r != role),
-        retired=not in_spec,
-        others_short=others_short,
-        reaction=x.reaction,
-        avoid=x.avoid,
-        warmth=x.warmth,
-        units=units if in_spec else None,
+        Placing(domains, spec.topology.placement, x.avoid, x.warmth, units if in_spec else None),  # type: ignore[arg-type]
+        Judging(
+            x.health, x.now, float(spec.topology.node_failure_toleration_seconds), x.bind_timeout, x.reaction
+        ),
+        Leaving(
+            x.holds.get(role, 0.0),
+            x.drain,
+            all(r in ready for r, _ in spec.roles() if r != role),
+            retired=not in_spec,
+            others_short=others_short,
+        ),
     )
     why = x.blocked.get(role, "") if in_spec and plan.create else ""
     if why:
