@@ -28,7 +28,7 @@ from testing.upstream import DYNAMO_PYTHON, dynamo_site, parse_all
 from tokenfab.adapters import metrics
 from tokenfab.api.models import RESERVED_ENGINE_KEYS
 from tokenfab.planning import builders, contract
-from tokenfab.planning.engine import engine_config
+from tokenfab.planning.engine_config import engine_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TRTLLM = json.loads((ROOT / "tests" / "data" / "upstream" / "tensorrt_llm.json").read_text())

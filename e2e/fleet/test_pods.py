@@ -14,7 +14,7 @@ from e2e.fleet.procs import foreign_connections
 from testing.cases import DOMAIN, owner, rendered, spec_of
 from testing.upstream import parse_all
 from tokenfab.planning import builders, contract
-from tokenfab.planning.engine import engine_config, render
+from tokenfab.planning.engine_config import engine_config, render
 
 pytestmark = pytest.mark.unit  # (beside the code it tests; needs no factory)
 

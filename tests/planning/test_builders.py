@@ -27,8 +27,8 @@ import yaml
 from testing.cases import DOMAIN, UID, VARIANTS, env, example_paths, load_example, merge_patch, owner, spec_of
 from tokenfab.api.errors import parse_model_deployment
 from tokenfab.planning import builders, contract
-from tokenfab.planning.builders.engine import _revision_inputs
-from tokenfab.planning.engine import content_hash, engine_config, render
+from tokenfab.planning.builders.worker import _revision_inputs
+from tokenfab.planning.engine_config import content_hash, engine_config, render
 from tokenfab.planning.units import rule
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"

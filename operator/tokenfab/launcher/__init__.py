@@ -20,18 +20,19 @@ them, from the group identity:
 
 Two parts:
 - the pure part (unit tested, no I/O: the import contract on `tokenfab.launcher.plan` covers everything it
-  imports): environment + engine
-  YAML + arguments -> a `LaunchPlan` (files to prepare, commands to run, peers to wait for, the health
-  endpoint), or a `ConfigError` whose messages name the variable or engine key at fault and the fix.
+  imports): environment + engine YAML + arguments -> a `LaunchPlan` (files to prepare, commands to run,
+  peers to wait for, the health endpoint), or a `ConfigError` whose messages name the variable or engine key
+  at fault and the fix.
   `tokenfab.launcher.identity` reads and checks the group identity from the environment,
-  `tokenfab.launcher.engine` checks the engine YAML against the group, `tokenfab.launcher.weights` decides
-  where hf:// weights come from, and `tokenfab.launcher.plan` turns them into commands (mpirun, sshd) and
-  re-exports every public name of the other three (code outside the launcher imports them from there);
+  `tokenfab.launcher.engine_shape` checks the engine YAML against the group,
+  `tokenfab.launcher.weights` decides where hf:// weights come from, and `tokenfab.launcher.plan` turns
+  them into commands (mpirun, sshd) and re-exports every public name of the other three (code outside the
+  launcher imports them from there);
 - `tokenfab.launcher.run` (thin process part): reads the engine file, prepares the run directory, fetches
-  hf:// weights (`tokenfab.launcher.fetch`), waits for peers, starts the command in its own process
-  group, forwards SIGTERM/SIGINT/SIGHUP/SIGQUIT/SIGUSR1/SIGUSR2 to that group, reaps orphans (it is
-  PID 1 of the container), serves /health and /metrics on followers and exits with the command's exit
-  code (128 + N when a signal N ended it). `python -m tokenfab.launcher` runs its `main`.
+  hf:// weights (`tokenfab.launcher.fetch`), waits for peers, starts the command in its own process group,
+  forwards SIGTERM/SIGINT/SIGHUP/SIGQUIT/SIGUSR1/SIGUSR2 to that group, reaps orphans (it is PID 1 of the
+  container), serves /health and /metrics on followers and exits with the command's exit code (128 + N
+  when a signal N ended it). `python -m tokenfab.launcher` runs its `main`.
 
 Who may import it: nothing of the operator (the launcher is a top layer, beside tokenfab.cli); the e2e
 fleet runner and tests import the plan to run worker pods as a kubelet would. The launcher itself imports

@@ -11,13 +11,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from tokenfab.api.models import ROLES
-from tokenfab.planning import builders, contract
-from tokenfab.planning import engine as eng
+from tokenfab.planning import builders, contract, engine_config
 
 DEFAULT_PEER_WAIT_SECONDS = 1800  # image pulls of a new node can take many minutes
 DEFAULT_HEALTH_HOST = "0.0.0.0"  # the kubelet probes the pod IP
 
-MODES: tuple[str, ...] = (contract.MODE_AGGREGATED, *eng.DISAGGREGATED_ROLES)
+MODES: tuple[str, ...] = (contract.MODE_AGGREGATED, *engine_config.DISAGGREGATED_ROLES)
 
 
 class ConfigError(Exception):
@@ -139,7 +138,7 @@ def _role_and_mode(environ: Mapping[str, str], problems: list[str]) -> tuple[str
             f"{contract.ENV_DISAGGREGATION_MODE}={mode!r} is not a mode: use one of {', '.join(MODES)}"
         )
     elif role in ROLES and mode in MODES:
-        expected = role if role in eng.DISAGGREGATED_ROLES else contract.MODE_AGGREGATED
+        expected = role if role in engine_config.DISAGGREGATED_ROLES else contract.MODE_AGGREGATED
         if mode != expected:
             problems.append(
                 f"{contract.ENV_DISAGGREGATION_MODE}={mode!r} does not fit "

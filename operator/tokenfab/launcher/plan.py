@@ -1,11 +1,11 @@
 """Launch plans (pure): the pod's environment, its engine YAML and the Dynamo arguments in, what to run out.
 
 No I/O here: `tokenfab.launcher.run` reads the engine file, chooses the run directory and carries the plan
-out. The inputs are checked by tokenfab.launcher.identity (the environment) and tokenfab.launcher.engine
-(the engine YAML); tokenfab.launcher.weights decides about hf:// weights. This module turns them into
-commands, and re-exports their names, so `tokenfab.launcher.plan` is the one place callers import from.
-Every name the reconciler and the launcher share (environment variables, ports, paths, programs, engine
-keys, DNS names) comes from tokenfab.planning, so the two agree by construction.
+out. The inputs are checked by tokenfab.launcher.identity (the environment) and
+tokenfab.launcher.engine_shape (the engine YAML); tokenfab.launcher.weights decides about hf:// weights.
+This module turns them into commands, and re-exports their names, so `tokenfab.launcher.plan` is the one
+place callers import from. Every name the reconciler and the launcher share (environment variables, ports,
+paths, programs, engine keys, DNS names) comes from tokenfab.planning, so the two agree by construction.
 
 mpirun flags of a multi-node leader, and why:
 - `-np W*G -H host0:G,...,host{W-1}:G --map-by slot`: one MPI process per GPU of the group, ranks
@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from tokenfab.launcher.engine import EngineShape, engine_shape
+from tokenfab.launcher.engine_shape import EngineShape, engine_shape
 from tokenfab.launcher.identity import (
     DEFAULT_HEALTH_HOST,
     DEFAULT_PEER_WAIT_SECONDS,

@@ -44,14 +44,6 @@ from tokenfab.planning.builders.common import (
     worker_address,
     workers_service_name,
 )
-from tokenfab.planning.builders.engine import (
-    POD_TEMPLATE_VERSION,
-    engine_configmap,
-    model_path,
-    role_revision,
-    worker_args,
-    worker_env,
-)
 from tokenfab.planning.builders.fetch import weights_fetch_pod, weights_fetch_pod_name
 from tokenfab.planning.builders.placement import (
     GangMode,
@@ -105,6 +97,14 @@ from tokenfab.planning.builders.volumes import (
     released_claim,
     uses_model_cache_claims,
     weights_key,
+)
+from tokenfab.planning.builders.worker import (
+    POD_TEMPLATE_VERSION,
+    engine_configmap,
+    model_path,
+    role_revision,
+    worker_args,
+    worker_env,
 )
 
 __all__ = [

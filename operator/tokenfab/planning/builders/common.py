@@ -7,7 +7,7 @@ from typing import Any
 
 from tokenfab.api.models import API_VERSION, KIND, RoleName
 from tokenfab.planning import contract
-from tokenfab.planning.engine import content_hash
+from tokenfab.planning.engine_config import content_hash
 
 Manifest = dict[str, Any]
 

@@ -21,7 +21,6 @@ from tokenfab.planning.builders.common import (
     pod_name,
     workers_service_name,
 )
-from tokenfab.planning.builders.engine import worker_args, worker_env
 from tokenfab.planning.builders.placement import (
     GangMode,
     compute_domain_claims,
@@ -49,7 +48,8 @@ from tokenfab.planning.builders.volumes import (
     pod_volumes,
     topology_volume,
 )
-from tokenfab.planning.engine import content_hash, engine_config
+from tokenfab.planning.builders.worker import worker_args, worker_env
+from tokenfab.planning.engine_config import content_hash, engine_config
 from tokenfab.planning.topology import GroupShape
 
 

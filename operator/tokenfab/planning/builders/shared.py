@@ -26,7 +26,7 @@ from tokenfab.planning.builders.security import (
     pod_identity,
     uses_kubernetes_discovery,
 )
-from tokenfab.planning.engine import content_hash
+from tokenfab.planning.engine_config import content_hash
 
 
 def workers_service(owner: Owner, spec: ModelDeploymentSpec) -> Manifest:

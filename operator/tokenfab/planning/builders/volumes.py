@@ -10,7 +10,7 @@ from typing import Any
 from tokenfab.api.models import ModelDeploymentSpec, RoleName
 from tokenfab.planning import contract
 from tokenfab.planning.builders.common import Manifest, Owner, engine_configmap_name, owner_reference
-from tokenfab.planning.engine import content_hash
+from tokenfab.planning.engine_config import content_hash
 
 Volumes = list[dict[str, Any]]
 

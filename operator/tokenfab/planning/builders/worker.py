@@ -18,7 +18,7 @@ from tokenfab.planning.builders.common import (
 from tokenfab.planning.builders.placement import nccl_mnnvl, uses_compute_domain
 from tokenfab.planning.builders.security import discovery_env
 from tokenfab.planning.builders.volumes import fetches_weights
-from tokenfab.planning.engine import content_hash, disaggregation_mode, engine_config, render
+from tokenfab.planning.engine_config import content_hash, disaggregation_mode, engine_config, render
 from tokenfab.planning.topology import GroupShape
 from tokenfab.planning.units import UNIT_ROLES, rule
 

@@ -1,7 +1,7 @@
 """The engine YAML as the launcher checks it (pure): its parallelism must fill the group's GPUs.
 
 The text comes in (tokenfab.launcher.run reads the mounted ConfigMap); an `EngineShape` or a
-`ConfigError` naming the engine key at fault comes out. Key names come from tokenfab.planning.engine,
+`ConfigError` naming the engine key at fault comes out. Key names come from tokenfab.planning.engine_config,
 which the reconciler writes the file with.
 """
 
@@ -14,8 +14,7 @@ from typing import Any
 import yaml
 
 from tokenfab.launcher.identity import ConfigError, Identity
-from tokenfab.planning import contract
-from tokenfab.planning import engine as eng
+from tokenfab.planning import contract, engine_config
 
 
 @dataclass(frozen=True)
@@ -60,17 +59,17 @@ def _parse(text: str, where: str) -> dict[str, Any]:
 
 def _mtp_depth(cfg: Mapping[str, Any], where: str, problems: list[str]) -> int:
     """Multi-token prediction's depth from the speculative config (0: none)."""
-    spec_cfg = cfg.get(eng.SPECULATIVE_CONFIG)
+    spec_cfg = cfg.get(engine_config.SPECULATIVE_CONFIG)
     if spec_cfg is None:
         return 0
     if not isinstance(spec_cfg, dict):
-        problems.append(f"{where}: {eng.SPECULATIVE_CONFIG} must be a mapping, got {spec_cfg!r}")
+        problems.append(f"{where}: {engine_config.SPECULATIVE_CONFIG} must be a mapping, got {spec_cfg!r}")
         return 0
-    if spec_cfg.get("decoding_type") != eng.MTP_DECODING_TYPE:
+    if spec_cfg.get("decoding_type") != engine_config.MTP_DECODING_TYPE:
         return 0
-    legacy = eng.MTP_LAYERS not in spec_cfg and eng.LEGACY_MTP_LAYERS in spec_cfg
-    key = eng.LEGACY_MTP_LAYERS if legacy else eng.MTP_LAYERS
-    return _positive(spec_cfg, key, f"{where}: {eng.SPECULATIVE_CONFIG}", problems, None)
+    legacy = engine_config.MTP_LAYERS not in spec_cfg and engine_config.LEGACY_MTP_LAYERS in spec_cfg
+    key = engine_config.LEGACY_MTP_LAYERS if legacy else engine_config.MTP_LAYERS
+    return _positive(spec_cfg, key, f"{where}: {engine_config.SPECULATIVE_CONFIG}", problems, None)
 
 
 def _group_mismatch(tp: int, pp: int, cp: int, identity: Identity, where: str) -> str | None:
@@ -78,9 +77,12 @@ def _group_mismatch(tp: int, pp: int, cp: int, identity: Identity, where: str) -
     group_gpus = identity.world_size * identity.gpus_per_pod
     if tp * pp * cp == group_gpus:
         return None
-    factors = [f"{eng.TENSOR_PARALLEL_SIZE} x {eng.PIPELINE_PARALLEL_SIZE}", f"{tp} x {pp}"]
+    factors = [
+        f"{engine_config.TENSOR_PARALLEL_SIZE} x {engine_config.PIPELINE_PARALLEL_SIZE}",
+        f"{tp} x {pp}",
+    ]
     if cp != 1:
-        factors = [f"{factors[0]} x {eng.CONTEXT_PARALLEL_SIZE}", f"{factors[1]} x {cp}"]
+        factors = [f"{factors[0]} x {engine_config.CONTEXT_PARALLEL_SIZE}", f"{factors[1]} x {cp}"]
     return (
         f"{where}: {factors[0]} = {factors[1]} = {tp * pp * cp} GPUs, but the group has "
         f"{contract.ENV_WORLD_SIZE} x {contract.ENV_GPUS_PER_POD} = {identity.world_size} x "
@@ -95,11 +97,15 @@ def engine_shape(text: str, identity: Identity) -> EngineShape:
     where = f"engine config {identity.engine_config} (from {contract.ENV_ENGINE_CONFIG})"
     cfg = _parse(text, where)
     problems: list[str] = []
-    tp = _positive(cfg, eng.TENSOR_PARALLEL_SIZE, where, problems, None)
-    pp = _positive(cfg, eng.PIPELINE_PARALLEL_SIZE, where, problems, 1)
-    cp = _positive(cfg, eng.CONTEXT_PARALLEL_SIZE, where, problems, 1)
-    ep_raw = cfg.get(eng.MOE_EXPERT_PARALLEL_SIZE)
-    ep = _positive(cfg, eng.MOE_EXPERT_PARALLEL_SIZE, where, problems, 1) if ep_raw is not None else None
+    tp = _positive(cfg, engine_config.TENSOR_PARALLEL_SIZE, where, problems, None)
+    pp = _positive(cfg, engine_config.PIPELINE_PARALLEL_SIZE, where, problems, 1)
+    cp = _positive(cfg, engine_config.CONTEXT_PARALLEL_SIZE, where, problems, 1)
+    ep_raw = cfg.get(engine_config.MOE_EXPERT_PARALLEL_SIZE)
+    ep = (
+        _positive(cfg, engine_config.MOE_EXPERT_PARALLEL_SIZE, where, problems, 1)
+        if ep_raw is not None
+        else None
+    )
     mtp = _mtp_depth(cfg, where, problems)
     if not problems:
         mismatch = _group_mismatch(tp, pp, cp, identity, where)
@@ -112,6 +118,6 @@ def engine_shape(text: str, identity: Identity) -> EngineShape:
         pipeline_parallel_size=pp,
         context_parallel_size=cp,
         moe_expert_parallel_size=ep,
-        enable_attention_dp=bool(cfg.get(eng.ENABLE_ATTENTION_DP, False)),
+        enable_attention_dp=bool(cfg.get(engine_config.ENABLE_ATTENTION_DP, False)),
         mtp_depth=mtp,
     )
