@@ -154,17 +154,23 @@ def _clamp(n: int, cfg: Config) -> int:
     return max(cfg.min_groups, min(cfg.max_groups, n))
 
 
-def _lead(
-    rec: int,
-    current: int,
-    groups: int,
-    signal: float,
-    cfg: Config,
-    memory: Memory,
-    d: Demand,
-    now: float,
-    warming: int = 0,
-) -> tuple[int, str, Memory]:
+@dataclass(frozen=True)
+class _Moment:
+    """What one decision's leading signals are read against: the groups running (`current`), those whose
+    samples counted and their mean signal, the policy, the time, the groups warming up and on their way,
+    and the mean waiting requests per counted group."""
+
+    current: int
+    groups: int
+    signal: float
+    cfg: Config
+    now: float
+    warming: int = 0
+    starting: int = 0
+    queued: float = 0.0
+
+
+def _lead(rec: int, at: _Moment, memory: Memory, d: Demand) -> tuple[int, str, Memory]:
     """The recommendation raised by the demand ahead, by the requests in flight and by forming queues
     (while no group is on its way: created, not Ready yet); the memory with the new samples and what was
     learned from them. Returns (recommendation, what led it, memory)."""
@@ -172,15 +178,15 @@ def _lead(
     mem = memory
     waits = [w for w in (d.waiting or {}).values() if forecast.valid_count(w)]
     queued = sum(waits) / len(waits) if waits else 0.0
+    at = replace(at, starting=d.starting, queued=queued)
+    current, cfg = at.current, at.cfg
     holds = None  # the groups that hold every request in flight now, the queued ones included
     if d.inflight is not None and forecast.valid_count(d.inflight):
-        rec, note, mem = _in_flight(
-            rec, current, groups, signal, cfg, mem, d.inflight, queued, warming, now, d.starting
-        )
+        rec, note, mem = _in_flight(rec, at, mem, d.inflight)
         notes += note
         holds = forecast.groups_for(d.inflight, mem.streams)
     if d.rate is not None and forecast.valid_count(d.rate):
-        rec, note, mem = _rate(rec, current, groups, signal, cfg, mem, d.rate, queued, now, d.capacity)
+        rec, note, mem = _rate(rec, at, mem, d.rate, d.capacity)
         notes += note
     if (
         waits
@@ -197,20 +203,12 @@ def _lead(
 
 
 def _rate(
-    rec: int,
-    current: int,
-    groups: int,
-    signal: float,
-    cfg: Config,
-    memory: Memory,
-    rate: float,
-    queued: float,
-    now: float,
-    planned: float | None,
+    rec: int, at: _Moment, memory: Memory, rate: float, planned: float | None
 ) -> tuple[int, list[str], Memory]:
     """The recommendation raised by the arrival rate forecast ahead, divided by what one group serves
     (`planned`, from a plan, else learned from the load being served), and kept by the demand a
     scale-down must leave room for."""
+    current, groups, signal, cfg, now, queued = at.current, at.groups, at.signal, at.cfg, at.now, at.queued
     notes = []
     capacity = memory.capacity
     prev = memory.rates[-1][1] if memory.rates else None
@@ -259,19 +257,7 @@ def _forecast_held(
     return f, held
 
 
-def _in_flight(
-    rec: int,
-    current: int,
-    groups: int,
-    signal: float,
-    cfg: Config,
-    memory: Memory,
-    inflight: float,
-    queued: float,
-    warming: int,
-    now: float,
-    starting: int = 0,
-) -> tuple[int, list[str], Memory]:
+def _in_flight(rec: int, at: _Moment, memory: Memory, inflight: float) -> tuple[int, list[str], Memory]:
     """The recommendation raised by the requests in flight at the frontend: the most immediate load
     signal (a burst's first requests count at once; the arrival rate needs its window to fill, and the
     cache fills only as requests get in). Groups needed = in flight / what one group holds at the target,
@@ -281,6 +267,8 @@ def _in_flight(
     (forecast.stepped: a burst's first requests, beyond what the recent level reaches by chance); a steady
     count's own noise must not add groups, and the cache and the rate size them once it settles. Its mean
     over the window keeps groups from a scale-down."""
+    current, groups, signal, cfg, now = at.current, at.groups, at.signal, at.cfg, at.now
+    queued, warming, starting = at.queued, at.warming, at.starting
     prev = memory.inflight[-1][1] if memory.inflight else None
     streams = memory.streams
     step = streams is not None and forecast.stepped(memory.inflight, inflight, streams)
@@ -342,7 +330,8 @@ def decide(
     leads = ""
     mem = memory
     if cfg.leading and demand is not None:
-        rec, leads, mem = _lead(rec, current, len(fresh), signal, cfg, memory, demand, now, warming)
+        at = _Moment(current, len(fresh), signal, cfg, now, warming)
+        rec, leads, mem = _lead(rec, at, memory, demand)
     rec = _clamp(rec, cfg)  # the windows compare recommendations; the step caps come after them
     history = (*history, (now, rec))
     mem = replace(mem, recommendations=prune(history))
