@@ -28,103 +28,115 @@ DRIVERS_MODULE = "tokenfab_factory.drivers"
 
 def argv(f: Layout, comp: str) -> list[str]:
     """The command line of one of the factory's components."""
-    cfg, pki, run = f.config, f.pki, f.run
-    kc = str(f.kubeconfig)
-    if comp == "etcd":
-        client, peer = f"http://127.0.0.1:{cfg.port('etcd')}", f"http://127.0.0.1:{cfg.port('etcd-peer')}"
-        return [
-            f.binary("etcd"),
-            "--name=tokenfab",
-            f"--data-dir={run / 'etcd'}",
-            f"--listen-client-urls={client}",
-            f"--advertise-client-urls={client}",
-            f"--listen-peer-urls={peer}",
-            f"--initial-advertise-peer-urls={peer}",
-            f"--initial-cluster=tokenfab={peer}",
-            "--unsafe-no-fsync=true",
-            "--quota-backend-bytes=8589934592",
-            "--log-level=warn",
-        ]
-    if comp == "kube-apiserver":
-        return [
-            f.binary("kube-apiserver"),
-            f"--etcd-servers=http://127.0.0.1:{cfg.port('etcd')}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
-            f"--secure-port={cfg.port('kube-apiserver')}",
-            f"--tls-cert-file={pki.server_crt}",
-            f"--tls-private-key-file={pki.server_key}",
-            f"--client-ca-file={pki.ca_crt}",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={pki.sa_pub}",
-            f"--service-account-signing-key-file={pki.sa_key}",
-            "--service-cluster-ip-range=10.96.0.0/16",
-            "--authorization-mode=Node,RBAC",
-            "--allow-privileged=true",
-            "--endpoint-reconciler-type=none",
-            "--profiling=false",
-            "--event-ttl=2h",
-            *(
-                [f"--feature-gates={GANG_FEATURE_GATES}", f"--runtime-config={GANG_RUNTIME_CONFIG}"]
-                if cfg.gang_api
-                else []
-            ),
-        ]
     if comp in ("kube-controller-manager", "kube-scheduler"):
-        argv = [
-            f.binary(comp),
-            f"--kubeconfig={kc}",
-            f"--authentication-kubeconfig={kc}",
-            f"--authorization-kubeconfig={kc}",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={cfg.port(comp)}",
-            "--leader-elect=false",
-            "--profiling=false",
-        ]
-        if comp == "kube-controller-manager":
-            argv += [
-                f"--root-ca-file={pki.ca_crt}",
-                f"--service-account-private-key-file={pki.sa_key}",
-                "--use-service-account-credentials=true",
-                f"--node-monitor-grace-period={NODE_MONITOR_GRACE}",
-                "--concurrent-gc-syncs=10",
-                "--kube-api-qps=200",
-                "--kube-api-burst=400",
-            ]
-            if cfg.gang_api:  # the PodGroup protection controller (removes PodGroups' finalizer)
-                argv.append(f"--feature-gates={GANG_FEATURE_GATES}")
-        else:
-            argv += ["--kube-api-qps=200", "--kube-api-burst=400"]
-            if cfg.gang_api:
-                argv.append(f"--feature-gates={GANG_FEATURE_GATES}")
-        return argv
-    if comp == "kwok":
-        return [
-            f.binary("kwok"),
-            f"--kubeconfig={kc}",
-            f"--config={run / 'kwok.yaml'}",
-            "--manage-all-nodes=false",
-            f"--manage-nodes-with-label-selector={FACTORY_LABEL}",
-            f"--cidr={POD_CIDR}",
-            "--node-ip=127.0.0.1",
-            f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}",
-            f"--server-address=127.0.0.1:{cfg.port('kwok')}",
-        ]
-    if comp == "prometheus":
-        return [
-            f.binary("prometheus"),
-            f"--config.file={run / 'prometheus' / 'prometheus.yml'}",
-            f"--storage.tsdb.path={run / 'prometheus' / 'data'}",
-            f"--web.listen-address=127.0.0.1:{cfg.port('prometheus')}",
-            "--storage.tsdb.retention.time=1d",
-            "--web.enable-lifecycle",
-        ]
+        return _controller(f, comp)
+    build = {"etcd": _etcd, "kube-apiserver": _apiserver, "kwok": _kwok, "prometheus": _prometheus}
+    if comp in build:
+        return build[comp](f)
     if comp == "drivers":  # simulated node drivers: NVIDIA DRA (ComputeDomains, IMEX channels), local volumes
         return [
             sys.executable,
             "-m",
             DRIVERS_MODULE,
-            f"--kubeconfig={kc}",
-            f"--port={cfg.port(comp)}",
+            f"--kubeconfig={f.kubeconfig}",
+            f"--port={f.config.port(comp)}",
         ]
     raise ValueError(comp)
+
+
+def _etcd(f: Layout) -> list[str]:
+    client = f"http://127.0.0.1:{f.config.port('etcd')}"
+    peer = f"http://127.0.0.1:{f.config.port('etcd-peer')}"
+    return [
+        f.binary("etcd"),
+        "--name=tokenfab",
+        f"--data-dir={f.run / 'etcd'}",
+        f"--listen-client-urls={client}",
+        f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=tokenfab={peer}",
+        "--unsafe-no-fsync=true",
+        "--quota-backend-bytes=8589934592",
+        "--log-level=warn",
+    ]
+
+
+def _apiserver(f: Layout) -> list[str]:
+    cfg, pki = f.config, f.pki
+    return [
+        f.binary("kube-apiserver"),
+        f"--etcd-servers=http://127.0.0.1:{cfg.port('etcd')}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        f"--secure-port={cfg.port('kube-apiserver')}",
+        f"--tls-cert-file={pki.server_crt}",
+        f"--tls-private-key-file={pki.server_key}",
+        f"--client-ca-file={pki.ca_crt}",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={pki.sa_pub}",
+        f"--service-account-signing-key-file={pki.sa_key}",
+        "--service-cluster-ip-range=10.96.0.0/16",
+        "--authorization-mode=Node,RBAC",
+        "--allow-privileged=true",
+        "--endpoint-reconciler-type=none",
+        "--profiling=false",
+        "--event-ttl=2h",
+        *(
+            [f"--feature-gates={GANG_FEATURE_GATES}", f"--runtime-config={GANG_RUNTIME_CONFIG}"]
+            if cfg.gang_api
+            else []
+        ),
+    ]
+
+
+def _controller(f: Layout, comp: str) -> list[str]:
+    """The controller-manager's or the scheduler's command line."""
+    cfg, pki, kc = f.config, f.pki, str(f.kubeconfig)
+    out = [
+        f.binary(comp),
+        f"--kubeconfig={kc}",
+        f"--authentication-kubeconfig={kc}",
+        f"--authorization-kubeconfig={kc}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={cfg.port(comp)}",
+        "--leader-elect=false",
+        "--profiling=false",
+    ]
+    if comp == "kube-controller-manager":
+        out += [
+            f"--root-ca-file={pki.ca_crt}",
+            f"--service-account-private-key-file={pki.sa_key}",
+            "--use-service-account-credentials=true",
+            f"--node-monitor-grace-period={NODE_MONITOR_GRACE}",
+            "--concurrent-gc-syncs=10",
+        ]
+    out += ["--kube-api-qps=200", "--kube-api-burst=400"]
+    if cfg.gang_api:  # (the controller-manager's PodGroup protection controller removes their finalizer)
+        out.append(f"--feature-gates={GANG_FEATURE_GATES}")
+    return out
+
+
+def _kwok(f: Layout) -> list[str]:
+    return [
+        f.binary("kwok"),
+        f"--kubeconfig={f.kubeconfig}",
+        f"--config={f.run / 'kwok.yaml'}",
+        "--manage-all-nodes=false",
+        f"--manage-nodes-with-label-selector={FACTORY_LABEL}",
+        f"--cidr={POD_CIDR}",
+        "--node-ip=127.0.0.1",
+        f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}",
+        f"--server-address=127.0.0.1:{f.config.port('kwok')}",
+    ]
+
+
+def _prometheus(f: Layout) -> list[str]:
+    return [
+        f.binary("prometheus"),
+        f"--config.file={f.run / 'prometheus' / 'prometheus.yml'}",
+        f"--storage.tsdb.path={f.run / 'prometheus' / 'data'}",
+        f"--web.listen-address=127.0.0.1:{f.config.port('prometheus')}",
+        "--storage.tsdb.retention.time=1d",
+        "--web.enable-lifecycle",
+    ]
