@@ -166,3 +166,29 @@ def test_a_unit_member_publishes_its_unit_as_its_kv_transfer_domain_and_nothing_
         [item] = volumes["topology"]["downwardAPI"]["items"]
         assert item["path"] == env[contract.ENV_DYN_KV_TRANSFER_DOMAIN]
         assert item["fieldRef"]["fieldPath"] == f"metadata.labels['{contract.LABEL_UNIT}']"
+
+
+def test_rdma_is_the_path_only_when_the_workers_hold_rdma_devices_and_may_lock_memory():
+    """A unit's KV crosses the network over RDMA only when its workers ask for RDMA devices and for
+    IPC_LOCK (UCX registers the memory it moves); either alone is TCP, and the condition names the fix."""
+    from tokenfab.planning.fabric import holds_rdma, rdma_devices
+
+    plain = _spec("deepseek-r1-disaggregated.yaml")
+    nics = {"runtime": {"resources": {"limits": {"rdma/ib": "4"}}}}
+    both = {"runtime": {"resources": {"limits": {"rdma/ib": "4"}}, "addCapabilities": ["IPC_LOCK"]}}
+    efa = {
+        "runtime": {"resources": {"limits": {"vpc.amazonaws.com/efa": "4"}}, "addCapabilities": ["IPC_LOCK"]}
+    }
+    assert rdma_devices(_spec("deepseek-r1-disaggregated.yaml", nics)) == ["rdma/ib"]
+    assert not holds_rdma(plain)
+    assert not holds_rdma(_spec("deepseek-r1-disaggregated.yaml", nics))
+    assert holds_rdma(_spec("deepseek-r1-disaggregated.yaml", both))
+    assert holds_rdma(_spec("deepseek-r1-disaggregated.yaml", efa))
+    split = [_unit(0, "tcp", "r1", "r2")]
+    told = condition(plain, split)
+    assert told is not None
+    assert "runtime.resources.limits" in told.message
+    assert "IPC_LOCK" in told.message
+    half = condition(_spec("deepseek-r1-disaggregated.yaml", nics), split)
+    assert half is not None
+    assert "rdma/ib but not for IPC_LOCK" in half.message

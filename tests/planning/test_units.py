@@ -179,6 +179,16 @@ def test_status_says_a_split_unit_crosses_the_network():
     assert (unit.domains, unit.path) == (["r0", "r1"], "tcp")
     fabric = next(cd for cd in changed if cd.type == "Fabric")
     assert (fabric.status, fabric.reason) == ("False", "KVOverNetwork")
+    # With the tray's NICs and IPC_LOCK the same split unit's KV goes over RDMA, and status says so.
+    rdma = deepseek(decode={"replicas": 1})
+    runtime = rdma.spec.runtime.model_copy(update={"add_capabilities": ["IPC_LOCK"]})
+    runtime.resources.limits["rdma/ib"] = "4"
+    rdma = rdma.model_copy(update={"spec": rdma.spec.model_copy(update={"runtime": runtime})})
+    trays = [replace(n, allocatable={**n.allocatable, "rdma/ib": 4}) for n in nodes_of({"r0": 9, "r1": 9})]
+    snap = snapshot(rdma, trays, {}, {})
+    status, _ = settle(snap, plan(snap), Written())
+    assert [(u.domains, u.path) for u in status.units] == [(["r0", "r1"], "rdma")]
+    assert status.kv_path == "1 rdma"
 
 
 def test_a_unit_whose_compute_domain_failed_is_replaced_as_a_new_unit_and_its_domain_deleted():

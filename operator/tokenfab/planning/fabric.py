@@ -21,6 +21,29 @@ from tokenfab.planning.builders.roles import group_shape
 from tokenfab.planning.units import PATHS, UNIT_ROLES, Units, path
 
 CONDITION = "Fabric"
+# RDMA device resources as their device plugins name them: NVIDIA's Network Operator (rdma/*: its shared
+# device plugin, e.g. rdma/ib, rdma/rdma_shared_device_a), SR-IOV RDMA pools named so, AWS's EFA plugin.
+RDMA_RESOURCE_PREFIXES = ("rdma/",)
+RDMA_RESOURCES = ("vpc.amazonaws.com/efa",)
+# UCX registers (pins) the memory it moves over RDMA: a container needs CAP_IPC_LOCK for more than the
+# default locked-memory limit.
+MEMORY_LOCK = "IPC_LOCK"
+
+
+def rdma_devices(spec: ModelDeploymentSpec) -> list[str]:
+    """The RDMA device resources the workers ask for (runtime.resources)."""
+    names = {*spec.runtime.resources.requests, *spec.runtime.resources.limits}
+    return sorted(
+        n
+        for n in names
+        if n.startswith(RDMA_RESOURCE_PREFIXES) or n in RDMA_RESOURCES or "rdma" in n.rsplit("/", 1)[-1]
+    )
+
+
+def holds_rdma(spec: ModelDeploymentSpec) -> bool:
+    """Whether the workers can move KV over RDMA: they hold RDMA devices and may lock the memory UCX
+    registers (runtime.addCapabilities IPC_LOCK). Either alone leaves UCX on TCP."""
+    return bool(rdma_devices(spec)) and MEMORY_LOCK in spec.runtime.add_capabilities
 
 
 def unit_statuses(
@@ -39,7 +62,7 @@ def unit_statuses(
                 unit=unit,
                 groups=[m.group or name(m.role, m.slot) for m in ordered],
                 domains=sorted({m.domain for m in members if m.domain}),
-                path=path(members, channel, rdma=False),
+                path=path(members, channel, rdma=holds_rdma(spec)),
             )
         )
     return out
@@ -81,7 +104,8 @@ def condition(spec: ModelDeploymentSpec, units: Sequence[UnitStatus] = ()) -> Co
             message=f"{len(slow)} of {len(units)} prefill-decode units move their KV caches over the "
             f"network, not NVLink: {said}. A unit is kept in one NVLink domain where it fits, with one "
             "ComputeDomain over its pods that fill their nodes; one that spans domains, or whose groups "
-            "share nodes with others, crosses the network.",
+            "share nodes with others, crosses the network"
+            + ("." if holds_rdma(spec) else f": {_without_rdma(spec)}"),
         )
     parts = []
     if spanning:
@@ -90,3 +114,17 @@ def condition(spec: ModelDeploymentSpec, units: Sequence[UnitStatus] = ()) -> Co
     if units:
         parts.append(f"every prefill-decode unit ({len(units)}) moves its KV caches over NVLink")
     return Condition(type=CONDITION, status="True", reason="NVLink", message="; ".join(parts))
+
+
+def _without_rdma(spec: ModelDeploymentSpec) -> str:
+    """Why the network path is TCP, and the fix."""
+    devices = rdma_devices(spec)
+    if devices:
+        return (
+            f"the workers ask for {', '.join(devices)} but not for {MEMORY_LOCK} "
+            f"(runtime.addCapabilities), so UCX cannot register memory and uses TCP"
+        )
+    return (
+        "the workers hold no RDMA devices, so UCX uses TCP; ask for your RDMA device plugin's resource in "
+        f"runtime.resources.limits (e.g. rdma/ib) and for {MEMORY_LOCK} in runtime.addCapabilities"
+    )
