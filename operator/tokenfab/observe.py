@@ -375,12 +375,18 @@ def fault_reaction(ctx: Context, md: ModelDeployment) -> FaultReaction:
     return FaultReaction(mode, ctx.settings.gang_delete_seconds, seen)  # type: ignore[arg-type]
 
 
-def children_seen(ctx: Context, key: Key, pods: list[PodFacts]) -> writes.Seen:
+def children_seen(
+    ctx: Context, key: Key, pods: list[PodFacts], spec: ModelDeploymentSpec | None = None
+) -> writes.Seen:
     """The deployment's children, its pods' revisions and claims, and the namespace's model cache claims
-    left with no owner: what decides the deletes of what is no longer wanted."""
+    left with no owner: what decides the deletes of what is no longer wanted. (The discovery identity is
+    not looked for while the spec uses it: it is never deleted then.)"""
+    kinds = CHILD_KINDS
+    if spec is not None and builders.uses_kubernetes_discovery(spec):
+        kinds = tuple(k for k in kinds if k not in {k for _, k in writes.DISCOVERY_KINDS})
     children = tuple(
         writes.Child(kind, ch.name, ch.role, ch.revision, ch.node, ch.owners, ch.version)
-        for kind in CHILD_KINDS
+        for kind in kinds
         for ch in ctx.view.children(kind, key)
     )
     orphans = tuple(
@@ -465,7 +471,7 @@ def observe(ctx: Context, key: Key, now: float) -> Observed | Ended | None:
                 ctx.view.synced.get("ComputeDomain", False),
                 channel_reader(ctx, key[0]),
             ),
-            children=children_seen(ctx, key, pods),
+            children=children_seen(ctx, key, pods, md.spec),
             legacy=writes.legacy_patch(body["metadata"]),
         ),
     )
