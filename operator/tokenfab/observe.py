@@ -292,22 +292,36 @@ def gang_mode(ctx: Context, spec: ModelDeploymentSpec) -> builders.GangMode:
         return "gates"
 
 
-def channel_reader(ctx: Context, namespace: str) -> Callable[[str], bool]:
+def channel_reader(
+    ctx: Context,
+    owner: builders.Owner,
+    seen: frozenset[str],
+    watched: bool,
+    groups: Mapping[RoleName, list[GroupView]],
+) -> Callable[[str], bool]:
     """Whether a ComputeDomain's IMEX channel ResourceClaimTemplate exists (NVIDIA's DRA driver makes it,
-    in the ComputeDomain's namespace, under the name the ComputeDomain gives): read when the plan asks,
-    once per pass."""
+    in the ComputeDomain's namespace, under the name the ComputeDomain gives). Read here, before the
+    placement ledger is taken: for each domain in the view that no group's pods claim yet (one whose pods
+    claim it has its template). Where the kind is not watched (it was installed after the operator
+    started) no domain is seen: the template is read when the plan asks, once per pass."""
+    claimed = {builders.channel_domain(owner, g.name, g.unit) for gs in groups.values() for g in gs if g.pods}
+    if watched:
+        ready = {name: _template(ctx, owner.namespace, name) for name in sorted(seen - claimed)}
+        return lambda name: name in claimed or ready.get(name, False)
 
     @functools.cache
-    def ready(template: str) -> bool:
-        try:
-            got = ctx.kube.get(
-                contract.RESOURCE_CLAIM_TEMPLATE_API, "ResourceClaimTemplate", template, namespace
-            )
-        except ApiError:
-            return False
-        return got is not None
+    def read(name: str) -> bool:
+        return name in claimed or _template(ctx, owner.namespace, name)
 
-    return ready
+    return read
+
+
+def _template(ctx: Context, namespace: str, name: str) -> bool:
+    try:
+        got = ctx.kube.get(contract.RESOURCE_CLAIM_TEMPLATE_API, "ResourceClaimTemplate", name, namespace)
+    except ApiError:
+        return False
+    return got is not None
 
 
 def source_claim(ctx: Context, key: Key, spec: ModelDeploymentSpec, now: float) -> SourceClaim | None:
@@ -436,6 +450,8 @@ def observe(ctx: Context, key: Key, now: float) -> Observed | Ended | None:
     logs = pod_logs.read(ctx, key, md.spec, pods, now)
     compute_domains = ctx.view.children("ComputeDomain", key)
     unit_domains = [ch for ch in compute_domains if ch.unit.isdigit()]
+    seen, watched = frozenset(ch.name for ch in compute_domains), ctx.view.synced.get("ComputeDomain", False)
+    domains = writes.Domains(seen, watched, channel_reader(ctx, owner, seen, watched, groups))
     return Observed(
         body,
         Snapshot(
@@ -466,11 +482,7 @@ def observe(ctx: Context, key: Key, now: float) -> Observed | Ended | None:
             unit_domains={ch.name: int(ch.unit) for ch in unit_domains},
             units_down=frozenset(int(ch.unit) for ch in unit_domains if ch.state == "NotReady"),
             gang=gang_mode(ctx, md.spec),
-            domains=writes.Domains(
-                frozenset(ch.name for ch in compute_domains),
-                ctx.view.synced.get("ComputeDomain", False),
-                channel_reader(ctx, key[0]),
-            ),
+            domains=domains,
             children=children_seen(ctx, key, pods, md.spec),
             legacy=writes.legacy_patch(body["metadata"]),
         ),

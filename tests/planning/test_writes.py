@@ -59,7 +59,8 @@ def _pass(view: ClusterView, api: Api, spec: ModelDeploymentSpec) -> tuple[list[
     ctx = SimpleNamespace(view=view, kube=api)
     seen = frozenset(ch.name for ch in view.children("ComputeDomain", (OWNER.namespace, OWNER.name)))
     watched = view.synced.get("ComputeDomain", False)
-    domains = writes.Domains(seen, watched, channel_reader(ctx, OWNER.namespace))  # type: ignore[arg-type]
+    reader = channel_reader(ctx, OWNER, seen, watched, {})  # type: ignore[arg-type]
+    domains = writes.Domains(seen, watched, reader)
     cds, groups, waits = writes.new_groups(OWNER, spec, [plan], "podgroup", domains)
     for m in (*cds, *(m for g in groups for m in g.objects)):  # (as the act phase writes them)
         api.apply(m)
@@ -229,3 +230,22 @@ def test_the_leaders_to_route_and_the_gated_pods_to_release_come_from_the_snapsh
     rp.release.append("g3")
     assert writes.routable_leaders([rp], groups) == ("g0-0",)
     assert writes.gated_pods([rp], groups) == {"g3": ("g3-0", "g3-1")}
+
+
+def test_the_templates_are_read_before_the_ledger_and_only_for_domains_no_pod_claims_yet():
+    """The observe phase reads each seen ComputeDomain's template once, before the plan takes the placement
+    ledger's lock; a domain whose pods already claim it is not read (its template exists)."""
+    from tokenfab.planning.lifecycle import GroupView, PodView
+
+    pod = PodView("r1-decode-0-0", 0, "Running", True, "n", False)
+    busy = GroupView("r1-decode-0", "decode", 0, "rev1", "d", 1, 4, (pod,), True, unit=0)
+    taken = builders.unit_domain_name(OWNER, 0)
+    fresh = builders.unit_domain_name(OWNER, 1)
+    api = Api(templates={fresh})
+    ctx = SimpleNamespace(view=ClusterView(), kube=api)
+    ready = channel_reader(ctx, OWNER, frozenset({taken, fresh}), True, {"decode": [busy]})  # type: ignore[arg-type]
+    assert api.calls == [("get", "ResourceClaimTemplate", fresh)]  # (read once, up front)
+    assert ready(taken) is True
+    assert ready(fresh) is True
+    assert ready(builders.unit_domain_name(OWNER, 2)) is False  # (not seen: never asked when watched)
+    assert len(api.calls) == 1
