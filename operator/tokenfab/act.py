@@ -24,7 +24,7 @@ from tokenfab.planning.groups import Delete as GroupDelete
 from tokenfab.planning.groups import RolePlan
 from tokenfab.planning.one_pass import Plan, Snapshot
 from tokenfab.planning.writes import Delete, NewGroup, Release
-from tokenfab.routing import release_groups, route
+from tokenfab.routing import second_round
 from tokenfab.runtime import Context, Ended, Observed, Result
 
 log = logging.getLogger(__name__)
@@ -122,8 +122,9 @@ def complete(
     _deleted(ctx, key, body, snap, sub, result)
     _channel_waits(ctx, key, plan, result)
     _created(ctx, key, body, snap, plan, sub, result)
-    _released(ctx, key, release_groups(ctx, key, plan, result, snap.now), result, snap.now)
-    wait_all(route(ctx, key, body, snap, plan, result), result)
+    released, routed = second_round(ctx, key, body, snap, plan, result)
+    _released(ctx, key, released, result, snap.now)
+    wait_all(routed, result)
 
 
 def wait_all(futures: Tagged, result: Result) -> list[Any]:

@@ -112,3 +112,11 @@ def release_groups(ctx: Context, key: Key, plan: Plan, result: Result, now: floa
             for n in sorted(names):
                 futures.append((ctx.kube.pool.submit(ctx.kube.release_pod, key[0], n, now), (group, n)))
     return futures
+
+
+def second_round(
+    ctx: Context, key: Key, body: Obj, snap: Snapshot, plan: Plan, result: Result
+) -> tuple[Tagged, Tagged]:
+    """The act phase's second round, handed to the writer at once: (the gates lifted, each tagged
+    (group, pod); the routing writes)."""
+    return release_groups(ctx, key, plan, result, snap.now), route(ctx, key, body, snap, plan, result)

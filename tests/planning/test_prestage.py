@@ -185,18 +185,20 @@ def test_the_fetch_pod_needs_no_gpu_and_no_api_access():
 
 
 def test_no_more_is_staged_than_the_autoscaler_may_still_add():
+    from tokenfab.planning.autoscaler.groups import headroom
+
     spec = staged(deployment(decode=1), 3).spec.model_copy(deep=True)
     spec.autoscaling.enabled = False
-    assert weights_cache.headroom(spec, "decode", {"decode": 1}) == 3  # (no autoscaler: scaled by hand)
+    assert headroom(spec, "decode", {"decode": 1}) == 3  # (no autoscaler: scaled by hand)
     spec.autoscaling = spec.autoscaling.model_copy(
         update={"enabled": True, "decode": RoleBounds(min_replicas=1, max_replicas=2)}
     )
-    assert weights_cache.headroom(spec, "decode", {"decode": 1}) == 1
-    assert weights_cache.headroom(spec, "decode", {"decode": 2}) == 0
+    assert headroom(spec, "decode", {"decode": 1}) == 1
+    assert headroom(spec, "decode", {"decode": 2}) == 0
     # prefill follows decode 1:1 here: no more than decode's staged groups bring
     assert spec.serving.prefill_decode_ratio == "1:1"
-    assert weights_cache.headroom(spec, "prefill", {"decode": 1, "prefill": 1}) == 1
-    assert weights_cache.headroom(spec, "prefill", {"decode": 2, "prefill": 2}) == 0
+    assert headroom(spec, "prefill", {"decode": 1, "prefill": 1}) == 1
+    assert headroom(spec, "prefill", {"decode": 2, "prefill": 2}) == 0
 
 
 def test_status_keeps_what_each_fetch_pod_reported_while_its_node_holds_the_weights():

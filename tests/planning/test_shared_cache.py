@@ -14,6 +14,7 @@ from tests.planning.test_one_pass import deployment, nodes_of, snapshot
 from tokenfab.fleet.facts import child_facts
 from tokenfab.fleet.view import ClusterView
 from tokenfab.planning import builders, contract, weights_cache
+from tokenfab.planning.autoscaler.groups import headrooms
 from tokenfab.planning.eviction import CacheEntry, NodeCaches, evictions, merged
 from tokenfab.planning.one_pass import plan
 from tokenfab.planning.status import rfc3339
@@ -198,7 +199,7 @@ def test_another_deployments_staged_warm_nodes_take_this_ones_groups_but_not_its
         A,
         (dict.fromkeys(theirs, key), {}, []),
         lambda role: free if role == "decode" else {},
-        {"decode": 1},
+        headrooms(spec, {"decode": 1}),
         caches=(NodeCaches(staged_elsewhere=theirs), {}, NOW),
     )
     assert len(staged.nodes) == shape.nodes

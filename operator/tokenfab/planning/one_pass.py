@@ -382,7 +382,7 @@ def plan(s: Snapshot) -> Plan:
     placed = {n for r in roles for cr in r.create for n in cr.nodes} | s.pod_nodes
     observed, idle = (s.claims, s.groups, s.fetch_pods), weights_cache.idle_before(s.md.status)
     staged = weights_cache.staging(
-        spec, s.owner, observed, capacity, desired, placed, (s.caches, idle, s.now)
+        spec, s.owner, observed, capacity, outcome.headroom, placed, (s.caches, idle, s.now)
     )
     frontend = s.frontend if s.reaction.mode == "replace" else ()  # (a baseline leaves it to Kubernetes)
     off, (lost, said) = move_frontend(frontend, s.health, s.frontend_replaces), gone(frontend, s.health)

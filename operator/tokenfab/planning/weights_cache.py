@@ -36,7 +36,6 @@ from tokenfab.api.models import (
     WeightsCacheStatus,
 )
 from tokenfab.planning import builders, launcher_log
-from tokenfab.planning.autoscaler.groups import follow_ratio
 from tokenfab.planning.capacity import parse_quantity
 from tokenfab.planning.eviction import CacheEntry, NodeCaches, evictions, idle_times
 from tokenfab.planning.launcher_log import Progress
@@ -100,35 +99,23 @@ def claim_marks(
     return marks(claims, served_nodes(spec, groups) | set(fetched), weights_key(spec))
 
 
-def headroom(spec: ModelDeploymentSpec, role: RoleName, desired: Mapping[RoleName, int]) -> int:
-    """How many of a role's next groups to stage: prestageGroups, no more than the autoscaler may still
-    add (its maxReplicas for the role, when it scales it); prefill following decode by a fixed ratio,
-    no more than decode's staged groups would bring."""
-    count, have = spec.model.cache.prestage_groups, desired.get(role, 0)
-    ratio = spec.serving.prefill_decode_ratio
-    if role == "prefill" and spec.serving.ratio_policy == "fixed" and ratio and "decode" in desired:
-        more = follow_ratio(spec, desired["decode"] + headroom(spec, "decode", desired), have)
-        return max(0, min(count, more - have))
-    bounds = getattr(spec.autoscaling, role, None) if spec.autoscaling.enabled else None
-    return count if bounds is None else max(0, min(count, bounds.max_replicas - have))
-
-
 def prestage_nodes(
     spec: ModelDeploymentSpec,
     domains_of: Callable[[RoleName], Mapping[str, Domain]],
     warmth: Mapping[str, int],
-    desired: Mapping[RoleName, int] | None = None,
+    headroom: Mapping[RoleName, int] | None = None,
 ) -> frozenset[str]:
     """The headroom to keep warm (model.cache.prestageGroups): the nodes each role's next groups would be
     placed on, past the groups this pass plans (`domains_of`: a role's free domains with them taken off;
-    `desired`: the groups it wants per role), chosen as placement chooses (warmest first, then the
-    policy; whole groups only), so a scale-up lands where the weights are. None without per-node caches."""
+    `headroom`: how many next groups per role, as the autoscaler says), chosen as placement chooses
+    (warmest first, then the policy; whole groups only), so a scale-up lands where the weights are. None
+    without per-node caches."""
     if not spec.model.cache.prestage_groups or not builders.uses_model_cache_claims(spec):
         return frozenset()
     out: set[str] = set()
     for role, _ in spec.roles():
         shape, domains = builders.group_shape(spec, role), dict(domains_of(role))
-        for _ in range(headroom(spec, role, desired or {})):
+        for _ in range((headroom or {}).get(role, 0)):
             name = choose_domain(domains, shape, spec.topology.placement, warmth=warmth or None)
             nodes = (
                 None
@@ -176,7 +163,7 @@ def staging(
     owner: builders.Owner,
     observed: tuple[Mapping[str, str], Mapping[RoleName, list[GroupView]], Iterable[FetchPod]],
     domains_of: Callable[[RoleName], Mapping[str, Domain]],
-    desired: Mapping[RoleName, int] | None = None,
+    headroom: Mapping[RoleName, int] | None = None,
     occupied: Iterable[str] = (),
     caches: tuple[NodeCaches, Mapping[str, float], float] = (NodeCaches(), {}, 0.0),
 ) -> Staging:
@@ -207,7 +194,7 @@ def staging(
         **node_warmth(spec, claims, others.staged_elsewhere),
         **dict.fromkeys(others.staged_elsewhere, ELSEWHERE),
     }
-    nodes = prestage_nodes(spec, domains_of, staged_warmth, desired)
+    nodes = prestage_nodes(spec, domains_of, staged_warmth, headroom)
     wanted = fetches_wanted(spec, nodes, marked)
     keep = wanted | set(occupied)
     gone = [
@@ -344,7 +331,6 @@ __all__ = [
     "Staging",
     "claim_marks",
     "fetches_wanted",
-    "headroom",
     "marks",
     "node_warmth",
     "prestage_nodes",

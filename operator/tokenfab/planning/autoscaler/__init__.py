@@ -35,7 +35,7 @@ from tokenfab.api.models import AutoscalingStatus, Condition, ModelDeployment, R
 from tokenfab.planning import builders
 from tokenfab.planning.autoscaler import role as per_role
 from tokenfab.planning.autoscaler.frontend import size_frontend
-from tokenfab.planning.autoscaler.groups import remembered_groups, with_ratio
+from tokenfab.planning.autoscaler.groups import headrooms, remembered_groups, with_ratio
 from tokenfab.planning.autoscaler.memory import (
     URGENT_GAP_SECONDS,
     WARMING_BOUND_SECONDS,
@@ -106,6 +106,7 @@ class Outcome:
     decisions: list[tuple[RoleName, str, Decision]] = field(default_factory=list)  # role, metric, decision
     frontend_replicas: int | None = None  # None: the spec's serving.frontendReplicas
     next_due: float | None = None  # seconds until the next role is due (None: autoscaling off)
+    headroom: dict[RoleName, int] = field(default_factory=dict)  # next groups per role (pre-staging)
 
     @property
     def desired(self) -> dict[str, int]:
@@ -225,7 +226,8 @@ def _outcome(step: _Step) -> Outcome:
     groups = with_ratio(md.spec, {**remembered_groups(md), **step.desired})
     urgent_kept = step.seen.asked.kept
     if shared is None:  # nothing was due: the last conditions still stand
-        return Outcome(groups, status, [], step.decisions, frontend, next_due(md, status, now, urgent_kept))
+        due_in = next_due(md, status, now, urgent_kept)
+        return Outcome(groups, status, [], step.decisions, frontend, due_in, headrooms(md.spec, groups))
     keep = max(30.0, 3.0 * a.interval_seconds)
     kept = [x for x in step.old.arrivals if len(x) >= 3 and now - x[0] <= keep and x[0] < now]
     status.arrivals = kept
@@ -240,7 +242,9 @@ def _outcome(step: _Step) -> Outcome:
     if a.frontend is not None:
         frontend = size_frontend(md, status, shared.rate, shared.tokens, now, partial=partial)
     due_in = next_due(md, status, now, urgent_kept)
-    return Outcome(groups, status, _conditions(step), step.decisions, frontend, due_in)
+    return Outcome(
+        groups, status, _conditions(step), step.decisions, frontend, due_in, headrooms(md.spec, groups)
+    )
 
 
 def step(md: ModelDeployment, seen: Seen, memory: AutoscalingStatus | None, capacity: Capacity) -> Outcome:
@@ -248,7 +252,8 @@ def step(md: ModelDeployment, seen: Seen, memory: AutoscalingStatus | None, capa
     `seen.asked` found due evaluated from `seen.readings`, held to the free capacity. `memory`: the
     autoscaler's status as the deployment keeps it (made sane here: status is writable by hand)."""
     if not md.spec.autoscaling.enabled:
-        return Outcome(remembered_groups(md))
+        groups = remembered_groups(md)
+        return Outcome(groups, headroom=headrooms(md.spec, groups))
     old = sane(memory or AutoscalingStatus(), seen.now)
     s = _start(md, seen, old)
     s.warmth = capacity.warmth

@@ -1,5 +1,6 @@
 """How many groups each role runs: the spec's counts, or the autoscaler's decisions as status keeps them,
-with prefill following decode by the fixed prefill:decode ratio. The one place the ratio is applied."""
+with prefill following decode by the fixed prefill:decode ratio (the one place the ratio is applied), and
+how many next groups a role may still get (the headroom pre-staging keeps warm)."""
 
 from __future__ import annotations
 
@@ -53,3 +54,21 @@ def follow_ratio(spec: ModelDeploymentSpec, decode_groups: int, prefill_groups: 
     if bounds is not None and spec.autoscaling.enabled:
         n = max(bounds.min_replicas, min(bounds.max_replicas, n))
     return n
+
+
+def headroom(spec: ModelDeploymentSpec, role: RoleName, desired: Mapping[RoleName, int]) -> int:
+    """How many of a role's next groups to stage: prestageGroups, no more than the autoscaler may still
+    add (its maxReplicas for the role, when it scales it); prefill following decode by a fixed ratio,
+    no more than decode's staged groups would bring."""
+    count, have = spec.model.cache.prestage_groups, desired.get(role, 0)
+    ratio = spec.serving.prefill_decode_ratio
+    if role == "prefill" and spec.serving.ratio_policy == "fixed" and ratio and "decode" in desired:
+        more = follow_ratio(spec, desired["decode"] + headroom(spec, "decode", desired), have)
+        return max(0, min(count, more - have))
+    bounds = getattr(spec.autoscaling, role, None) if spec.autoscaling.enabled else None
+    return count if bounds is None else max(0, min(count, bounds.max_replicas - have))
+
+
+def headrooms(spec: ModelDeploymentSpec, desired: Mapping[RoleName, int]) -> dict[RoleName, int]:
+    """`headroom` of every role of the spec, for `desired` groups."""
+    return {role: headroom(spec, role, desired) for role, _ in spec.roles()}
