@@ -493,3 +493,51 @@ def test_a_relist_of_one_namespace_keeps_a_pod_another_namespace_adds_meanwhile(
     threads[0].join(5)
     assert view.pod("team-b", "x-w-0-0") is not None
     assert view.used()["a-0"][kube_objects.GPU] == 8
+
+
+def test_a_deployments_children_are_read_from_its_namespace_alone_and_follow_every_event():
+    """children() and model_caches() read an index by kind and namespace; after adds, updates, deletes and
+    a relist they say what a walk over every child says."""
+    import random
+
+    view = ClusterView()
+    rng = random.Random(7)
+    kinds = ("ConfigMap", "PodDisruptionBudget", "PersistentVolumeClaim")
+    live: dict[tuple[str, str, str], dict] = {}
+    for step in range(400):
+        kind, ns = rng.choice(kinds), rng.choice(["a", "b"])
+        name = f"c{rng.randrange(30)}"
+        dep = rng.choice(["m", "n"])
+        meta = {"namespace": ns, "name": name, "labels": {contract.LABEL_DEPLOYMENT: dep}}
+        if kind == "PersistentVolumeClaim":
+            meta["annotations"] = {contract.ANN_NODE: f"node-{step % 3}"}
+        if rng.random() < 0.3:
+            view.on_child(kind, "DELETED", {"metadata": meta})
+            live.pop((kind, ns, name), None)
+        else:
+            view.on_child(kind, "MODIFIED", {"metadata": meta})
+            live[(kind, ns, name)] = meta
+    view.replace(
+        "ConfigMap", [{"metadata": m} for (k, ns, _), m in live.items() if k == "ConfigMap" and ns == "a"]
+    )
+    for key in [k for k in live if k[0] == "ConfigMap" and k[1] == "b"]:
+        live.pop(key)
+    for kind in kinds:
+        for ns in ("a", "b"):
+            for dep in ("m", "n"):
+                got = sorted(ch.name for ch in view.children(kind, (ns, dep)))
+                want = sorted(
+                    ch.name
+                    for ch in view.all_children(kind)
+                    if ch.namespace == ns and (ch.deployment == dep or dep in ch.owners)
+                )
+                assert got == want
+                assert got == sorted(
+                    n
+                    for (k, s, n), m in live.items()
+                    if k == kind and s == ns and m["labels"][contract.LABEL_DEPLOYMENT] == dep
+                )
+    for ns in ("a", "b"):
+        assert sorted(c.name for c in view.model_caches(ns)) == sorted(
+            n for (k, s, n) in live if k == "PersistentVolumeClaim" and s == ns
+        )

@@ -88,6 +88,8 @@ class ClusterView:
         self._foreign: dict[Key, tuple[str, Mapping[str, int]]] = {}  # others' bound pods: node, requests
         self._used: dict[str, dict[str, int]] = {}
         self._children: dict[tuple[str, str, str], ChildFacts] = {}
+        # the same, by (kind, namespace): what a pass reads of its own namespace, without a walk over all
+        self._by_place: dict[tuple[str, str], dict[str, ChildFacts]] = {}
         self._mds: dict[Key, Obj] = {}
         self._staged: dict[Key, frozenset[str]] = {}  # deployment -> the nodes its headroom pre-stages
         self._idle: dict[Key, dict[str, float]] = {}  # deployment -> node -> since when its cache is idle
@@ -321,12 +323,15 @@ class ClusterView:
         facts = child_facts(kind, obj)
         key = (kind, facts.namespace, facts.name)
         with self._lock:
+            place = self._by_place.setdefault((kind, facts.namespace), {})
             if type_ == "DELETED":
                 before = self._children.pop(key, None)
+                place.pop(facts.name, None)
                 self._domains_down.discard(key)
             else:
                 before = self._children.get(key)
                 self._children[key] = facts
+                place[facts.name] = facts
                 if facts.state == "NotReady":
                     self._domains_down.add(key)
                 else:
@@ -354,17 +359,15 @@ class ClusterView:
         with self._lock:
             return [
                 ch
-                for (k, ns, _), ch in self._children.items()
-                if k == kind and ns == key[0] and (ch.deployment == key[1] or key[1] in ch.owners)
+                for ch in self._by_place.get((kind, key[0]), {}).values()
+                if ch.deployment == key[1] or key[1] in ch.owners
             ]
 
     def model_caches(self, namespace: str) -> list[ChildFacts]:
         """The namespace's model cache claims (any deployment's: they are shared by source)."""
         with self._lock:
             return [
-                ch
-                for (k, ns, _), ch in self._children.items()
-                if k == "PersistentVolumeClaim" and ns == namespace and ch.node
+                ch for ch in self._by_place.get(("PersistentVolumeClaim", namespace), {}).values() if ch.node
             ]
 
     # ------------------------------------------------------------------------ ModelDeployments
