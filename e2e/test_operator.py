@@ -342,18 +342,31 @@ def test_kubectl_shows_domain_capacity(operator):
 def test_the_gb200_kv_transfer_network_settings_schedule(operator):
     """The documented GB200 settings for NIXL/UCX over the trays' RDMA NICs (README, "On a real cluster"):
     the NICs as an extended resource and IPC_LOCK, in a namespace that allows privileged pods. Every pod
-    gets its node's four NICs, and the placement ledger counts them like GPUs."""
+    gets its node's four NICs, and the placement ledger counts them like GPUs. In a namespace that enforces
+    the baseline level the API server refuses those pods, and the PodSecurity condition says why first."""
     f = operator
     ns = "rdma"
     kubectl(f, "create", "namespace", ns, check=False)
-    kubectl(f, "label", "namespace", ns, "pod-security.kubernetes.io/enforce=privileged", "--overwrite")
+    kubectl(f, "label", "namespace", ns, "pod-security.kubernetes.io/enforce=baseline", "--overwrite")
     doc = yaml.safe_load((EXAMPLES / "llama-405b-multinode-tp.yaml").read_text())
     doc["metadata"]["namespace"] = ns
     doc["spec"]["runtime"] = {"resources": {"limits": {"rdma/ib": 4}}, "addCapabilities": ["IPC_LOCK"]}
     doc["spec"]["model"]["source"] = "hf://meta-llama/Llama-3.1-405B-Instruct"  # (no PVC of weights here)
     apply_yaml(f, doc, "--server-side", "--field-manager=e2e")
+
+    def pod_security(status: str) -> bool:
+        cond = condition(md(f, "llama-405b", ns), "PodSecurity") or {}
+        return cond.get("status") == status
+
     try:
+        wait_for("PodSecurity=False in a baseline namespace", lambda: pod_security("False"), timeout=60)
+        cond = condition(md(f, "llama-405b", ns), "PodSecurity") or {}
+        assert cond.get("reason") == "CapabilitiesForbidden"
+        assert "IPC_LOCK" in cond.get("message", "")
+        assert not worker_pods(f, ns, "llama-405b"), "the API server admitted none of its pods"
+        kubectl(f, "label", "namespace", ns, "pod-security.kubernetes.io/enforce=privileged", "--overwrite")
         wait_for("llama-405b Ready with RDMA", lambda: is_ready(f, "llama-405b", ns), timeout=120)
+        wait_for("PodSecurity=True once the namespace allows it", lambda: pod_security("True"), timeout=60)
         pods = worker_pods(f, ns, "llama-405b")
         assert len(pods) == 2 * 4
         for p in pods:

@@ -71,6 +71,7 @@ CLUSTER_RULES: dict[tuple[str, str], set[str]] = {
     ("", "pods"): {"list", "watch"},
     ("tokenfab.dev", "nvlinkdomains"): {"list", "create", "patch", "delete"},
     ("tokenfab.dev", "nvlinkdomains/status"): {"patch"},
+    ("", "namespaces"): {"get"},
 }
 NAMESPACED_RULES: dict[tuple[str, str], set[str]] = {
     ("tokenfab.dev", "modeldeployments"): {"list", "watch", "patch"},

@@ -44,6 +44,7 @@ OPERATOR_RULES: dict[tuple[str, str], tuple[frozenset[str], bool]] = {
     ("", "pods"): (frozenset({"list", "watch", "create", "patch", "delete", "deletecollection"}), True),
     (GROUP, DOMAIN_PLURAL): (frozenset({"list", "create", "patch", "delete"}), False),
     (GROUP, f"{DOMAIN_PLURAL}/status"): (frozenset({"patch"}), False),
+    ("", "namespaces"): (frozenset({"get"}), False),
     (GROUP, PLURAL): (frozenset({"list", "watch", "patch"}), True),
     (GROUP, f"{PLURAL}/status"): (frozenset({"patch"}), True),
     ("", "services"): (frozenset({"list", "watch", "create", "patch"}), True),

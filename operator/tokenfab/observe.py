@@ -39,6 +39,7 @@ from tokenfab.planning import (
     contract,
     launcher_log,
     model_source,
+    pod_security,
     sla,
     weights_cache,
     writes,
@@ -61,6 +62,7 @@ Planner = Callable[[str, sla.PlanRequest], sla.PlanOutcome | None]
 # Outcomes worth asking again for: the planner may be installed, or work, later.
 RETRY_SECONDS = {sla.PLANNER_UNAVAILABLE: 60.0, sla.PLANNER_FAILED: 300.0}
 SOURCE_READ_SECONDS = SOURCE_LOOK_SECONDS  # a pvc:// source's claim is read again this often
+POD_SECURITY_READ_SECONDS = 15.0  # a namespace's Pod Security level, while the workers add capabilities
 CHILD_KINDS = (
     "ConfigMap",
     "PodDisruptionBudget",
@@ -343,6 +345,25 @@ def source_claim(ctx: Context, key: Key, spec: ModelDeploymentSpec, now: float) 
     return got
 
 
+def pod_security_level(ctx: Context, key: Key, spec: ModelDeploymentSpec, now: float) -> str | None:
+    """The Pod Security level the deployment's namespace enforces ("" none set), read again at most every
+    POD_SECURITY_READ_SECONDS, and only while the workers add capabilities; None when it is not needed or could
+    not be read (no permission: the condition is left out)."""
+    if not spec.runtime.add_capabilities:
+        return None
+    mem = ctx.mem(key)
+    if mem.pod_security is not None and now - mem.pod_security[1] < POD_SECURITY_READ_SECONDS:
+        return mem.pod_security[0]
+    try:
+        ns = ctx.kube.get("v1", "Namespace", key[0])
+        labels = ((ns or {}).get("metadata") or {}).get("labels") or {}
+        level: str | None = str(labels.get(pod_security.ENFORCE_LABEL, "")) if ns is not None else None
+    except ApiError:
+        level = None
+    mem.pod_security = (level, now)
+    return level
+
+
 # ------------------------------------------------------------------------------------------- the view
 
 
@@ -485,5 +506,6 @@ def observe(ctx: Context, key: Key, now: float) -> Observed | Ended | None:
             domains=domains,
             children=children_seen(ctx, key, pods, md.spec),
             legacy=writes.legacy_patch(body["metadata"]),
+            pod_security=pod_security_level(ctx, key, md.spec, now),
         ),
     )

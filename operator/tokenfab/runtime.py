@@ -58,6 +58,7 @@ class Memory:
     log_reads: dict[tuple[str, str], Future[str]] = field(default_factory=dict)  # pod logs being read
     tail_read_at: dict[str, float] = field(default_factory=dict)  # a pod's tail -> when last asked for
     source_claim: tuple[SourceClaim, float] | None = None  # a pvc:// source's claim as read, and when
+    pod_security: tuple[str | None, float] | None = None  # its namespace's enforced level as read, and when
 
 
 @dataclass

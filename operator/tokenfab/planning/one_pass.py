@@ -25,7 +25,16 @@ from tokenfab.api.models import (
     RoleName,
     WeightsCacheStatus,
 )
-from tokenfab.planning import autoscaler, builders, contract, fault_report, recovery, weights_cache, writes
+from tokenfab.planning import (
+    autoscaler,
+    builders,
+    contract,
+    fault_report,
+    pod_security,
+    recovery,
+    weights_cache,
+    writes,
+)
 from tokenfab.planning.autoscaler.signals import Reading
 from tokenfab.planning.eviction import NodeCaches
 from tokenfab.planning.fabric import CONDITION as FABRIC
@@ -87,6 +96,7 @@ class Snapshot:
     domains: writes.Domains = field(default_factory=writes.Domains)  # ComputeDomains and their channels
     children: writes.Seen = field(default_factory=writes.Seen)  # its children, for what is no longer wanted
     legacy: Mapping[str, object] | None = None  # the patch that removes old kopf bookkeeping (None: none)
+    pod_security: str | None = None  # the level its namespace enforces ("" none; None: not read)
 
     @property
     def spec(self) -> ModelDeploymentSpec:
@@ -507,6 +517,7 @@ def settle(s: Snapshot, p: Plan, written: Written) -> tuple[ModelDeploymentStatu
     outcome = p.autoscaling
     units = unit_statuses(p.spec, p.units, lambda role, slot: builders.group_name(s.owner, role, slot))
     fabric = fabric_condition(p.spec, units)
+    security = pod_security.condition(p.spec, s.owner.namespace, s.pod_security)
     faults = fault_report.records(
         s.md.status.faults if s.md.status else [],
         p.roles,
@@ -523,7 +534,7 @@ def settle(s: Snapshot, p: Plan, written: Written) -> tuple[ModelDeploymentStatu
         autoscaling=outcome.status,
         extra=[
             *outcome.conditions,
-            *filter(None, [s.planned, s.source, fabric]),
+            *filter(None, [s.planned, s.source, fabric, security]),
             fault_report.condition(faults, fault_report.avoided(faults, s.now)),
         ],
     )
@@ -533,7 +544,12 @@ def settle(s: Snapshot, p: Plan, written: Written) -> tuple[ModelDeploymentStatu
     status.weights_cache = p.weights_cache
     status.units = units
     status.kv_path = kv_path_summary(units)
-    said = (("Planned", s.planned), ("ModelSource", s.source), (FABRIC, fabric))
+    said = (
+        ("Planned", s.planned),
+        ("ModelSource", s.source),
+        (FABRIC, fabric),
+        (pod_security.CONDITION, security),
+    )
     dropped = {kind for kind, cd in said if cd is None}
     status.conditions = [cd for cd in status.conditions if cd.type not in dropped]
     return status, changed

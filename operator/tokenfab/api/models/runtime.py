@@ -261,6 +261,7 @@ class Runtime(SpecModel):
         default_factory=list,
         max_length=8,
         description="Linux capabilities the worker containers get back after dropping all (e.g. IPC_LOCK "
-        "for RDMA memory registration). Any of them takes the worker pods out of the restricted Pod "
-        "Security Standard: their namespace must allow baseline or privileged.",
+        "for RDMA memory registration). Any of them takes the worker pods out of the restricted and "
+        "baseline Pod Security Standards: their namespace must enforce privileged (the PodSecurity "
+        "condition says when it does not).",
     )
