@@ -347,8 +347,8 @@ def source_claim(ctx: Context, key: Key, spec: ModelDeploymentSpec, now: float) 
 
 def pod_security_level(ctx: Context, key: Key, spec: ModelDeploymentSpec, now: float) -> str | None:
     """The Pod Security level the deployment's namespace enforces ("" none set), read again at most every
-    POD_SECURITY_READ_SECONDS, and only while the workers add capabilities; None when it is not needed or could
-    not be read (no permission: the condition is left out)."""
+    POD_SECURITY_READ_SECONDS, and only while the workers add capabilities; None when it is not needed or
+    could not be read (no permission: the condition is left out)."""
     if not spec.runtime.add_capabilities:
         return None
     mem = ctx.mem(key)
