@@ -216,6 +216,19 @@ def test_every_example_runs_ready_under_the_restricted_pod_security_standard(
         kubectl(f, "delete", "mdep", name, "-n", ns, "--wait=true", "--timeout=120s")
 
 
+def _apiserver_startup_repair(event: dict) -> bool:
+    """The kube-apiserver's own start-up race on a fresh etcd: its IP repair controller can find the
+    `default/kubernetes` Service before that Service's ClusterIP is recorded, and repairs it with this
+    Warning (kube-apiserver pkg/registry/core/service/ipallocator/controller/repairip.go). It is the control
+    plane's, about its own Service, on any fresh cluster; nothing tokenfab or the example made."""
+    obj = event.get("involvedObject", {})
+    return (
+        event.get("reason") == "ClusterIPNotAllocated"
+        and event.get("reportingComponent") == "ipallocator-repair-controller"
+        and (obj.get("kind"), obj.get("namespace"), obj.get("name")) == ("Service", "default", "kubernetes")
+    )
+
+
 def test_the_quick_start_leaves_no_warning_event(factory: Factory) -> None:
     """`e2e/up.sh` on a factory of its own (its own run directory and ports), then every Warning event."""
     run_dir = Path(tempfile.mkdtemp(prefix="tokenfab-quickstart-"))
@@ -240,6 +253,7 @@ def test_the_quick_start_leaves_no_warning_event(factory: Factory) -> None:
         wait_for("the quick start's example Ready", ready, timeout=120)
         time.sleep(10)  # endpoint controllers and the operator's later passes
         warnings = get_json(own, "events", "-A", "--field-selector", "type=Warning")["items"]
+        warnings = [e for e in warnings if not _apiserver_startup_repair(e)]
         assert warnings == [], [(e["reason"], e["message"]) for e in warnings]
         # `tokenfab factory status` finds the factory where it runs (its own port base, not the default).
         status = subprocess.run(
