@@ -385,6 +385,67 @@ def test_the_gb200_kv_transfer_network_settings_schedule(operator):
         kubectl(f, "delete", "namespace", ns, "--wait=true", "--timeout=120s", check=False)
 
 
+def _unit_too_big_for_a_rack(ns: str, network: str) -> dict:
+    """The DeepSeek-R1 example with one unit of 20 trays (a 64-GPU decode group, a 16-GPU prefill group):
+    no 18-tray rack holds it whole."""
+    doc = yaml.safe_load((EXAMPLES / "deepseek-r1-disaggregated.yaml").read_text())
+    doc["metadata"]["namespace"] = ns
+    spec = doc["spec"]
+    spec["prefill"]["parallelism"] = {"tensor": 16, "expert": 16, "attentionDataParallel": True}
+    spec["decode"]["parallelism"] = {"tensor": 64, "expert": 64, "attentionDataParallel": True}
+    spec["decode"]["replicas"] = 1
+    spec["topology"]["kvNetwork"] = network
+    return doc
+
+
+def test_a_unit_that_spans_racks_moves_its_kv_over_rdma_unless_the_spec_says_tcp(operator):
+    """A unit no rack holds whole spans two: its pods ask for the operator's RDMA device (the chart's
+    operator.rdmaResource; the factory's trays advertise NVIDIA Network Operator's shared device) and
+    IPC_LOCK, and status names the path `rdma`. With kvNetwork tcp the same unit holds neither and its
+    path is `tcp`, as asked. In a namespace enforcing baseline Pod Security, the RDMA unit's pods are
+    refused and the PodSecurity condition says why and what to change."""
+    f = operator
+    cases = {"span-rdma": "rdma", "span-tcp": "tcp", "span-baseline": "rdma"}
+    for ns in cases:
+        kubectl(f, "create", "namespace", ns, check=False)
+    kubectl(f, "label", "namespace", "span-baseline", "pod-security.kubernetes.io/enforce=baseline")
+    try:
+        for ns, network in cases.items():
+            apply_yaml(f, _unit_too_big_for_a_rack(ns, network))
+        cliques = node_cliques(f)
+        for ns, path in (("span-rdma", "rdma"), ("span-tcp", "tcp")):
+            wait_for(f"deepseek-r1 Ready in {ns}", lambda ns=ns: is_ready(f, ns=ns), timeout=120)
+            obj = md(f, ns=ns)
+            [unit] = obj["status"]["units"]
+            assert (len(unit["domains"]), unit["path"]) == (2, path), unit
+            assert obj["status"]["kvPath"] == f"1 {path}"
+            fabric = condition(obj, "Fabric") or {}
+            assert (fabric.get("status"), fabric.get("reason")) == ("False", "KVOverNetwork")
+            pods = worker_pods(f, ns)
+            assert len(pods) == 20
+            assert len({cliques[p["spec"]["nodeName"]] for p in pods}) == 2
+            for p in pods:
+                ctr = p["spec"]["containers"][0]
+                held = ctr["resources"]["limits"].get("rdma/rdma_shared_device_a")
+                caps = ctr["securityContext"]["capabilities"].get("add", [])
+                assert (held, caps) == (("1", ["IPC_LOCK"]) if path == "rdma" else (None, [])), p["metadata"]
+        assert "over RDMA" in (condition(md(f, ns="span-rdma"), "Fabric") or {})["message"]
+        assert "kvNetwork is tcp" in (condition(md(f, ns="span-tcp"), "Fabric") or {})["message"]
+
+        def refused() -> dict | None:
+            cond = condition(md(f, ns="span-baseline"), "PodSecurity") or {}
+            return cond if cond.get("status") == "False" else None
+
+        cond = wait_for("PodSecurity=False for the RDMA unit in a baseline namespace", refused, timeout=60)
+        assert cond["reason"] == "CapabilitiesForbidden"
+        assert "IPC_LOCK (RDMA for a prefill-decode unit that spans NVLink domains)" in cond["message"]
+        assert "kvNetwork to tcp" in cond["message"]
+        assert not worker_pods(f, "span-baseline"), "the API server admitted none of its pods"
+    finally:
+        for ns in cases:
+            kubectl(f, "delete", "namespace", ns, "--wait=true", "--timeout=120s", check=False)
+
+
 def test_a_group_waits_for_its_imex_channel_and_says_so(operator):
     """With NVIDIA's DRA driver not answering, a multi-node group's ComputeDomain is written but its pods
     are not (a pod naming a missing claim template only draws Warnings); the status says what it waits

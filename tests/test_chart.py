@@ -258,6 +258,20 @@ def test_the_operator_accepts_every_argument_and_reads_every_variable_the_chart_
                 assert re.search(rf"[\"']{name}[\"']", source), f"the operator does not read {name}"
 
 
+@needs_helm
+def test_the_rdma_resource_value_reaches_the_operators_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """operator.rdmaResource (what a pod of a unit that spans NVLink domains asks for) is the variable the
+    operator reads into its settings; the default is NVIDIA Network Operator's shared device's name."""
+    from tokenfab.handlers import options_from_env
+
+    efa = ["--set", "operator.rdmaResource=vpc.amazonaws.com/efa"]
+    for sets, expected in (([], "rdma/rdma_shared_device_a"), (efa, "vpc.amazonaws.com/efa")):
+        value = env_of(template(*sets))["TOKENFAB_RDMA_RESOURCE"]["value"]
+        assert value == expected
+        monkeypatch.setenv("TOKENFAB_RDMA_RESOURCE", value)
+        assert options_from_env().settings.rdma_resource == expected
+
+
 def test_values_document_the_failover_time() -> None:
     """values.yaml and the chart README say how long a lost leader takes to replace: the Lease duration
     plus one retry period of tokenfab.leader."""

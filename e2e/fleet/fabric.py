@@ -91,10 +91,31 @@ PATH_GBPS = {"nvlink": 900.0, "rdma": 50.0, "tcp": 12.5}
 KV_BYTES_PER_TOKEN = 61 * (512 + 64)
 
 
+# The device plugins' RDMA resources the factory's trays advertise (tokenfab_factory.racks): a container
+# allocated one sees the tray's ConnectX devices (/dev/infiniband).
+RDMA_PREFIXES = ("rdma/",)
+RDMA_NAMES = ("vpc.amazonaws.com/efa",)
+
+
+def holds_rdma(pod: Obj) -> bool:
+    """Whether UCX in the pod can move memory over RDMA: its container was allocated an RDMA device
+    (a limit on an RDMA resource, which the scheduler bound to a node that has it) and may lock the memory
+    it registers (IPC_LOCK: without it ibv_reg_mr fails past the default locked-memory limit)."""
+    ctr = (pod["spec"].get("containers") or [{}])[0]
+    limits = (ctr.get("resources") or {}).get("limits") or {}
+    device = any(
+        (k.startswith(RDMA_PREFIXES) or k in RDMA_NAMES) and str(v) not in ("0", "")
+        for k, v in limits.items()
+    )
+    caps = ((ctr.get("securityContext") or {}).get("capabilities") or {}).get("add") or []
+    return device and "IPC_LOCK" in caps
+
+
 def unit_path(pod: Obj, pods: Sequence[Obj], claims: Mapping[str, Obj], cliques: Mapping[str, str]) -> str:
     """The KV path of the pod's prefill-decode unit as the simulated fabric has it (its hardware, not
     what the operator reports): nvlink when the unit's pods all sit on one node, or in one NVLink domain
-    each holding an IMEX channel of one ComputeDomain; else tcp (the factory has no RDMA devices)."""
+    each holding an IMEX channel of one ComputeDomain; else rdma when every pod of the unit holds an RDMA
+    device and IPC_LOCK (`holds_rdma`), else tcp."""
     meta = pod["metadata"]
     unit = (meta.get("labels") or {}).get(contract.LABEL_UNIT)
     deployment = (meta.get("labels") or {}).get(contract.LABEL_DEPLOYMENT)
@@ -114,7 +135,7 @@ def unit_path(pod: Obj, pods: Sequence[Obj], claims: Mapping[str, Obj], cliques:
     domains = {imex_domain(p, claims) for p in members}
     if len({cliques.get(n, "") for n in nodes}) == 1 and len(domains) == 1 and None not in domains:
         return "nvlink"
-    return "tcp"
+    return "rdma" if members and all(holds_rdma(p) for p in members) else "tcp"
 
 
 def group_of(pod: Obj, pods: Sequence[Obj]) -> list[Obj]:

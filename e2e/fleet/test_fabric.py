@@ -16,10 +16,12 @@ from tokenfab.planning import builders, contract
 pytestmark = pytest.mark.unit  # (beside the code it tests; needs no factory)
 
 
-def _group(example: str, role: str, patch: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def _group(
+    example: str, role: str, patch: dict[str, Any] | None = None, rdma: str = ""
+) -> list[dict[str, Any]]:
     spec = spec_of(example, patch)
     nodes = [f"gb200-r00-t{i:02d}" for i in range(builders.group_shape(spec, role).nodes)]
-    pods = builders.group_pods(owner("ds"), spec, role, 0, DOMAIN, "rev", nodes)  # type: ignore[arg-type]
+    pods = builders.group_pods(owner("ds"), spec, role, 0, DOMAIN, "rev", nodes, rdma=rdma)  # type: ignore[arg-type]
     out = []
     for i, pod in enumerate(pods):
         pod = copy.deepcopy(pod)
@@ -135,10 +137,10 @@ def test_group_of_finds_the_ranks_in_order_and_leaves_deleting_pods_out():
     ]
 
 
-def _unit(example: str = "deepseek-r1-disaggregated.yaml") -> list[dict[str, Any]]:
+def _unit(example: str = "deepseek-r1-disaggregated.yaml", rdma: str = "") -> list[dict[str, Any]]:
     pods = []
     for role in ("decode", "prefill"):
-        for pod in _group(example, role):
+        for pod in _group(example, role, rdma=rdma):
             pod["metadata"]["labels"][contract.LABEL_UNIT] = "0"
             pods.append(pod)
     for i, pod in enumerate(pods):  # (each pod on a node of its own, as the unit's placement has it)
@@ -161,6 +163,23 @@ def test_a_unit_split_over_two_racks_or_without_channels_hands_kv_over_tcp():
     assert fabric.unit_path(prefill, pods, _claims(pods, allocated=False), _cliques(pods)) == "tcp"
     del prefill["metadata"]["labels"][contract.LABEL_UNIT]
     assert fabric.unit_path(prefill, pods, _claims(pods), _cliques(pods)) == "tcp"
+
+
+def test_a_split_unit_whose_pods_the_operator_gave_rdma_hands_kv_over_rdma():
+    """The pods the operator renders for a unit that spans racks (an RDMA device and IPC_LOCK each) move
+    their KV over RDMA on the simulated fabric; one pod without the device, or without IPC_LOCK, leaves
+    the unit on TCP."""
+    pods = _unit(rdma="rdma/rdma_shared_device_a")
+    prefill = next(p for p in pods if p["metadata"]["labels"][contract.LABEL_ROLE] == "prefill")
+    split = _cliques(pods, lambda i: "r0" if i < 8 else "r1")
+    assert all(fabric.holds_rdma(p) for p in pods)
+    assert fabric.unit_path(prefill, pods, _claims(pods), split) == "rdma"
+    ctr = pods[0]["spec"]["containers"][0]
+    ctr["securityContext"]["capabilities"]["add"] = []
+    assert not fabric.holds_rdma(pods[0])
+    assert fabric.unit_path(prefill, pods, _claims(pods), split) == "tcp"
+    bare = _unit()
+    assert not any(fabric.holds_rdma(p) for p in bare)
 
 
 def test_a_unit_on_one_node_hands_kv_over_nvlink_without_a_fabric():

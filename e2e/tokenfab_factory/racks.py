@@ -17,6 +17,10 @@ RACK_LABEL = "tokenfab.dev/rack"
 FACTORY_LABEL = "tokenfab.dev/factory"
 GPU_RESOURCE = "nvidia.com/gpu"
 RDMA_RESOURCE = "rdma/ib"
+# NVIDIA Network Operator's RDMA shared device plugin (the operator's default rdmaResource): one pool of
+# the tray's NICs that many pods share (its config's rdmaHcaMax)
+RDMA_SHARED_RESOURCE = "rdma/rdma_shared_device_a"
+RDMA_SHARED_PODS = 1000
 _UUID_NAMESPACE = uuid.UUID("7c1f0a4e-2f43-4f57-9a55-6b8a2b0e7d10")
 
 
@@ -57,6 +61,7 @@ def rack_nodes(system: GpuSystem, racks: int, factory: str) -> list[dict[str, An
         GPU_RESOURCE: str(GPUS_PER_TRAY),
         # the tray's four ConnectX NICs, as NVIDIA's Network Operator (RDMA shared device plugin) exposes them
         RDMA_RESOURCE: str(GPUS_PER_TRAY),
+        RDMA_SHARED_RESOURCE: str(RDMA_SHARED_PODS),
     }
     for rack in range(racks):
         for tray in range(TRAYS_PER_RACK):

@@ -42,6 +42,7 @@ def options_from_env() -> Options:
             gang_delete_seconds=float(env.get("TOKENFAB_GANG_DELETE_SECONDS", "30")),
             fault_keys=FaultKeys.from_env(env),
             read_pod_logs=env.get("TOKENFAB_READ_POD_LOGS", "") in ("1", "true"),
+            rdma_resource=env.get("TOKENFAB_RDMA_RESOURCE", "") or Settings.rdma_resource,
         ),
     )
 

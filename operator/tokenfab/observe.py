@@ -53,6 +53,7 @@ from tokenfab.planning.one_pass import SOURCE_LOOK_SECONDS, Snapshot, removing
 from tokenfab.planning.role_plan import FaultReaction
 from tokenfab.planning.room import Room
 from tokenfab.planning.status import invalid_status, merge_conditions, rfc3339
+from tokenfab.planning.units import rule
 from tokenfab.runtime import Context, Ended, Observed, Result
 from tokenfab.views import group_views, held, node_caches, node_health, usable_claims
 
@@ -347,20 +348,22 @@ def source_claim(ctx: Context, key: Key, spec: ModelDeploymentSpec, now: float) 
 
 def pod_security_level(ctx: Context, key: Key, spec: ModelDeploymentSpec, now: float) -> str | None:
     """The Pod Security level the deployment's namespace enforces ("" none set), read again at most every
-    POD_SECURITY_READ_SECONDS, and only while the workers add capabilities; None when it is not needed or
-    could not be read (no permission: the condition is left out)."""
-    if not spec.runtime.add_capabilities:
+    POD_SECURITY_READ_SECONDS per namespace (one read serves all its deployments), and only while the
+    workers may add capabilities (runtime.addCapabilities, or IPC_LOCK for a prefill-decode unit that
+    spans NVLink domains over RDMA); None when it is not needed or could not be read (no permission: the
+    condition is left out)."""
+    if not spec.runtime.add_capabilities and not (rule(spec) and spec.topology.kv_network == "rdma"):
         return None
-    mem = ctx.mem(key)
-    if mem.pod_security is not None and now - mem.pod_security[1] < POD_SECURITY_READ_SECONDS:
-        return mem.pod_security[0]
+    seen = ctx.levels.get(key[0])
+    if seen is not None and now - seen[1] < POD_SECURITY_READ_SECONDS:
+        return seen[0]
     try:
         ns = ctx.kube.get("v1", "Namespace", key[0])
         labels = ((ns or {}).get("metadata") or {}).get("labels") or {}
         level: str | None = str(labels.get(pod_security.ENFORCE_LABEL, "")) if ns is not None else None
     except ApiError:
         level = None
-    mem.pod_security = (level, now)
+    ctx.levels[key[0]] = (level, now)
     return level
 
 
@@ -507,5 +510,6 @@ def observe(ctx: Context, key: Key, now: float) -> Observed | Ended | None:
             children=children_seen(ctx, key, pods, md.spec),
             legacy=writes.legacy_patch(body["metadata"]),
             pod_security=pod_security_level(ctx, key, md.spec, now),
+            rdma_resource=ctx.settings.rdma_resource,
         ),
     )

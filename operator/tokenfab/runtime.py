@@ -41,6 +41,10 @@ class Settings:
     # Read the launcher's lines from pods' logs (TOKENFAB_READ_POD_LOGS=1: the chart's rbac.readPodLogs,
     # which grants pods/log get): download progress and each group's weights source in status.
     read_pod_logs: bool = False
+    # The RDMA device resource a pod of a prefill-decode unit that spans NVLink domains asks for, one per
+    # pod (TOKENFAB_RDMA_RESOURCE, the chart's operator.rdmaResource; NVIDIA Network Operator's RDMA shared
+    # device plugin names it so by default).
+    rdma_resource: str = "rdma/rdma_shared_device_a"
 
 
 @dataclass
@@ -58,7 +62,6 @@ class Memory:
     log_reads: dict[tuple[str, str], Future[str]] = field(default_factory=dict)  # pod logs being read
     tail_read_at: dict[str, float] = field(default_factory=dict)  # a pod's tail -> when last asked for
     source_claim: tuple[SourceClaim, float] | None = None  # a pvc:// source's claim as read, and when
-    pod_security: tuple[str | None, float] | None = None  # its namespace's enforced level as read, and when
 
 
 @dataclass
@@ -72,6 +75,8 @@ class Context:
     planner: Any = None  # Planner | None
     memory: dict[Key, Memory] = field(default_factory=dict)
     urgent: set[Key] = field(default_factory=set)  # deployments the burst watch saw a burst begin in
+    # The Pod Security level each namespace enforces, as last read, and when (observe.pod_security_level)
+    levels: dict[str, tuple[str | None, float]] = field(default_factory=dict)
 
     def mem(self, key: Key) -> Memory:
         return self.memory.setdefault(key, Memory())

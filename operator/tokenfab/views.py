@@ -78,6 +78,7 @@ def group_views(pods: list[PodFacts], recorded: set[str]) -> dict[RoleName, list
                 unit=int(labels[contract.LABEL_UNIT])
                 if labels.get(contract.LABEL_UNIT, "").isdigit()
                 else None,
+                rdma=labels.get(contract.LABEL_KV_NETWORK) == contract.KV_NETWORK_RDMA,
                 drain_inflight=next(
                     (
                         m.annotations[contract.ANN_DRAIN_INFLIGHT]

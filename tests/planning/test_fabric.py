@@ -187,8 +187,31 @@ def test_rdma_is_the_path_only_when_the_workers_hold_rdma_devices_and_may_lock_m
     split = [_unit(0, "tcp", "r1", "r2")]
     told = condition(plain, split)
     assert told is not None
-    assert "runtime.resources.limits" in told.message
-    assert "IPC_LOCK" in told.message
+    assert "hold no RDMA device, so UCX uses TCP" in told.message
     half = condition(_spec("deepseek-r1-disaggregated.yaml", nics), split)
     assert half is not None
     assert "rdma/ib but not for IPC_LOCK" in half.message
+    # groups made while the unit was whole are named: they keep the unit on TCP until replaced
+    held = condition(plain, split, {0: ["md-prefill-0"]})
+    assert held is not None
+    assert "md-prefill-0 (unit 0) were made while their unit fitted in one NVLink domain" in held.message
+    asked = condition(_spec("deepseek-r1-disaggregated.yaml", {"topology": {"kvNetwork": "tcp"}}), split)
+    assert asked is not None
+    assert "spec.topology.kvNetwork is tcp" in asked.message
+    over_rdma = condition(plain, [_unit(0, "rdma", "r1", "r2")])
+    assert over_rdma is not None
+    assert (over_rdma.status, over_rdma.reason) == ("False", "KVOverNetwork")
+    assert over_rdma.message.endswith("crosses the network over RDMA.")
+
+
+def test_the_rdma_of_a_unit_that_spans_domains_is_every_one_of_its_groups():
+    """A unit's groups rendered with the operator's RDMA device (it spans domains) make its path rdma only
+    when all of them hold one: a group made while the unit was whole keeps it on TCP."""
+    both = {"decode": True, "prefill": True}
+    held = [
+        Member("", "decode", "r0", 0, ("n1",), rdma=True),
+        Member("", "prefill", "r1", 0, ("m1",), rdma=True),
+    ]
+    assert path(held, both, rdma=False) == "rdma"
+    partly = [held[0], Member("md-prefill-0", "prefill", "r1", 0, ("m1",))]
+    assert path(partly, both, rdma=False) == "tcp"

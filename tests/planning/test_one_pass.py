@@ -97,6 +97,8 @@ def materialize(snap: Snapshot, p: Plan) -> dict[RoleName, list[GroupView]]:
                 NOW - 100,
                 None,
                 NOW - 120,
+                unit=cr.unit,
+                rdma=cr.rdma,
             )
             out.setdefault(cr.role, []).append(g)
     return out

@@ -12,7 +12,6 @@ from testing.cases import spec_of
 from tokenfab.adapters.kube import ApiError
 from tokenfab.observe import POD_SECURITY_READ_SECONDS, pod_security_level
 from tokenfab.planning import pod_security
-from tokenfab.runtime import Memory
 
 RDMA = {"runtime": {"resources": {"limits": {"rdma/ib": "4"}}, "addCapabilities": ["IPC_LOCK"]}}
 
@@ -34,6 +33,21 @@ def test_a_namespace_that_refuses_the_workers_capabilities_is_named_before_their
         assert f"{pod_security.ENFORCE_LABEL}=privileged" in cond.message
     else:
         assert cond.reason == "CapabilitiesAllowed"
+
+
+def test_a_unit_that_spans_domains_adds_ipc_lock_and_a_namespace_refusing_it_is_named_with_both_fixes():
+    spec = spec_of("deepseek-r1-disaggregated.yaml")
+    assert pod_security.condition(spec, "ns", "baseline") is None  # (no unit spans: nothing added)
+    cond = pod_security.condition(spec, "ns", "baseline", rdma=True)
+    assert cond is not None
+    assert (cond.status, cond.reason) == ("False", "CapabilitiesForbidden")
+    assert "IPC_LOCK (RDMA for a prefill-decode unit that spans NVLink domains)" in cond.message
+    assert "set spec.topology.kvNetwork to tcp" in cond.message
+    assert "runtime.addCapabilities" not in cond.message
+    allowed = pod_security.condition(spec, "ns", "privileged", rdma=True)
+    assert allowed is not None
+    assert (allowed.status, allowed.reason) == ("True", "CapabilitiesAllowed")
+    assert "IPC_LOCK" in allowed.message
 
 
 def test_no_condition_without_added_capabilities_or_a_level_read():
@@ -64,8 +78,7 @@ class Kube:
 
 
 def _ctx(kube: Kube) -> Any:
-    mem = Memory()
-    return SimpleNamespace(kube=kube, mem=lambda key: mem)
+    return SimpleNamespace(kube=kube, levels={})
 
 
 def test_the_level_is_read_only_while_capabilities_are_added_and_at_most_every_few_seconds():
@@ -82,6 +95,24 @@ def test_the_level_is_read_only_while_capabilities_are_added_and_at_most_every_f
     assert pod_security_level(ctx, ("rdma", "m"), spec, POD_SECURITY_READ_SECONDS + 1) == ""
     refused = _ctx(Kube(ApiError(403, "Forbidden", "namespaces is forbidden")))
     assert pod_security_level(refused, ("rdma", "m"), spec, 0.0) is None  # (no permission: no condition)
+
+
+def test_the_level_is_read_for_units_that_may_span_over_rdma_once_per_namespace():
+    """A disaggregated deployment adds IPC_LOCK to a unit that spans domains (kvNetwork rdma, the
+    default): its namespace's level is read; with kvNetwork tcp it is not. Deployments of one namespace
+    share one read."""
+    labelled = {"metadata": {"name": "ns", "labels": {pod_security.ENFORCE_LABEL: "restricted"}}}
+    kube = Kube(labelled)
+    ctx = _ctx(kube)
+    disagg = spec_of("deepseek-r1-disaggregated.yaml")
+    tcp = spec_of("deepseek-r1-disaggregated.yaml", {"topology": {"kvNetwork": "tcp"}})
+    assert pod_security_level(ctx, ("ns", "a"), tcp, 0.0) is None
+    assert kube.gets == 0
+    assert pod_security_level(ctx, ("ns", "a"), disagg, 0.0) == "restricted"
+    assert pod_security_level(ctx, ("ns", "b"), disagg, 1.0) == "restricted"
+    assert kube.gets == 1
+    assert pod_security_level(ctx, ("other", "c"), disagg, 1.0) == "restricted"
+    assert kube.gets == 2
 
 
 def test_the_status_carries_the_condition_only_while_it_has_something_to_say():

@@ -116,6 +116,29 @@ def test_a_lost_decode_group_is_replaced_beside_its_units_prefill_group():
     assert new.domain == prefill0.domain, "re-placed beside the prefill group it serves"
 
 
+def test_a_decode_group_replaced_away_from_its_unit_holds_rdma_and_the_groups_left_without_are_named():
+    """The unit filled rack r0 (10 trays) and held no RDMA; a tray of its decode group is lost and r0 has
+    no room left, so the replacement goes to r1 with the RDMA device. The prefill group made while the
+    unit was whole holds none: the unit's path is tcp, and the Fabric condition names that group."""
+    md = deepseek(decode={"replicas": 1})
+    first = snapshot(md, nodes_of({"r0": 10, "r1": 9}), {}, {})
+    groups = materialize(first, plan(first))
+    assert {g.domain for gs in groups.values() for g in gs} == {"r0"}
+    assert not any(g.rdma for gs in groups.values() for g in gs)
+    decode0 = groups["decode"][0]
+    lost = nodes_of({"r0": 10, "r1": 9}, frozenset({decode0.pods[0].node or ""}))
+    snap = snapshot(md, lost, used_by(groups, md), groups)
+    p = plan(snap)
+    [new] = [cr for rp in p.roles if rp.role == "decode" for cr in rp.create]
+    assert (new.domain, new.unit, new.rdma) == ("r1", 0, True)
+    status, _ = settle(snap, p, Written())
+    assert [(u.domains, u.path) for u in status.units] == [(["r0", "r1"], "tcp")]
+    fabric = next(cd for cd in status.conditions if cd.type == "Fabric")
+    assert "deepseek-r1-prefill-0 (unit 0) were made while their unit fitted in one NVLink domain" in (
+        fabric.message
+    )
+
+
 def test_a_unit_that_fits_no_domain_whole_still_places_its_groups():
     """Racks of 9 trays (36 GPUs): a 32-GPU decode group and its 8-GPU prefill group cannot share one,
     so the unit spans two racks rather than wait."""
@@ -170,16 +193,52 @@ def test_status_names_each_units_groups_domain_and_path():
     assert (fabric.status, fabric.reason) == ("True", "NVLink")
 
 
-def test_status_says_a_split_unit_crosses_the_network():
+def test_a_unit_that_spans_domains_holds_rdma_unless_the_spec_asks_for_tcp():
+    """The unit fits in no rack whole: each of its groups is made with the operator's RDMA device and
+    IPC_LOCK (kvNetwork rdma, the default), and status names the path; with kvNetwork tcp neither, the path
+    is tcp, and the Fabric condition says it was asked for."""
     md = deepseek(decode={"replicas": 1})
-    snap = snapshot(md, nodes_of({"r0": 9, "r1": 9}), {}, {})
+    snap = replace(snapshot(md, nodes_of({"r0": 9, "r1": 9}), {}, {}), rdma_resource="rdma/hca")
     p = plan(snap)
+    assert [cr.rdma for rp in p.roles for cr in rp.create] == [True, True]
+    pods = [m for g in p.writes.groups for m in g.objects if m["kind"] == "Pod"]
+    assert len(pods) == 10
+    for pod in pods:
+        ctr = pod["spec"]["containers"][0]
+        assert ctr["resources"]["limits"]["rdma/hca"] == ctr["resources"]["requests"]["rdma/hca"] == "1"
+        assert ctr["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+        assert pod["metadata"]["labels"]["tokenfab.dev/kv-network"] == "rdma"
     status, changed = settle(snap, p, Written())
     [unit] = status.units
-    assert (unit.domains, unit.path) == (["r0", "r1"], "tcp")
+    assert (unit.domains, unit.path) == (["r0", "r1"], "rdma")
     fabric = next(cd for cd in changed if cd.type == "Fabric")
     assert (fabric.status, fabric.reason) == ("False", "KVOverNetwork")
-    # With the tray's NICs and IPC_LOCK the same split unit's KV goes over RDMA, and status says so.
+    tcp = deepseek(decode={"replicas": 1}, topology={"kvNetwork": "tcp"})
+    snap = snapshot(tcp, nodes_of({"r0": 9, "r1": 9}), {}, {})
+    p = plan(snap)
+    assert not any(cr.rdma for rp in p.roles for cr in rp.create)
+    pods = [m for g in p.writes.groups for m in g.objects if m["kind"] == "Pod"]
+    assert not any("tokenfab.dev/kv-network" in pod["metadata"]["labels"] for pod in pods)
+    assert not any("add" in pod["spec"]["containers"][0]["securityContext"]["capabilities"] for pod in pods)
+    status, changed = settle(snap, p, Written())
+    assert [(u.domains, u.path) for u in status.units] == [(["r0", "r1"], "tcp")]
+    fabric = next(cd for cd in changed if cd.type == "Fabric")
+    assert "spec.topology.kvNetwork is tcp" in fabric.message
+
+
+def test_a_unit_kept_whole_holds_no_rdma():
+    md = deepseek()
+    snap = snapshot(md, nodes_of({"r0": 18, "r1": 18, "r2": 18, "r3": 18}), {}, {})
+    p = plan(snap)
+    assert p.writes.groups
+    assert not any(cr.rdma for rp in p.roles for cr in rp.create)
+    for g in p.writes.groups:
+        for m in g.objects:
+            assert "rdma/rdma_shared_device_a" not in str(m)
+
+
+def test_status_says_a_split_unit_crosses_the_network_over_the_specs_own_rdma():
+    # With the tray's NICs and IPC_LOCK in the spec the split unit's KV goes over RDMA, and status says so.
     rdma = deepseek(decode={"replicas": 1})
     runtime = rdma.spec.runtime.model_copy(update={"add_capabilities": ["IPC_LOCK"]})
     runtime.resources.limits["rdma/ib"] = "4"

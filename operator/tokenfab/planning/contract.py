@@ -24,6 +24,12 @@ LABEL_RANK = f"{DOMAIN}/rank"
 LABEL_REVISION = f"{DOMAIN}/revision"
 LABEL_DOMAIN = f"{DOMAIN}/nvlink-domain"
 LABEL_UNIT = f"{DOMAIN}/unit"  # a disaggregated group's prefill-decode unit (planning.units)
+# "rdma" on the pods of a unit that spans NVLink domains: they hold an RDMA device and IPC_LOCK
+LABEL_KV_NETWORK = f"{DOMAIN}/kv-network"
+KV_NETWORK_RDMA = "rdma"
+# UCX registers (pins) the memory it moves over RDMA: a container needs CAP_IPC_LOCK for more than the
+# default locked-memory limit.
+CAP_IPC_LOCK = "IPC_LOCK"
 LABEL_PEERS = (
     f"{DOMAIN}/peers"  # "true" on pods of multi-node groups (the headless workers Service selects them)
 )

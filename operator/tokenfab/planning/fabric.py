@@ -13,21 +13,22 @@ it to be found in a profile.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from tokenfab.api.models import Condition, ModelDeploymentSpec, RoleName, UnitStatus
+from tokenfab.planning import contract
 from tokenfab.planning.builders.placement import uses_compute_domain
 from tokenfab.planning.builders.roles import group_shape
 from tokenfab.planning.units import PATHS, UNIT_ROLES, Units, path
 
 CONDITION = "Fabric"
-# RDMA device resources as their device plugins name them: NVIDIA's Network Operator (rdma/*: its shared
+# RDMA device resources as their device plugins name them (a spec may list its own in runtime.resources;
+# else the operator's, Settings.rdma_resource, is rendered on the pods of a unit that spans domains):
+# NVIDIA's Network Operator (rdma/*: its shared
 # device plugin, e.g. rdma/ib, rdma/rdma_shared_device_a), SR-IOV RDMA pools named so, AWS's EFA plugin.
 RDMA_RESOURCE_PREFIXES = ("rdma/",)
 RDMA_RESOURCES = ("vpc.amazonaws.com/efa",)
-# UCX registers (pins) the memory it moves over RDMA: a container needs CAP_IPC_LOCK for more than the
-# default locked-memory limit.
-MEMORY_LOCK = "IPC_LOCK"
+MEMORY_LOCK = contract.CAP_IPC_LOCK  # (UCX pins the memory it moves over RDMA)
 
 
 def rdma_devices(spec: ModelDeploymentSpec) -> list[str]:
@@ -74,10 +75,27 @@ def kv_path_summary(units: Sequence[UnitStatus]) -> str | None:
     return ", ".join(f"{count[p]} {p}" for p in PATHS if count[p]) or None
 
 
-def condition(spec: ModelDeploymentSpec, units: Sequence[UnitStatus] = ()) -> Condition | None:
+def without_rdma(units: Units | None) -> dict[int, list[str]]:
+    """The groups, by unit, that hold no RDMA device in a unit where others do (made while the unit was
+    whole in one domain): the unit's KV stays on TCP until they are replaced."""
+    if units is None:
+        return {}
+    out = {}
+    for unit, members in units.members.items():
+        if any(m.rdma for m in members):
+            bare = sorted(m.group for m in members if not m.rdma and m.group)
+            if bare:
+                out[unit] = bare
+    return out
+
+
+def condition(
+    spec: ModelDeploymentSpec, units: Sequence[UnitStatus] = (), bare: Mapping[int, list[str]] | None = None
+) -> Condition | None:
     """Fabric: True when every multi-node group claims an IMEX channel and every unit's KV moves over
     NVLink; False when a group spans trays without a channel (NoIMEXChannel) or a unit's KV crosses
-    the network (KVOverNetwork). None when there is nothing to say (no multi-node group, no unit)."""
+    the network (KVOverNetwork). None when there is nothing to say (no multi-node group, no unit).
+    `bare`: the groups of a unit that hold no RDMA device where the unit's others do (`without_rdma`)."""
     spanning = [(role, group_shape(spec, role).nodes) for role, _ in spec.roles()]
     spanning = [(role, nodes) for role, nodes in spanning if nodes > 1]
     if not spanning and not units:
@@ -97,6 +115,7 @@ def condition(spec: ModelDeploymentSpec, units: Sequence[UnitStatus] = ()) -> Co
     slow = [u for u in units if u.path != "nvlink"]
     if slow:
         said = "; ".join(f"unit {u.unit} ({', '.join(u.domains) or 'not placed'}): {u.path}" for u in slow)
+        tcp = [u for u in slow if u.path == "tcp"]
         return Condition(
             type=CONDITION,
             status="False",
@@ -105,7 +124,7 @@ def condition(spec: ModelDeploymentSpec, units: Sequence[UnitStatus] = ()) -> Co
             f"network, not NVLink: {said}. A unit is kept in one NVLink domain where it fits, with one "
             "ComputeDomain over its pods that fill their nodes; one that spans domains, or whose groups "
             "share nodes with others, crosses the network"
-            + ("." if holds_rdma(spec) else f": {_without_rdma(spec)}"),
+            + (f": {_over_tcp(spec, tcp, bare or {})}" if tcp else " over RDMA."),
         )
     parts = []
     if spanning:
@@ -116,15 +135,23 @@ def condition(spec: ModelDeploymentSpec, units: Sequence[UnitStatus] = ()) -> Co
     return Condition(type=CONDITION, status="True", reason="NVLink", message="; ".join(parts))
 
 
-def _without_rdma(spec: ModelDeploymentSpec) -> str:
-    """Why the network path is TCP, and the fix."""
+def _over_tcp(spec: ModelDeploymentSpec, tcp: Sequence[UnitStatus], bare: Mapping[int, list[str]]) -> str:
+    """Why a network path is TCP, and the fix."""
+    if spec.topology.kv_network == "tcp":
+        return (
+            "spec.topology.kvNetwork is tcp, so their pods hold no RDMA device and UCX uses TCP, as asked "
+            "(set it to rdma, the default, for RDMA between NVLink domains)"
+        )
+    held = [f"{', '.join(bare[u.unit])} (unit {u.unit})" for u in tcp if u.unit in bare]
+    if held:
+        return (
+            f"the groups {'; '.join(held)} were made while their unit fitted in one NVLink domain and "
+            "hold no RDMA device, so UCX uses TCP until they are replaced (the unit's new groups hold one)"
+        )
     devices = rdma_devices(spec)
-    if devices:
+    if devices and MEMORY_LOCK not in spec.runtime.add_capabilities:
         return (
             f"the workers ask for {', '.join(devices)} but not for {MEMORY_LOCK} "
             f"(runtime.addCapabilities), so UCX cannot register memory and uses TCP"
         )
-    return (
-        "the workers hold no RDMA devices, so UCX uses TCP; ask for your RDMA device plugin's resource in "
-        f"runtime.resources.limits (e.g. rdma/ib) and for {MEMORY_LOCK} in runtime.addCapabilities"
-    )
+    return "their groups hold no RDMA device, so UCX uses TCP"

@@ -214,11 +214,14 @@ class _Placer:
         self.domains = {**self.domains, chosen: take(self.domains[chosen], targets, shape.pod_gpus)}
         self.per_domain[chosen] = self.per_domain.get(chosen, 0) + 1
         path = PATHS[min(COLD, max(self.warmth.get(n, COLD) for n in targets))] if self.warmth else ""
+        rdma = self.units is not None and unit is not None and self.units.needs_rdma(unit, chosen)
         plan.create.append(
-            Create(plan.role, slot, chosen, plan.revision, reason, tuple(targets), (), replaces, path, unit)
+            Create(
+                plan.role, slot, chosen, plan.revision, reason, tuple(targets), (), replaces, path, unit, rdma
+            ),
         )
         if self.units is not None and unit is not None:
-            self.units.add(unit, Member("", plan.role, chosen, slot, tuple(targets)))
+            self.units.add(unit, Member("", plan.role, chosen, slot, tuple(targets), rdma=rdma))
         return True
 
     def place_up_to(self, count: int, reason: str, replacing: Sequence[str] = ()) -> None:
@@ -335,7 +338,15 @@ def _reserved(plan: RolePlan, g: GroupView, domains: dict[str, Domain]) -> dict[
         return None
     plan.create.append(
         Create(
-            plan.role, g.slot, g.domain, g.revision, "Complete", tuple(targets), tuple(missing), unit=g.unit
+            plan.role,
+            g.slot,
+            g.domain,
+            g.revision,
+            "Complete",
+            tuple(targets),
+            tuple(missing),
+            unit=g.unit,
+            rdma=g.rdma,
         )
     )
     plan.unbound[g.name] = f"creating ranks {missing}"

@@ -127,6 +127,7 @@ class GroupView:
     created_at: float | None = None  # when its first pod was created (None: unknown)
     start_path: str = ""  # warm | fetching | cold: how its nodes' model caches stood when it was placed
     unit: int | None = None  # its prefill-decode unit, as written on its pods (None: none written)
+    rdma: bool = False  # its pods hold an RDMA device and IPC_LOCK (labelled so: its unit spans domains)
     drain_inflight: str = ""  # the requests in flight when its drain began, as marked on its pods
 
 

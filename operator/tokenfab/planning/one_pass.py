@@ -39,7 +39,7 @@ from tokenfab.planning.autoscaler.signals import Reading
 from tokenfab.planning.eviction import NodeCaches
 from tokenfab.planning.fabric import CONDITION as FABRIC
 from tokenfab.planning.fabric import condition as fabric_condition
-from tokenfab.planning.fabric import kv_path_summary, unit_statuses
+from tokenfab.planning.fabric import kv_path_summary, unit_statuses, without_rdma
 from tokenfab.planning.frontend import FrontendPod, gone
 from tokenfab.planning.frontend import move as move_frontend
 from tokenfab.planning.groups import DrainPolicy, Judging, Leaving, Placing, RolePlan, Wanted, plan_role
@@ -97,6 +97,7 @@ class Snapshot:
     children: writes.Seen = field(default_factory=writes.Seen)  # its children, for what is no longer wanted
     legacy: Mapping[str, object] | None = None  # the patch that removes old kopf bookkeeping (None: none)
     pod_security: str | None = None  # the level its namespace enforces ("" none; None: not read)
+    rdma_resource: str = "rdma/rdma_shared_device_a"  # what a pod of a unit that spans domains asks for
 
     @property
     def spec(self) -> ModelDeploymentSpec:
@@ -301,8 +302,10 @@ def role_units(x: RoleInputs, plans: list[RolePlan]) -> Units | None:
     spec = x.spec
     if not x.units:
         return None
-    shapes = {r: builders.group_shape(spec, r) for r in UNIT_ROLES if spec.role(r) is not None}
-    return units_of(spec, x.groups, plans, x.desired.get("decode", 0), shapes, x.units_down)
+    roles = [r for r in UNIT_ROLES if spec.role(r) is not None]
+    shapes = {r: builders.group_shape(spec, r) for r in roles}
+    channel = {r: builders.uses_compute_domain(spec, r) for r in roles}
+    return units_of(spec, x.groups, plans, x.desired.get("decode", 0), shapes, x.units_down, channel)
 
 
 # ------------------------------------------------------------------------------------------ the plan
@@ -435,7 +438,7 @@ def plan_writes(
     """Every write of the plan: the shared children (`kids`), the new groups, the children no longer
     wanted and what the plan lets go (`goes`), and the routing writes that follow."""
     service, identity, rest = kids
-    domains, groups, waits = writes.new_groups(s.owner, spec, roles, s.gang, s.domains)
+    domains, groups, waits = writes.new_groups(s.owner, spec, roles, s.gang, s.domains, s.rdma_resource)
     stale, releases = writes.stale(s.owner, spec, s.children)
     return writes.Writes(
         workers_service=service,
@@ -516,8 +519,9 @@ def settle(s: Snapshot, p: Plan, written: Written) -> tuple[ModelDeploymentStatu
     )
     outcome = p.autoscaling
     units = unit_statuses(p.spec, p.units, lambda role, slot: builders.group_name(s.owner, role, slot))
-    fabric = fabric_condition(p.spec, units)
-    security = pod_security.condition(p.spec, s.owner.namespace, s.pod_security)
+    fabric = fabric_condition(p.spec, units, without_rdma(p.units))
+    rdma = p.units is not None and any(m.rdma for ms in p.units.members.values() for m in ms)
+    security = pod_security.condition(p.spec, s.owner.namespace, s.pod_security, rdma)
     faults = fault_report.records(
         s.md.status.faults if s.md.status else [],
         p.roles,

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tokenfab.api.models import Condition, ModelDeploymentSpec
+from tokenfab.planning import contract
 
 CONDITION = "PodSecurity"
 ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
@@ -51,25 +52,36 @@ def forbidden(level: str, capabilities: Sequence[str]) -> list[str]:
     return [c for c in capabilities if c not in allowed]
 
 
-def condition(spec: ModelDeploymentSpec, namespace: str, level: str | None) -> Condition | None:
+def condition(
+    spec: ModelDeploymentSpec, namespace: str, level: str | None, rdma: bool = False
+) -> Condition | None:
     """PodSecurity: False (CapabilitiesForbidden) when the namespace's enforced level refuses a
     capability the workers add, True when it allows them; None when the workers add none or the level
-    could not be read (`level` None)."""
-    caps = list(spec.runtime.add_capabilities)
-    if not caps or level is None:
+    could not be read (`level` None). `rdma`: a prefill-decode unit spans NVLink domains, so its pods add
+    IPC_LOCK for RDMA (builders.group_pods)."""
+    caps: list[str] = list(spec.runtime.add_capabilities)
+    unit_caps = [contract.CAP_IPC_LOCK] if rdma and contract.CAP_IPC_LOCK not in caps else []
+    if not (caps or unit_caps) or level is None:
         return None
-    refused = forbidden(level, caps)
+    refused = forbidden(level, [*caps, *unit_caps])
     if refused:
+        asked = [c for c in refused if c in caps]
+        why = [f"{', '.join(asked)} (runtime.addCapabilities)"] if asked else []
+        why += [f"{contract.CAP_IPC_LOCK} (RDMA for a prefill-decode unit that spans NVLink domains)"] * bool(
+            set(refused) - set(asked)
+        )
+        fixes = [f"drop {', '.join(asked)} from runtime.addCapabilities"] if asked else []
+        fixes += ["set spec.topology.kvNetwork to tcp (slower)"] * bool(set(refused) - set(asked))
         return Condition(
             type=CONDITION,
             status="False",
             reason="CapabilitiesForbidden",
             message=f"namespace {namespace} enforces Pod Security level {level!r} ({ENFORCE_LABEL}), "
-            f"which refuses the workers' added capabilities {', '.join(refused)} "
-            "(runtime.addCapabilities): their pods would not be admitted. Label the namespace "
-            f"{ENFORCE_LABEL}=privileged, or drop them from runtime.addCapabilities (without IPC_LOCK, KV "
-            "caches that cross NVLink domains move over TCP).",
+            f"which refuses the workers' added capabilities {'; '.join(why)}: their pods would not be "
+            f"admitted. Label the namespace {ENFORCE_LABEL}=privileged, or {' and '.join(fixes)} "
+            "(without IPC_LOCK, KV caches that cross NVLink domains move over TCP).",
         )
+    caps += unit_caps
     said = (
         f"enforces Pod Security level {level!r}"
         if level

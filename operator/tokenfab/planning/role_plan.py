@@ -24,6 +24,7 @@ class Create:
     replaces: str = ""  # the group lost to, or moving off, a fault that this one replaces
     path: str = ""  # how it starts: warm | fetching | cold (its nodes' model caches; "" none kept)
     unit: int | None = None  # its prefill-decode unit (planning.units; None: the deployment has none)
+    rdma: bool = False  # its pods hold an RDMA device and IPC_LOCK (its unit spans NVLink domains)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from tokenfab.api.models import KvPath, ModelDeploymentSpec, RoleName
+from tokenfab.api.models import KvNetwork, KvPath, ModelDeploymentSpec, RoleName
 from tokenfab.planning.lifecycle import GroupView
 from tokenfab.planning.role_plan import RolePlan
 from tokenfab.planning.topology import Domain, GroupShape, reserve
@@ -80,6 +80,7 @@ class Member:
     slot: int = 0
     nodes: tuple[str, ...] = ()  # the nodes of its pods (bound, or placed)
     labelled: bool = True  # its pods carry the unit (a group made before units claims its own channel)
+    rdma: bool = False  # its pods hold an RDMA device and IPC_LOCK
 
 
 @dataclass
@@ -93,6 +94,12 @@ class Units:
     # units whose ComputeDomain is NotReady (its IMEX daemons failed): no new group joins them, so their
     # replacements form a new unit with a new ComputeDomain, and theirs goes with their last group
     down: frozenset[int] = frozenset()
+    # how a unit that spans domains moves its KV (spec.topology.kvNetwork), and whether each role's pods
+    # hold the unit's IMEX channel (without one, KV between trays crosses the network even in one domain)
+    network: KvNetwork = "rdma"
+    channel: Mapping[RoleName, bool] = field(default_factory=dict)
+    # units whose first decode group found no domain where the whole unit fits: they will span domains
+    split: set[int] = field(default_factory=set)
 
     def add(self, unit: int, member: Member) -> None:
         self.members.setdefault(unit, []).append(member)
@@ -144,7 +151,22 @@ class Units:
             if chosen is not None:
                 self.kept.setdefault(chosen, []).extend((unit, c) for c in companions)
                 return chosen
+            self.split.add(unit)
         return pick(open_domains)
+
+    def needs_rdma(self, unit: int, domain: str) -> bool:
+        """Whether a new group of `unit` placed in `domain` holds an RDMA device and IPC_LOCK: with
+        kvNetwork rdma, when the unit spans domains (a member elsewhere, or its first decode group found
+        no domain for the whole unit), already holds RDMA (every pod of a unit alike), or a role of it
+        holds no IMEX channel (its KV between trays crosses the network)."""
+        if self.network != "rdma":
+            return False
+        members = self.members.get(unit, [])
+        return (
+            unit in self.split
+            or any(m.rdma or (m.domain and m.domain != domain) for m in members)
+            or not all(self.channel.get(r, True) for r in UNIT_ROLES)
+        )
 
     def unit_of_group(self, group: str) -> int | None:
         """The unit a kept group belongs to (None: not one of the units' groups, or its unit is down)."""
@@ -193,25 +215,28 @@ def units_of(
     decode_groups: int,
     shapes: Mapping[RoleName, GroupShape],
     down: Iterable[int] = (),
+    channel: Mapping[RoleName, bool] | None = None,
 ) -> Units | None:
     """The units of the groups that stay (not deleted by `plans`) and of the groups `plans` create;
-    `down`: the units whose ComputeDomain is NotReady."""
+    `down`: the units whose ComputeDomain is NotReady; `channel`: whether each role's pods hold the
+    unit's IMEX channel (builders.uses_compute_domain)."""
     r = rule(spec)
     if r is None:
         return None
-    out = Units(r, decode_groups, shapes, down=frozenset(down))
+    network = spec.topology.kv_network
+    out = Units(r, decode_groups, shapes, down=frozenset(down), network=network, channel=channel or {})
     plans = list(plans)
     gone = {d.name for p in plans for d in p.delete}
     for role in UNIT_ROLES:
         for g in groups.get(role, []):
             if g.name not in gone:
                 nodes = tuple(n for p in g.pods if (n := p.node or p.pinned)) or g.nodes
-                member = Member(g.name, role, g.domain, g.slot, nodes, g.unit is not None)
+                member = Member(g.name, role, g.domain, g.slot, nodes, g.unit is not None, g.rdma)
                 out.add(group_unit(r, g, decode_groups), member)
     for p in plans:
         for cr in p.create:
             if cr.reason != "Complete" and cr.unit is not None:
-                out.add(cr.unit, Member("", p.role, cr.domain, cr.slot, cr.nodes))
+                out.add(cr.unit, Member("", p.role, cr.domain, cr.slot, cr.nodes, rdma=cr.rdma))
     return out
 
 
@@ -228,8 +253,10 @@ def fits_all(domain: Domain, shapes: Sequence[GroupShape]) -> bool:
 def path(members: Sequence[Member], channel: Mapping[RoleName, bool], rdma: bool) -> Path:
     """A unit's KV path: NVLink when its groups are all on one node (cuda_ipc, no fabric needed) or all
     in one domain with every pod holding the unit's IMEX channel (`channel`: per role), else RDMA when
-    the workers hold RDMA devices, else TCP. A unit with prefill and no decode group hands its KV over to
-    other units': not NVLink."""
+    the workers hold RDMA devices (`rdma`: every worker of the deployment, by its spec; else every group
+    of the unit, rendered so because it spans domains), else TCP. A unit with prefill and no decode group
+    hands its KV over to other units': not NVLink."""
+    rdma = rdma or (bool(members) and all(m.rdma for m in members))
     if not any(m.role == "decode" for m in members):
         return "rdma" if rdma else "tcp"  # (its prefill hands KV over to another unit's decode)
     nodes = {n for m in members for n in m.nodes}

@@ -177,9 +177,11 @@ def new_groups(
     roles: Iterable[RolePlan],
     gang: builders.GangMode,
     domains: Domains,
+    rdma: str = "",
 ) -> tuple[tuple[Manifest, ...], tuple[NewGroup, ...], tuple[ChannelWait, ...]]:
     """The new groups' objects: (ComputeDomains to write, groups to write, groups waiting for their
-    channel). A unit's ComputeDomain is written once for all its new groups."""
+    channel). A unit's ComputeDomain is written once for all its new groups. `rdma`: the RDMA device
+    resource the pods of a group whose unit spans NVLink domains ask for (Create.rdma)."""
     cds: dict[str, Manifest] = {}
     groups: list[NewGroup] = []
     waits: list[ChannelWait] = []
@@ -209,6 +211,7 @@ def new_groups(
                 gang=gang,
                 start_path=cr.path,
                 unit=cr.unit,
+                rdma=rdma if cr.rdma else "",
             )
             pg = [builders.pod_group(owner, spec, cr.role, cr.slot)]
             objs = (*(pg if builders.gang_of(spec, cr.role, gang) == "podgroup" else []), *pods)

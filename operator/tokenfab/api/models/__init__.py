@@ -116,6 +116,7 @@ from tokenfab.api.models.status import (
 from tokenfab.api.models.topology import (
     NODE_SELECTOR_MAX_ENTRIES,
     TOLERATIONS_MAX,
+    KvNetwork,
     PlacementPolicy,
     Scheduling,
     Toleration,
@@ -162,6 +163,7 @@ __all__ = [
     "FrontendScaling",
     "GroupPlacement",
     "KeySelector",
+    "KvNetwork",
     "KvPath",
     "Mode",
     "ModelCache",

@@ -21,6 +21,7 @@ NODE_SELECTOR_MAX_ENTRIES = 32
 TOLERATIONS_MAX = 32
 
 PlacementPolicy = Literal["pack", "spread"]
+KvNetwork = Literal["rdma", "tcp"]
 
 
 class Topology(SpecModel):
@@ -52,6 +53,15 @@ class Topology(SpecModel):
         "the driver is not installed, multi-node groups wait with Placed=False/ComputeDomainUnavailable: "
         "install it, or set false to run them without IMEX (NCCL then falls back to InfiniBand between "
         "trays).",
+    )
+    kv_network: KvNetwork = Field(
+        default="rdma",
+        description="How a prefill-decode unit that cannot be kept in one NVLink domain moves its KV caches "
+        "between domains. rdma (the default): the pods of such a unit ask for the operator's RDMA device "
+        "resource (the chart's operator.rdmaResource) and IPC_LOCK, and wait where the nodes have none "
+        "or the namespace's Pod Security refuses IPC_LOCK (a condition says which). tcp: they ask for "
+        "neither, and UCX moves the KV over TCP (slower: for clusters without RDMA). A unit kept in one "
+        "domain moves its KV over NVLink either way.",
     )
     node_failure_toleration_seconds: int = Field(
         default=300,

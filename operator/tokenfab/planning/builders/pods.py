@@ -74,6 +74,7 @@ class _Group:
     limits: dict[str, str]
     engine_hash: str
     unit: int | None = None  # its prefill-decode unit (planning.units)
+    rdma: str = ""  # the RDMA device resource its pods hold (its unit spans NVLink domains), if any
 
 
 def group_pods(
@@ -88,6 +89,7 @@ def group_pods(
     gang: GangMode = "gates",
     start_path: str = "",
     unit: int | None = None,
+    rdma: str = "",
 ) -> list[Manifest]:
     """Pods of one group (all ranks, or `ranks`), pinned to `domain` and, when `nodes` are given (one per
     rank of `ranks`, or per rank of the group), each to its node.
@@ -100,7 +102,8 @@ def group_pods(
     each pod of a deployment that fetches its weights, so the autoscaler learns each path's start time:
     none given is cold (no cache kept, or none there yet); a deployment whose weights are mounted from
     a claim has no start path. `unit`: the group's prefill-decode unit (planning.units), written on its
-    pods; its pods claim the unit's IMEX channel."""
+    pods; its pods claim the unit's IMEX channel. `rdma`: the RDMA device resource each pod asks for, one,
+    with IPC_LOCK, when its unit spans NVLink domains (its KV crosses the network: UCX over RDMA)."""
     r = spec.role(role)
     assert r is not None
     shape = group_shape(spec, role)
@@ -112,6 +115,9 @@ def group_pods(
     assigned = dict(zip(wanted, nodes, strict=True)) if nodes else {}
     group = _group(owner, spec, role, slot, domain, revision, shape, assigned, gang_of(spec, role, gang))
     group = replace(group, unit=unit)
+    if rdma:  # (a count the spec gives for the same resource stands)
+        requests, limits = {rdma: "1", **group.requests}, {rdma: "1", **group.limits}
+        group = replace(group, rdma=rdma, requests=requests, limits=limits)
     pods = [_pod(group, rank) for rank in wanted]
     path = (start_path or "cold") if fetches_weights(spec) else ""
     for p in pods if path else []:
@@ -191,7 +197,7 @@ def _container(g: _Group, rank: int) -> dict[str, Any]:
         "startupProbe": worker_startup_probe(),
         "readinessProbe": worker_readiness_probe(),
         "resources": {"requests": g.requests, "limits": g.limits, **container_claims(g.spec, g.role)},
-        "securityContext": container_security(g.spec),
+        "securityContext": container_security(g.spec, (contract.CAP_IPC_LOCK,) if g.rdma else ()),
         "volumeMounts": [*pod_mounts(g.spec, g.mounts), *topology_volume(g.unit)[1]],
         "lifecycle": worker_lifecycle(),
     }
@@ -209,6 +215,7 @@ def _pod_meta(g: _Group, rank: int, node: str | None) -> dict[str, Any]:
         contract.LABEL_DOMAIN: g.domain,
         **({contract.LABEL_PEERS: "true"} if g.shape.nodes > 1 else {}),
         **({contract.LABEL_UNIT: str(g.unit)} if g.unit is not None else {}),
+        **({contract.LABEL_KV_NETWORK: contract.KV_NETWORK_RDMA} if g.rdma else {}),
     }
     meta = child_meta(g.owner, pod_name(g.name, rank), "worker", labels)
     meta["annotations"] = {

@@ -3,6 +3,7 @@ RBAC of Dynamo's kubernetes discovery, and the discovery environment that goes w
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from tokenfab.api.models import ModelDeploymentSpec
@@ -23,10 +24,12 @@ POD_SECURITY: dict[str, Any] = {
 }
 
 
-def container_security(spec: ModelDeploymentSpec | None = None) -> dict[str, Any]:
+def container_security(spec: ModelDeploymentSpec | None = None, also: Sequence[str] = ()) -> dict[str, Any]:
     """A container's security context; capabilities a deployment asks for (runtime.addCapabilities,
-    e.g. IPC_LOCK for RDMA) are added back, and take its pods out of the restricted standard."""
+    e.g. IPC_LOCK for RDMA) and `also` (IPC_LOCK for a unit that spans NVLink domains) are added back,
+    and take its pods out of the restricted standard."""
     add = list(getattr(spec.runtime, "add_capabilities", None) or []) if spec is not None else []
+    add += [c for c in also if c not in add]
     caps: dict[str, Any] = {"drop": ["ALL"]}
     if add:
         caps["add"] = add
