@@ -139,6 +139,63 @@ def test_a_decode_group_replaced_away_from_its_unit_holds_rdma_and_the_groups_le
     )
 
 
+def test_a_lost_decode_group_with_no_room_beside_moves_the_unit_where_it_fits_whole():
+    """The unit filled rack r0; a tray of its decode group is lost and r0 has no room for a new one. The
+    replacement goes to r1, where the whole unit fits, and needs no RDMA: the prefill group follows it
+    there in the same pass (a Rejoin: replaced in r1 first, then drained once the new one serves), and
+    the unit is whole again, over NVLink."""
+    md = deepseek(decode={"replicas": 1})
+    racks = {"r0": 10, "r1": 18}
+    first = snapshot(md, nodes_of(racks), {}, {})
+    groups = materialize(first, plan(first))
+    assert {g.domain for gs in groups.values() for g in gs} == {"r0"}
+    decode0, prefill0 = groups["decode"][0], groups["prefill"][0]
+    lost = nodes_of(racks, frozenset({decode0.pods[0].node or ""}))
+    snap = snapshot(md, lost, used_by(groups, md), groups)
+    p = plan(snap)
+    made = {cr.role: cr for rp in p.roles for cr in rp.create}
+    assert (made["decode"].reason, made["decode"].domain, made["decode"].rdma) == ("Replace", "r1", False)
+    assert (made["prefill"].reason, made["prefill"].domain, made["prefill"].rdma) == ("Rejoin", "r1", False)
+    assert made["prefill"].replaces == prefill0.name
+    prefill_plan = next(rp for rp in p.roles if rp.role == "prefill")
+    assert not prefill_plan.drain and not prefill_plan.delete, (
+        "the away group serves until its replacement does"
+    )
+    # Next pass: both new groups serve; the away prefill group leaves (drained first), nothing else moves.
+    after = materialize(snap, p)
+    after["decode"] = [g for g in after["decode"] if g.name != decode0.name]
+    snap2 = snapshot(md, lost, used_by(after, md), after)
+    p2 = plan(snap2)
+    assert not [cr for rp in p2.roles for cr in rp.create]
+    leaving = [(x.name, x.reason) for rp in p2.roles for x in (*rp.drain, *rp.delete)]
+    assert leaving == [(prefill0.name, "Rejoin")]
+    # Once it is gone, the unit is whole in r1 and nothing more moves.
+    after["prefill"] = [g for g in after["prefill"] if g.name != prefill0.name]
+    snap3 = snapshot(md, lost, used_by(after, md), after)
+    p3 = plan(snap3)
+    assert not [x for rp in p3.roles for x in (*rp.create, *rp.drain, *rp.delete)]
+    status, _ = settle(snap3, p3, Written())
+    assert [(u.domains, u.path) for u in status.units] == [(["r1"], "nvlink")]
+
+
+def test_a_group_away_from_its_unit_stays_while_the_home_has_no_room():
+    """Rack r0 holds the decode group and has no room for the prefill group, which runs in r1: nothing
+    moves, pass after pass (no churn). Once r0 has room, the prefill group rejoins it."""
+    md = deepseek(decode={"replicas": 1})
+    first = snapshot(md, nodes_of({"r0": 9, "r1": 9}), {}, {})
+    groups = materialize(first, plan(first))
+    assert sorted(g.domain for gs in groups.values() for g in gs) == ["r0", "r1"]
+    snap = snapshot(md, nodes_of({"r0": 9, "r1": 9}), used_by(groups, md), groups)
+    p = plan(snap)
+    assert not [x for rp in p.roles for x in (*rp.create, *rp.drain, *rp.delete)]
+    # r0 gains a tray (capacity freed, or added): the prefill group's replacement goes there
+    grown = snapshot(md, nodes_of({"r0": 11, "r1": 9}), used_by(groups, md), groups)
+    decode_domain = groups["decode"][0].domain
+    p = plan(grown)
+    [cr] = [cr for rp in p.roles for cr in rp.create]
+    assert (cr.role, cr.reason, cr.domain) == ("prefill", "Rejoin", decode_domain)
+
+
 def test_a_unit_that_fits_no_domain_whole_still_places_its_groups():
     """Racks of 9 trays (36 GPUs): a 32-GPU decode group and its 8-GPU prefill group cannot share one,
     so the unit spans two racks rather than wait."""

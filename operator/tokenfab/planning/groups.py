@@ -180,7 +180,7 @@ class _Placer:
     warmth: Mapping[str, int] = field(default_factory=dict)  # node -> its model cache's warmth
     units: Units | None = None  # the deployment's prefill-decode units (None: it has none)
 
-    def choose(self, open_domains: Mapping[str, Domain], unit: int | None) -> str | None:
+    def choose(self, open_domains: Mapping[str, Domain], unit: int | None, replaces: str = "") -> str | None:
         """The domain for a new group: by its prefill-decode unit (planning.units), else the policy's."""
         shape, warm = self.plan.shape, self.warmth or None
 
@@ -188,8 +188,18 @@ class _Placer:
             return choose_domain(domains, shape, self.policy, self.per_domain, warm)
 
         if self.units is not None and unit is not None:
-            return self.units.choose(self.plan.role, shape, unit, open_domains, pick)
+            return self.units.choose(self.plan.role, shape, unit, open_domains, pick, (replaces,))
         return pick(open_domains)
+
+    def rejoin(self, group: str) -> bool:
+        """The replacement of a group away from its unit's home, in the home only (`Units.rejoin_room`);
+        nothing when the home has no room left."""
+        if self.units is None or self.plan.backoff > 0:
+            return False
+        open_domains = {k: v for k, v in self.domains.items() if k not in self.avoid}
+        if self.units.rejoin_room(group, self.plan.shape, open_domains) is None:
+            return False
+        return self.place("Rejoin", group)
 
     def place(self, reason: str, replaces: str = "") -> bool:
         plan, shape = self.plan, self.plan.shape
@@ -200,7 +210,7 @@ class _Placer:
         slot = next(i for i in range(len(self.used_slots) + 1) if i not in self.used_slots)
         gone = [d.name for d in plan.delete]
         unit = self.units.new_member(plan.role, replaces, gone) if self.units is not None else None
-        chosen = self.choose(open_domains, unit)
+        chosen = self.choose(open_domains, unit, replaces)
         targets = (
             None
             if chosen is None
@@ -214,7 +224,9 @@ class _Placer:
         self.domains = {**self.domains, chosen: take(self.domains[chosen], targets, shape.pod_gpus)}
         self.per_domain[chosen] = self.per_domain.get(chosen, 0) + 1
         path = PATHS[min(COLD, max(self.warmth.get(n, COLD) for n in targets))] if self.warmth else ""
-        rdma = self.units is not None and unit is not None and self.units.needs_rdma(unit, chosen)
+        rdma = (
+            self.units is not None and unit is not None and self.units.needs_rdma(unit, chosen, (replaces,))
+        )
         plan.create.append(
             Create(
                 plan.role, slot, chosen, plan.revision, reason, tuple(targets), (), replaces, path, unit, rdma
@@ -266,8 +278,13 @@ def plan_role(
     counted = [g for g in alive if plan.states[g.name] != "draining"]
     _note_moving(plan, groups, alive, judge)
     _settle_draining(plan, alive, counted, judge, leave)
-    moving = [g for g in counted if g.name in plan.faults]
-    new = [g for g in counted if g.revision == revision and g.name not in plan.faults]
+    _note_rejoining(plan, counted, placer, judge)
+    moving = [g for g in counted if g.name in plan.faults or g.name in plan.rejoin]
+    new = [
+        g
+        for g in counted
+        if g.revision == revision and g.name not in plan.faults and g.name not in plan.rejoin
+    ]
     old = [g for g in counted if g.revision != revision]
     plan.old_groups = len(old)
     going = _leaving(plan, groups, judge.nodes)
@@ -424,6 +441,8 @@ def _replacing(plan: RolePlan) -> tuple[str, list[str]]:
     moving = [n for n, f in sorted(plan.faults.items()) if not f.sudden and plan.states.get(n) != "draining"]
     if any(d.reason == "Broken" for d in plan.delete):
         return "Replace", lost + moving
+    if not moving and plan.rejoin:
+        return "Rejoin", list(plan.rejoin)
     return ("Evacuate" if moving else "Missing"), moving
 
 
@@ -432,7 +451,10 @@ def _scale(plan: RolePlan, placer: _Placer, new: Sequence[GroupView], leave: Dra
     node), surplus ones leave."""
     if len(new) + plan.held < plan.desired:
         reason, replacing = _replacing(plan)
-        placer.place_up_to(plan.desired - len(new) - plan.held, reason, replacing)
+        if reason == "Rejoin":  # (one group, exactly: `_note_rejoining`)
+            placer.rejoin(replacing[0])
+        else:
+            placer.place_up_to(plan.desired - len(new) - plan.held, reason, replacing)
     elif len(new) > plan.desired:
         for g in _order_for_removal(new, plan.states)[: len(new) - plan.desired]:
             _remove(plan, g, "Surplus", leave)
@@ -456,6 +478,31 @@ def _note_moving(
             plan.faults[g.name] = fault
 
 
+def _note_rejoining(plan: RolePlan, counted: Sequence[GroupView], placer: _Placer, judge: Judging) -> None:
+    """A group of a prefill-decode unit away from the NVLink domain holding most of the unit's GPUs moves
+    there, drain-first like an evacuation: once the home has room for it (its replacement is then made
+    there), and while that replacement comes up (the role holds one group more than it wants). One
+    group at a time, only while the role is otherwise steady: every group serving, of the current
+    revision, none faulted, no backoff, and tokenfab answering faults (not a benchmark's baseline)."""
+    units = placer.units
+    if units is None or judge.reaction.mode != "replace" or plan.faults or plan.backoff > 0:
+        return
+    current = [g for g in counted if g.revision == plan.revision]
+    if len(current) != len(counted) or len(current) < plan.desired:
+        return
+    made = len(current) > plan.desired  # a replacement exists: the away group leaves once it serves
+    if not made and any(plan.states[g.name] != "serving" for g in counted):
+        return
+    for g in sorted(current, key=lambda g: g.slot):
+        unit = units.unit_of_group(g.name)
+        home = units.home(unit) if unit is not None and g.unit is not None else None
+        if home is None or home == g.domain or plan.states[g.name] != "serving":
+            continue
+        if made or units.rejoin_room(g.name, plan.shape, placer.domains) is not None:
+            plan.rejoin.append(g.name)
+            return
+
+
 def _evacuate(
     plan: RolePlan, new: Sequence[GroupView], moving: Sequence[GroupView], leave: DrainPolicy
 ) -> None:
@@ -470,11 +517,12 @@ def _evacuate(
     for g in _order_for_removal(moving, states):
         if g.name in removed:
             continue
+        why = "Rejoin" if g.name in plan.rejoin else "Evacuate"
         if states[g.name] != "serving":
-            _remove(plan, g, "Evacuate", leave)
+            _remove(plan, g, why, leave)
         elif spare > 0:
             spare -= 1
-            _remove(plan, g, "Evacuate", leave)
+            _remove(plan, g, why, leave)
 
 
 def _rollout(

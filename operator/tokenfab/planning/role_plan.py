@@ -18,7 +18,7 @@ class Create:
     slot: int
     domain: str
     revision: str
-    reason: str  # Missing | Replace | Evacuate | Surge | Complete
+    reason: str  # Missing | Replace | Evacuate | Rejoin | Surge | Complete
     nodes: tuple[str, ...] = ()  # the node of each created rank, in rank order
     ranks: tuple[int, ...] = ()  # the ranks to create (empty: all of them)
     replaces: str = ""  # the group lost to, or moving off, a fault that this one replaces
@@ -31,7 +31,7 @@ class Create:
 class Delete:
     role: RoleName
     name: str
-    reason: str  # Broken | Surplus | Rollout | Evacuate | Drained | DrainTimedOut
+    reason: str  # Broken | Surplus | Rollout | Evacuate | Rejoin | Drained | DrainTimedOut
     inflight: float | None = None  # requests still in flight when it goes (drains only)
     drained_for: float | None = None  # seconds its drain took
 
@@ -40,7 +40,7 @@ class Delete:
 class Drain:
     role: RoleName
     name: str
-    reason: str  # Surplus | Rollout | Evacuate
+    reason: str  # Surplus | Rollout | Evacuate | Rejoin
     inflight: float | None = None  # requests in flight when its drain starts, if known
 
 
@@ -89,6 +89,9 @@ class RolePlan:
     # Groups hit by a hardware fault: lost to a sudden one (deleted, re-placed at once) or moving off an
     # announced one (replaced first, then drained).
     faults: dict[str, GroupFault] = field(default_factory=dict)
+    # A group away from the NVLink domain holding most of its prefill-decode unit, moving there now that
+    # the domain has room (replaced there first, then drained: planning.units.Units.home)
+    rejoin: list[str] = field(default_factory=list)
 
     @property
     def ready(self) -> int:

@@ -100,6 +100,8 @@ class Units:
     channel: Mapping[RoleName, bool] = field(default_factory=dict)
     # units whose first decode group found no domain where the whole unit fits: they will span domains
     split: set[int] = field(default_factory=set)
+    # units whose new group went where the unit's other groups fit too: they follow it there (rejoin)
+    gathering: set[int] = field(default_factory=set)
 
     def add(self, unit: int, member: Member) -> None:
         self.members.setdefault(unit, []).append(member)
@@ -130,16 +132,32 @@ class Units:
         unit: int,
         open_domains: Mapping[str, Domain],
         pick: Callable[[Mapping[str, Domain]], str | None],
+        leaving: Iterable[str] = (),
     ) -> str | None:
         """The domain for a new group of `unit`: beside the unit's other groups where that domain has room
-        (beside the room kept for other units); for a unit's first decode group, where the whole unit fits
-        (its companions' room is then kept there); else `pick`'s (the placement policy) among all."""
+        (beside the room kept for other units; the domain holding most of the unit's GPUs first); else,
+        for a group of a unit that has others (a replacement), where it fits with all of them, so they can
+        follow (`rejoin_room`); for a unit's first decode group, where the whole unit fits (its companions'
+        room is then kept there); else `pick`'s (the placement policy) among all. `leaving`: groups this
+        one replaces (no longer the unit's)."""
         for name in self.domains(unit):
             others, mine = self._kept_beside(name, unit, shape)
             if name in open_domains and fits_all(open_domains[name], (shape, *others)):
                 if mine:
                     self.kept[name].remove((unit, shape))
                 return name
+        gone = {n for n in leaving if n}
+        staying = [self.shapes[m.role] for m in self.members.get(unit, []) if m.group not in gone]
+        if staying:
+            together = {
+                k: d
+                for k, d in open_domains.items()
+                if fits_all(d, (shape, *staying, *(s for _, s in self.kept.get(k, ()))))
+            }
+            chosen = pick(together) if together else None
+            if chosen is not None:
+                self.gathering.add(unit)
+                return chosen
         companions = self.companions(role, unit)
         if companions:
             whole = {
@@ -154,19 +172,49 @@ class Units:
             self.split.add(unit)
         return pick(open_domains)
 
-    def needs_rdma(self, unit: int, domain: str) -> bool:
+    def needs_rdma(self, unit: int, domain: str, leaving: Iterable[str] = ()) -> bool:
         """Whether a new group of `unit` placed in `domain` holds an RDMA device and IPC_LOCK: with
-        kvNetwork rdma, when the unit spans domains (a member elsewhere, or its first decode group found
-        no domain for the whole unit), already holds RDMA (every pod of a unit alike), or a role of it
-        holds no IMEX channel (its KV between trays crosses the network)."""
+        kvNetwork rdma, when the unit spans domains (a member elsewhere, other than the groups `leaving`
+        that it replaces, or its first decode group found no domain for the whole unit), or a role of it
+        holds no IMEX channel (its KV between trays crosses the network). Not when the group went where
+        the unit's other groups fit too (`choose`): they move there after it (a rejoin)."""
         if self.network != "rdma":
             return False
-        members = self.members.get(unit, [])
+        if unit in self.gathering and all(self.channel.get(r, True) for r in UNIT_ROLES):
+            return False
+        gone = {n for n in leaving if n}
+        members = [m for m in self.members.get(unit, []) if m.group not in gone]
         return (
             unit in self.split
-            or any(m.rdma or (m.domain and m.domain != domain) for m in members)
+            or any(m.domain and m.domain != domain for m in members)
             or not all(self.channel.get(r, True) for r in UNIT_ROLES)
         )
+
+    def home(self, unit: int) -> str | None:
+        """The domain holding most of the unit's GPUs (ties by name): where its groups gather."""
+        gpus = self._gpus(unit)
+        return min(gpus, key=lambda d: (-gpus[d], d)) if gpus else None
+
+    def _gpus(self, unit: int) -> Counter[str]:
+        gpus: Counter[str] = Counter()
+        for m in self.members.get(unit, []):
+            if m.domain:
+                gpus[m.domain] += self.shapes[m.role].gpus if m.role in self.shapes else 0
+        return gpus
+
+    def rejoin_room(self, group: str, shape: GroupShape, domains: Mapping[str, Domain]) -> str | None:
+        """The domain a kept group away from its unit's home (`home`) would move to: the home, when it has
+        room for the group (beside the room kept for groups still to come); None when it is at home, has
+        no unit, or the home is full."""
+        unit = self.unit_of_group(group)
+        if unit is None:
+            return None
+        home = self.home(unit)
+        where = next((m.domain for m in self.members[unit] if m.group == group), "")
+        if home is None or home == where or home not in domains:
+            return None
+        others, _ = self._kept_beside(home, unit, shape)
+        return home if fits_all(domains[home], (shape, *others)) else None
 
     def unit_of_group(self, group: str) -> int | None:
         """The unit a kept group belongs to (None: not one of the units' groups, or its unit is down)."""
@@ -194,9 +242,11 @@ class Units:
         return min(decode_units or [fresh], key=lambda u: (count[u], u))
 
     def domains(self, unit: int) -> list[str]:
-        """The domains the unit's groups are in, the most used first (ties by name)."""
+        """The domains the unit's groups are in, the one holding most of its GPUs first (then the most
+        groups, then by name)."""
         count = Counter(m.domain for m in self.members.get(unit, []) if m.domain)
-        return [d for d, _ in sorted(count.items(), key=lambda kv: (-kv[1], kv[0]))]
+        gpus = self._gpus(unit)
+        return [d for d, _ in sorted(count.items(), key=lambda kv: (-gpus[kv[0]], -kv[1], kv[0]))]
 
     def companions(self, role: RoleName, unit: int) -> tuple[GroupShape, ...]:
         """The groups still to come beside a unit's first decode group: its other decode groups and its
