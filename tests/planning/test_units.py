@@ -158,9 +158,8 @@ def test_a_lost_decode_group_with_no_room_beside_moves_the_unit_where_it_fits_wh
     assert (made["prefill"].reason, made["prefill"].domain, made["prefill"].rdma) == ("Rejoin", "r1", False)
     assert made["prefill"].replaces == prefill0.name
     prefill_plan = next(rp for rp in p.roles if rp.role == "prefill")
-    assert not prefill_plan.drain and not prefill_plan.delete, (
-        "the away group serves until its replacement does"
-    )
+    assert not prefill_plan.drain, "the away group serves until its replacement does"
+    assert not prefill_plan.delete
     # Next pass: both new groups serve; the away prefill group leaves (drained first), nothing else moves.
     after = materialize(snap, p)
     after["decode"] = [g for g in after["decode"] if g.name != decode0.name]
