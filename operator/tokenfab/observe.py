@@ -45,6 +45,7 @@ from tokenfab.planning import (
     writes,
 )
 from tokenfab.planning.capacity import NodeFacts
+from tokenfab.planning.fabric import renders_rdma
 from tokenfab.planning.frontend import FrontendPod
 from tokenfab.planning.groups import DrainPolicy
 from tokenfab.planning.lifecycle import GroupView
@@ -53,7 +54,6 @@ from tokenfab.planning.one_pass import SOURCE_LOOK_SECONDS, Snapshot, removing
 from tokenfab.planning.role_plan import FaultReaction
 from tokenfab.planning.room import Room
 from tokenfab.planning.status import invalid_status, merge_conditions, rfc3339
-from tokenfab.planning.units import rule
 from tokenfab.runtime import Context, Ended, Observed, Result
 from tokenfab.views import group_views, held, node_caches, node_health, usable_claims
 
@@ -349,10 +349,10 @@ def source_claim(ctx: Context, key: Key, spec: ModelDeploymentSpec, now: float) 
 def pod_security_level(ctx: Context, key: Key, spec: ModelDeploymentSpec, now: float) -> str | None:
     """The Pod Security level the deployment's namespace enforces ("" none set), read again at most every
     POD_SECURITY_READ_SECONDS per namespace (one read serves all its deployments), and only while the
-    workers may add capabilities (runtime.addCapabilities, or IPC_LOCK for a prefill-decode unit that
-    spans NVLink domains over RDMA); None when it is not needed or could not be read (no permission: the
+    workers add capabilities (runtime.addCapabilities, or IPC_LOCK for the prefill-decode units' RDMA:
+    planning.fabric.renders_rdma); None when it is not needed or could not be read (no permission: the
     condition is left out)."""
-    if not spec.runtime.add_capabilities and not (rule(spec) and spec.topology.kv_network == "rdma"):
+    if not spec.runtime.add_capabilities and not renders_rdma(spec):
         return None
     seen = ctx.levels.get(key[0])
     if seen is not None and now - seen[1] < POD_SECURITY_READ_SECONDS:

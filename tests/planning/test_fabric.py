@@ -187,14 +187,16 @@ def test_rdma_is_the_path_only_when_the_workers_hold_rdma_devices_and_may_lock_m
     split = [_unit(0, "tcp", "r1", "r2")]
     told = condition(plain, split)
     assert told is not None
-    assert "hold no RDMA device, so UCX uses TCP" in told.message
+    assert "a whole unit fits in one NVLink domain" in told.message  # (split for a while: TCP)
+    huge = _spec("deepseek-r1-disaggregated.yaml", {"topology": {"gpusPerDomain": 36}})
+    assert "their groups hold no RDMA device" in (condition(huge, split) or told).message
     half = condition(_spec("deepseek-r1-disaggregated.yaml", nics), split)
     assert half is not None
     assert "rdma/ib but not for IPC_LOCK" in half.message
     # groups made while the unit was whole are named: they keep the unit on TCP until replaced
     held = condition(plain, split, {0: ["md-prefill-0"]})
     assert held is not None
-    assert "md-prefill-0 (unit 0) were made while their unit fitted in one NVLink domain" in held.message
+    assert "md-prefill-0 (unit 0) were made without an RDMA device" in held.message
     asked = condition(_spec("deepseek-r1-disaggregated.yaml", {"topology": {"kvNetwork": "tcp"}}), split)
     assert asked is not None
     assert "spec.topology.kvNetwork is tcp" in asked.message

@@ -97,16 +97,17 @@ def test_the_level_is_read_only_while_capabilities_are_added_and_at_most_every_f
     assert pod_security_level(refused, ("rdma", "m"), spec, 0.0) is None  # (no permission: no condition)
 
 
-def test_the_level_is_read_for_units_that_may_span_over_rdma_once_per_namespace():
-    """A disaggregated deployment adds IPC_LOCK to a unit that spans domains (kvNetwork rdma, the
-    default): its namespace's level is read; with kvNetwork tcp it is not. Deployments of one namespace
-    share one read."""
+def test_the_level_is_read_for_units_that_span_over_rdma_once_per_namespace():
+    """A disaggregated deployment whose units are larger than an NVLink domain adds IPC_LOCK to their pods
+    (kvNetwork rdma, the default): its namespace's level is read; with kvNetwork tcp, or with units that
+    fit in a domain, it is not. Deployments of one namespace share one read."""
     labelled = {"metadata": {"name": "ns", "labels": {pod_security.ENFORCE_LABEL: "restricted"}}}
     kube = Kube(labelled)
     ctx = _ctx(kube)
-    disagg = spec_of("deepseek-r1-disaggregated.yaml")
-    tcp = spec_of("deepseek-r1-disaggregated.yaml", {"topology": {"kvNetwork": "tcp"}})
+    disagg = spec_of("deepseek-r1-disaggregated.yaml", {"topology": {"gpusPerDomain": 36}})
+    tcp = spec_of("deepseek-r1-disaggregated.yaml", {"topology": {"kvNetwork": "tcp", "gpusPerDomain": 36}})
     assert pod_security_level(ctx, ("ns", "a"), tcp, 0.0) is None
+    assert pod_security_level(ctx, ("ns", "a"), spec_of("deepseek-r1-disaggregated.yaml"), 0.0) is None
     assert kube.gets == 0
     assert pod_security_level(ctx, ("ns", "a"), disagg, 0.0) == "restricted"
     assert pod_security_level(ctx, ("ns", "b"), disagg, 1.0) == "restricted"

@@ -116,10 +116,11 @@ def test_a_lost_decode_group_is_replaced_beside_its_units_prefill_group():
     assert new.domain == prefill0.domain, "re-placed beside the prefill group it serves"
 
 
-def test_a_decode_group_replaced_away_from_its_unit_holds_rdma_and_the_groups_left_without_are_named():
-    """The unit filled rack r0 (10 trays) and held no RDMA; a tray of its decode group is lost and r0 has
-    no room left, so the replacement goes to r1 with the RDMA device. The prefill group made while the
-    unit was whole holds none: the unit's path is tcp, and the Fabric condition names that group."""
+def test_a_unit_split_for_lack_of_room_crosses_over_tcp_and_says_it_gathers_again():
+    """The unit filled rack r0 (10 trays); a tray of its decode group is lost and neither r0 nor r1 (9
+    trays) holds the whole unit, so the replacement goes to r1 alone. A whole unit fits in one domain, so
+    no group asks for RDMA (a cluster without RDMA devices would leave it Pending): the unit's path is tcp
+    until it gathers again, and the Fabric condition says so."""
     md = deepseek(decode={"replicas": 1})
     first = snapshot(md, nodes_of({"r0": 10, "r1": 9}), {}, {})
     groups = materialize(first, plan(first))
@@ -130,13 +131,12 @@ def test_a_decode_group_replaced_away_from_its_unit_holds_rdma_and_the_groups_le
     snap = snapshot(md, lost, used_by(groups, md), groups)
     p = plan(snap)
     [new] = [cr for rp in p.roles if rp.role == "decode" for cr in rp.create]
-    assert (new.domain, new.unit, new.rdma) == ("r1", 0, True)
+    assert (new.domain, new.unit, new.rdma) == ("r1", 0, False)
     status, _ = settle(snap, p, Written())
     assert [(u.domains, u.path) for u in status.units] == [(["r0", "r1"], "tcp")]
     fabric = next(cd for cd in status.conditions if cd.type == "Fabric")
-    assert "deepseek-r1-prefill-0 (unit 0) were made while their unit fitted in one NVLink domain" in (
-        fabric.message
-    )
+    assert "split for lack of room" in fabric.message
+    assert "until it gathers again" in fabric.message
 
 
 def test_a_lost_decode_group_with_no_room_beside_moves_the_unit_where_it_fits_whole():
@@ -250,10 +250,10 @@ def test_status_names_each_units_groups_domain_and_path():
 
 
 def test_a_unit_that_spans_domains_holds_rdma_unless_the_spec_asks_for_tcp():
-    """The unit fits in no rack whole: each of its groups is made with the operator's RDMA device and
-    IPC_LOCK (kvNetwork rdma, the default), and status names the path; with kvNetwork tcp neither, the path
-    is tcp, and the Fabric condition says it was asked for."""
-    md = deepseek(decode={"replicas": 1})
+    """Racks of 9 trays (36 GPUs, gpusPerDomain 36): a 40-GPU unit fits in none, so each of its groups is
+    made with the operator's RDMA device and IPC_LOCK (kvNetwork rdma, the default), and status names the
+    path; with kvNetwork tcp neither, the path is tcp, and the Fabric condition says it was asked for."""
+    md = deepseek(decode={"replicas": 1}, topology={"gpusPerDomain": 36})
     snap = replace(snapshot(md, nodes_of({"r0": 9, "r1": 9}), {}, {}), rdma_resource="rdma/hca")
     p = plan(snap)
     assert [cr.rdma for rp in p.roles for cr in rp.create] == [True, True]
@@ -269,7 +269,7 @@ def test_a_unit_that_spans_domains_holds_rdma_unless_the_spec_asks_for_tcp():
     assert (unit.domains, unit.path) == (["r0", "r1"], "rdma")
     fabric = next(cd for cd in changed if cd.type == "Fabric")
     assert (fabric.status, fabric.reason) == ("False", "KVOverNetwork")
-    tcp = deepseek(decode={"replicas": 1}, topology={"kvNetwork": "tcp"})
+    tcp = deepseek(decode={"replicas": 1}, topology={"kvNetwork": "tcp", "gpusPerDomain": 36})
     snap = snapshot(tcp, nodes_of({"r0": 9, "r1": 9}), {}, {})
     p = plan(snap)
     assert not any(cr.rdma for rp in p.roles for cr in rp.create)

@@ -19,7 +19,7 @@ from tokenfab.api.models import Condition, ModelDeploymentSpec, RoleName, UnitSt
 from tokenfab.planning import contract
 from tokenfab.planning.builders.placement import uses_compute_domain
 from tokenfab.planning.builders.roles import group_shape
-from tokenfab.planning.units import PATHS, UNIT_ROLES, Units, path
+from tokenfab.planning.units import PATHS, UNIT_ROLES, Units, needs_rdma, path
 
 CONDITION = "Fabric"
 # RDMA device resources as their device plugins name them (a spec may list its own in runtime.resources;
@@ -39,6 +39,13 @@ def rdma_devices(spec: ModelDeploymentSpec) -> list[str]:
         for n in names
         if n.startswith(RDMA_RESOURCE_PREFIXES) or n in RDMA_RESOURCES or "rdma" in n.rsplit("/", 1)[-1]
     )
+
+
+def renders_rdma(spec: ModelDeploymentSpec) -> bool:
+    """Whether tokenfab gives every prefill-decode unit's pods an RDMA device and IPC_LOCK: its units
+    span NVLink domains by size, or hold no IMEX channel (planning.units.needs_rdma)."""
+    shapes = {r: group_shape(spec, r) for r in UNIT_ROLES if spec.role(r) is not None}
+    return needs_rdma(spec, shapes, {r: uses_compute_domain(spec, r) for r in shapes})
 
 
 def holds_rdma(spec: ModelDeploymentSpec) -> bool:
@@ -76,16 +83,15 @@ def kv_path_summary(units: Sequence[UnitStatus]) -> str | None:
 
 
 def without_rdma(units: Units | None) -> dict[int, list[str]]:
-    """The groups, by unit, that hold no RDMA device in a unit where others do (made while the unit was
-    whole in one domain): the unit's KV stays on TCP until they are replaced."""
-    if units is None:
+    """The groups, by unit, that hold no RDMA device where the units' groups are given one (made before,
+    e.g. under kvNetwork tcp): the unit's KV stays on TCP until they are replaced."""
+    if units is None or not units.rdma:
         return {}
     out = {}
     for unit, members in units.members.items():
-        if any(m.rdma for m in members):
-            bare = sorted(m.group for m in members if not m.rdma and m.group)
-            if bare:
-                out[unit] = bare
+        bare = sorted(m.group for m in members if not m.rdma and m.group)
+        if bare:
+            out[unit] = bare
     return out
 
 
@@ -145,13 +151,20 @@ def _over_tcp(spec: ModelDeploymentSpec, tcp: Sequence[UnitStatus], bare: Mappin
     held = [f"{', '.join(bare[u.unit])} (unit {u.unit})" for u in tcp if u.unit in bare]
     if held:
         return (
-            f"the groups {'; '.join(held)} were made while their unit fitted in one NVLink domain and "
-            "hold no RDMA device, so UCX uses TCP until they are replaced (the unit's new groups hold one)"
+            f"the groups {'; '.join(held)} were made without an RDMA device, so UCX uses TCP until they "
+            "are replaced (new groups hold one)"
         )
     devices = rdma_devices(spec)
     if devices and MEMORY_LOCK not in spec.runtime.add_capabilities:
         return (
             f"the workers ask for {', '.join(devices)} but not for {MEMORY_LOCK} "
             f"(runtime.addCapabilities), so UCX cannot register memory and uses TCP"
+        )
+    if not renders_rdma(spec) and not holds_rdma(spec):
+        return (
+            "a whole unit fits in one NVLink domain, so its groups hold no RDMA device; split for lack of "
+            "room (a replacement with none beside its unit, a rollout short of room), it moves its KV over "
+            "TCP until it gathers again: a group away from the domain holding most of its unit's GPUs moves "
+            "there once that domain has room"
         )
     return "their groups hold no RDMA device, so UCX uses TCP"

@@ -224,9 +224,7 @@ class _Placer:
         self.domains = {**self.domains, chosen: take(self.domains[chosen], targets, shape.pod_gpus)}
         self.per_domain[chosen] = self.per_domain.get(chosen, 0) + 1
         path = PATHS[min(COLD, max(self.warmth.get(n, COLD) for n in targets))] if self.warmth else ""
-        rdma = (
-            self.units is not None and unit is not None and self.units.needs_rdma(unit, chosen, (replaces,))
-        )
+        rdma = self.units is not None and unit is not None and self.units.rdma
         plan.create.append(
             Create(
                 plan.role, slot, chosen, plan.revision, reason, tuple(targets), (), replaces, path, unit, rdma

@@ -520,7 +520,9 @@ def settle(s: Snapshot, p: Plan, written: Written) -> tuple[ModelDeploymentStatu
     outcome = p.autoscaling
     units = unit_statuses(p.spec, p.units, lambda role, slot: builders.group_name(s.owner, role, slot))
     fabric = fabric_condition(p.spec, units, without_rdma(p.units))
-    rdma = p.units is not None and any(m.rdma for ms in p.units.members.values() for m in ms)
+    rdma = p.units is not None and (
+        p.units.rdma or any(m.rdma for ms in p.units.members.values() for m in ms)
+    )
     security = pod_security.condition(p.spec, s.owner.namespace, s.pod_security, rdma)
     faults = fault_report.records(
         s.md.status.faults if s.md.status else [],

@@ -98,10 +98,7 @@ class Units:
     # hold the unit's IMEX channel (without one, KV between trays crosses the network even in one domain)
     network: KvNetwork = "rdma"
     channel: Mapping[RoleName, bool] = field(default_factory=dict)
-    # units whose first decode group found no domain where the whole unit fits: they will span domains
-    split: set[int] = field(default_factory=set)
-    # units whose new group went where the unit's other groups fit too: they follow it there (rejoin)
-    gathering: set[int] = field(default_factory=set)
+    rdma: bool = False  # every group of a unit holds an RDMA device and IPC_LOCK (`needs_rdma`)
 
     def add(self, unit: int, member: Member) -> None:
         self.members.setdefault(unit, []).append(member)
@@ -156,7 +153,6 @@ class Units:
             }
             chosen = pick(together) if together else None
             if chosen is not None:
-                self.gathering.add(unit)
                 return chosen
         companions = self.companions(role, unit)
         if companions:
@@ -169,26 +165,7 @@ class Units:
             if chosen is not None:
                 self.kept.setdefault(chosen, []).extend((unit, c) for c in companions)
                 return chosen
-            self.split.add(unit)
         return pick(open_domains)
-
-    def needs_rdma(self, unit: int, domain: str, leaving: Iterable[str] = ()) -> bool:
-        """Whether a new group of `unit` placed in `domain` holds an RDMA device and IPC_LOCK: with
-        kvNetwork rdma, when the unit spans domains (a member elsewhere, other than the groups `leaving`
-        that it replaces, or its first decode group found no domain for the whole unit), or a role of it
-        holds no IMEX channel (its KV between trays crosses the network). Not when the group went where
-        the unit's other groups fit too (`choose`): they move there after it (a rejoin)."""
-        if self.network != "rdma":
-            return False
-        if unit in self.gathering and all(self.channel.get(r, True) for r in UNIT_ROLES):
-            return False
-        gone = {n for n in leaving if n}
-        members = [m for m in self.members.get(unit, []) if m.group not in gone]
-        return (
-            unit in self.split
-            or any(m.domain and m.domain != domain for m in members)
-            or not all(self.channel.get(r, True) for r in UNIT_ROLES)
-        )
 
     def home(self, unit: int) -> str | None:
         """The domain holding most of the unit's GPUs (ties by name): where its groups gather."""
@@ -273,8 +250,11 @@ def units_of(
     r = rule(spec)
     if r is None:
         return None
-    network = spec.topology.kv_network
-    out = Units(r, decode_groups, shapes, down=frozenset(down), network=network, channel=channel or {})
+    channel = channel or {}
+    out = Units(
+        r, decode_groups, shapes, down=frozenset(down), network=spec.topology.kv_network, channel=channel
+    )
+    out.rdma = needs_rdma(spec, shapes, channel)
     plans = list(plans)
     gone = {d.name for p in plans for d in p.delete}
     for role in UNIT_ROLES:
@@ -288,6 +268,24 @@ def units_of(
             if cr.reason != "Complete" and cr.unit is not None:
                 out.add(cr.unit, Member("", p.role, cr.domain, cr.slot, cr.nodes, rdma=cr.rdma))
     return out
+
+
+def needs_rdma(
+    spec: ModelDeploymentSpec, shapes: Mapping[RoleName, GroupShape], channel: Mapping[RoleName, bool]
+) -> bool:
+    """Whether every group of a unit holds an RDMA device and IPC_LOCK (spec.topology.kvNetwork rdma):
+    when a whole unit is larger than an NVLink domain (spec.topology.gpusPerDomain), so every unit spans
+    domains, or a role of it holds no IMEX channel (`channel`; its KV between trays then crosses the
+    network even inside one domain). A unit that fits in one domain but is split for a while (no room
+    beside a replacement, a rollout under pressure) crosses over TCP until it gathers again
+    (`Units.rejoin_room`), and the Fabric condition says so: asking every unit for RDMA for that would
+    leave pods Pending where a cluster has no RDMA devices."""
+    r = rule(spec)
+    if r is None or spec.topology.kv_network != "rdma":
+        return False
+    per_role: dict[RoleName, int] = {"decode": r.decode, "prefill": r.prefill}
+    gpus = sum(n * shapes[role].gpus for role, n in per_role.items() if role in shapes)
+    return gpus > spec.topology.gpus_per_domain or not all(channel.get(role, True) for role in UNIT_ROLES)
 
 
 def fits_all(domain: Domain, shapes: Sequence[GroupShape]) -> bool:
