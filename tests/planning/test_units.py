@@ -254,7 +254,16 @@ def test_a_unit_that_spans_domains_holds_rdma_unless_the_spec_asks_for_tcp():
     made with the operator's RDMA device and IPC_LOCK (kvNetwork rdma, the default), and status names the
     path; with kvNetwork tcp neither, the path is tcp, and the Fabric condition says it was asked for."""
     md = deepseek(decode={"replicas": 1}, topology={"gpusPerDomain": 36})
-    snap = replace(snapshot(md, nodes_of({"r0": 9, "r1": 9}), {}, {}), rdma_resource="rdma/hca")
+    # trays without the RDMA device take no group of it: placement counts the device like the GPUs
+    bare = replace(snapshot(md, nodes_of({"r0": 9, "r1": 9}), {}, {}), rdma_resource="rdma/hca")
+    p = plan(bare)
+    assert not [cr for rp in p.roles for cr in rp.create]
+    status, _ = settle(bare, p, Written())
+    placed = next(cd for cd in status.conditions if cd.type == "Placed")
+    assert placed.status == "False"
+    assert "each pod with one rdma/hca (its unit spans NVLink domains)" in placed.message
+    trays = [replace(n, allocatable={**n.allocatable, "rdma/hca": 16}) for n in nodes_of({"r0": 9, "r1": 9})]
+    snap = replace(snapshot(md, trays, {}, {}), rdma_resource="rdma/hca")
     p = plan(snap)
     assert [cr.rdma for rp in p.roles for cr in rp.create] == [True, True]
     pods = [m for g in p.writes.groups for m in g.objects if m["kind"] == "Pod"]

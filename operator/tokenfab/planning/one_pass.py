@@ -39,7 +39,7 @@ from tokenfab.planning.autoscaler.signals import Reading
 from tokenfab.planning.eviction import NodeCaches
 from tokenfab.planning.fabric import CONDITION as FABRIC
 from tokenfab.planning.fabric import condition as fabric_condition
-from tokenfab.planning.fabric import kv_path_summary, unit_statuses, without_rdma
+from tokenfab.planning.fabric import kv_path_summary, renders_rdma, unit_statuses, without_rdma
 from tokenfab.planning.frontend import FrontendPod, gone
 from tokenfab.planning.frontend import move as move_frontend
 from tokenfab.planning.groups import DrainPolicy, Judging, Leaving, Placing, RolePlan, Wanted, plan_role
@@ -237,6 +237,7 @@ class RoleInputs:
     warmth: Mapping[str, int] = field(default_factory=dict)  # node -> how warm its model cache is
     units_down: frozenset[int] = frozenset()  # units whose ComputeDomain is NotReady (planning.units)
     units: bool = True  # (False: no units, each group placed alone: a benchmark's baseline)
+    rdma_resource: str = ""  # what a pod of a unit that spans domains asks for (Snapshot.rdma_resource)
 
 
 def _plan_one(
@@ -267,6 +268,8 @@ def _plan_one(
             others_short=others_short,
         ),
     )
+    if units is not None and units.rdma and x.rdma_resource:
+        plan.pod_extra = f"each pod with one {x.rdma_resource} (its unit spans NVLink domains)"
     why = x.blocked.get(role, "") if in_spec and plan.create else ""
     if why:
         plan.create = [cr for cr in plan.create if cr.reason == "Complete"]
@@ -369,7 +372,7 @@ def children(
 
 def plan(s: Snapshot) -> Plan:
     """Everything this pass decides, from what it observed."""
-    capacity = FreeDomains(s.room, s.spec, s.owner)
+    capacity = FreeDomains(s.room, s.spec, s.owner, s.rdma_resource if renders_rdma(s.spec) else "")
     spec, outcome = _scale(s, capacity)
     desired = outcome.groups
     old = failures_of(s.md.status)
@@ -388,6 +391,7 @@ def plan(s: Snapshot) -> Plan:
         warmth=weights_cache.node_warmth(spec, s.claims, s.caches.staged_elsewhere),
         units_down=s.units_down,
         units=s.units,
+        rdma_resource=s.rdma_resource,
     )
     roles = plan_roles(inputs, capacity, commit=capacity.reserve)
     units = role_units(inputs, roles)

@@ -92,6 +92,7 @@ class RolePlan:
     # A group away from the NVLink domain holding most of its prefill-decode unit, moving there now that
     # the domain has room (replaced there first, then drained: planning.units.Units.home)
     rejoin: list[str] = field(default_factory=list)
+    pod_extra: str = ""  # what each pod needs besides its GPUs, for the Placed condition's message
 
     @property
     def ready(self) -> int:

@@ -58,8 +58,10 @@ class Reservation:
 class FreeDomains:
     """Per-role free domains inside one plan, the plan's own reservations taken off."""
 
-    def __init__(self, room: Room, spec: ModelDeploymentSpec, owner: builders.Owner) -> None:
-        self.room, self.spec, self.owner = room, spec, owner
+    def __init__(self, room: Room, spec: ModelDeploymentSpec, owner: builders.Owner, rdma: str = "") -> None:
+        """`rdma`: the RDMA device each pod of a prefill-decode unit holds, one (planning.units.needs_rdma):
+        counted like the GPUs, so a group goes only where its nodes have one free."""
+        self.room, self.spec, self.owner, self.rdma = room, spec, owner, rdma
         self.reserved: dict[str, dict[str, int]] = {}
         self.reservations: list[Reservation] = []
         self._cache: dict[RoleName, dict[str, Domain]] = {}
@@ -68,14 +70,21 @@ class FreeDomains:
         if role not in self._cache:
             nodes, used = self.room.read()
             mine = {n: add(used.get(n, {}), r) for n, r in self.reserved.items()}
-            request = builders.pod_requests(self.spec, role)
+            request = self.request(role)
             self._cache[role] = snapshot(nodes, {**used, **mine}, request, self.room.constraints)
         return self._cache[role]
+
+    def request(self, role: RoleName) -> dict[str, int]:
+        """What one pod of the role asks for, in the ledger's units."""
+        request = builders.pod_requests(self.spec, role)
+        if self.rdma and role in ("prefill", "decode"):
+            request.setdefault(self.rdma, 1)
+        return request
 
     def reserve(self, plan: RolePlan) -> None:
         if not plan.create:
             return
-        requests = builders.pod_requests(self.spec, plan.role)
+        requests = self.request(plan.role)
         for cr in plan.create:
             group = builders.group_name(self.owner, cr.role, cr.slot)
             ranks = cr.ranks or tuple(range(len(cr.nodes)))

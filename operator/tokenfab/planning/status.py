@@ -58,8 +58,10 @@ def _cond(type_: str, ok: bool, reason: str, message: str) -> Condition:
 def _placement_message(p: RolePlan) -> str:
     block, where = p.largest_block
     return (
-        f"a {p.role} group needs {p.shape.gpus} GPUs on {p.shape.nodes} node(s) in one NVLink domain; "
-        f"the largest free block is {block} GPUs" + (f" (domain {where})" if where else "")
+        f"a {p.role} group needs {p.shape.gpus} GPUs on {p.shape.nodes} node(s) in one NVLink domain"
+        + (f", {p.pod_extra}" if p.pod_extra else "")
+        + f"; the largest free block is {block} GPUs"
+        + (f" (domain {where})" if where else "")
     )
 
 
