@@ -60,6 +60,7 @@ def test_defaults_are_applied_by_the_api_server(factory):
         "gpusPerDomain": 72,
         "placement": "pack",
         "computeDomain": True,
+        "kvNetwork": "rdma",
         "nodeFailureTolerationSeconds": 300,
     }
     assert "speculativeDecoding" not in spec  # left out: no MTP, or with spec.profile the plan's depth
