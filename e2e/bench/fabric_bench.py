@@ -10,7 +10,12 @@ taken before the next) it reports:
   its unit (what Dynamo's KV-transfer domain would enforce) it is the share of prefill groups whose unit
   is whole; if the router pairs a prefill worker with any decode worker of the deployment alike (no
   enforcement) it is, per prefill group, the share of the deployment's decode groups in its domain;
-- the ComputeDomains the fleet needs (one per unit, or one per multi-node group).
+- the ComputeDomains the fleet needs (one per unit, or one per multi-node group);
+- a fault, twice: the fleet serving, then a rack lost (the one holding the most decode GPUs) or a tray of
+  a decode group in the fullest rack, and the operator's passes run over every deployment until the fleet
+  is quiet (groups come up at once in this model): the groups lost, the groups created by reason (Replace;
+  Rejoin, a healthy group moved to gather its unit again, with its GPUs: what keeping units whole costs),
+  the passes, and units whole, KV in a domain and GPUs serving before and after.
 
 Run: `python -m e2e.bench.fabric_bench [--racks 16] [--deployments 20 28] [--seeds 1 2]` (seconds: the
 fleets fill the 16 racks to about 70% and to 100%); it prints the table and saves
@@ -27,6 +32,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +40,10 @@ import yaml
 
 from e2e import record
 from tokenfab.api.errors import parse_model_deployment
-from tokenfab.api.models import ModelDeployment
+from tokenfab.api.models import ModelDeployment, RoleName
 from tokenfab.planning import builders
 from tokenfab.planning.capacity import NodeFacts, Resources, add
-from tokenfab.planning.lifecycle import NodeHealth
+from tokenfab.planning.lifecycle import GroupView, NodeHealth, PodView
 from tokenfab.planning.one_pass import Plan, Snapshot, plan
 from tokenfab.planning.room import Room
 
@@ -158,12 +164,205 @@ def measure(placed: Sequence[tuple[ModelDeployment, Plan]]) -> dict[str, Any]:
     }
 
 
+# ------------------------------------------------------------------------------------------ a lost rack
+
+Groups = dict[RoleName, list[GroupView]]
+
+
+def owner_of(md: ModelDeployment) -> builders.Owner:
+    return builders.Owner(name=md.metadata.name or "", namespace="bench", uid=md.metadata.uid or "")
+
+
+def after(md: ModelDeployment, p: Plan, groups: Groups, now: float) -> Groups:
+    """The deployment's groups once plan `p` is done: its new groups up and serving, the ones it deletes or
+    drains gone (a drain taken as over at once)."""
+    gone = {d.name for rp in p.roles for d in (*rp.delete, *rp.drain)}
+    out = {role: [g for g in gs if g.name not in gone] for role, gs in groups.items()}
+    for rp in p.roles:
+        for cr in rp.create:
+            name = builders.group_name(owner_of(md), cr.role, cr.slot)
+            pods = tuple(
+                PodView(
+                    builders.pod_name(name, r), r, "Running", True, n, False, ready_since=now - 60, pinned=n
+                )
+                for r, n in enumerate(cr.nodes)
+            )
+            g = GroupView(
+                name,
+                cr.role,
+                cr.slot,
+                cr.revision,
+                cr.domain,
+                len(cr.nodes),
+                rp.shape.gpus,
+                pods,
+                True,
+                nodes=tuple(cr.nodes),
+                released_at=now - 100,
+                created_at=now - 120,
+                unit=cr.unit,
+                rdma=cr.rdma,
+            )
+            out.setdefault(cr.role, []).append(g)
+    return out
+
+
+def usage(fleet_groups: Sequence[tuple[ModelDeployment, Groups]]) -> dict[str, Resources]:
+    """What every group's pods use, per node."""
+    used: dict[str, Resources] = {}
+    for md, groups in fleet_groups:
+        for role, gs in groups.items():
+            req = builders.pod_requests(md.spec, role)
+            for g in gs:
+                for pod in g.pods:
+                    node = pod.node or pod.pinned or ""
+                    used[node] = add(used.get(node, {}), req)
+    return used
+
+
+def settle_fleet(
+    fleet_groups: list[tuple[ModelDeployment, Groups]], nodes: list[NodeFacts], units: bool, now: float
+) -> tuple[list[tuple[ModelDeployment, Groups]], Counter[str], int]:
+    """Passes over every deployment, one after another, until one changes nothing (at most 10): the groups
+    then, the creates by reason (with `<reason> GPUs`), and the passes that changed something."""
+    health = {n.name: NodeHealth(n.ready, n.not_ready_since) for n in nodes}
+    made: Counter[str] = Counter()
+    for passes in range(10):
+        changed = False
+        for i, (md, groups) in enumerate(fleet_groups):
+            room = Room.fixed(nodes, usage(fleet_groups), builders.placement_constraints(md.spec))
+            snap = Snapshot(
+                owner=owner_of(md), md=md, groups=groups, health=health, room=room, now=now, units=units
+            )
+            p = plan(snap)
+            for rp in p.roles:
+                changed |= bool(rp.create or rp.delete or rp.drain)
+                for cr in rp.create:
+                    made[cr.reason] += 1
+                    made[f"{cr.reason} GPUs"] += rp.shape.gpus
+            fleet_groups[i] = (md, after(md, p, groups, now))
+        now += 60
+        if not changed:
+            return fleet_groups, made, passes
+    return fleet_groups, made, 10
+
+
+def measure_groups(fleet_groups: Sequence[tuple[ModelDeployment, Groups]]) -> dict[str, Any]:
+    """Units whole, the share of KV transfers inside a domain (kept in units / paired at random) and the
+    GPUs serving, from the groups as they stand."""
+    units_total = units_whole = kept_in = prefills = gpus = 0
+    random_in = 0.0
+    for _md, groups in fleet_groups:
+        gpus += sum(g.gpus for gs in groups.values() for g in gs)
+        by_unit: dict[int, set[str]] = {}
+        for g in (*groups.get("decode", []), *groups.get("prefill", [])):
+            if g.unit is not None:
+                by_unit.setdefault(g.unit, set()).add(g.domain)
+        decode_domains = Counter(g.domain for g in groups.get("decode", []))
+        decodes = sum(decode_domains.values())
+        units_total += len(by_unit)
+        units_whole += sum(1 for d in by_unit.values() if len(d) == 1)
+        for g in groups.get("prefill", []):
+            prefills += 1
+            kept_in += 1 if g.unit is not None and len(by_unit.get(g.unit, set())) == 1 else 0
+            random_in += decode_domains[g.domain] / decodes if decodes else 0.0
+    return {
+        "gpus_serving": gpus,
+        "units": units_total,
+        "units_whole": units_whole,
+        "kv_inside_domain_if_kept_in_unit": round(kept_in / prefills, 4)
+        if prefills and units_total
+        else None,
+        "kv_inside_domain_if_paired_at_random": round(random_in / prefills, 4) if prefills else None,
+    }
+
+
+def lost_nodes(
+    fleet_groups: Sequence[tuple[ModelDeployment, Groups]], nodes: list[NodeFacts], kind: str
+) -> set[str]:
+    """What a fault takes: `rack`, the rack holding the most GPUs of decode groups (ties by name); `tray`,
+    a tray of a decode group in the fullest rack (most GPUs in use), so its replacement finds the least
+    room beside its unit."""
+    decode_gpus: Counter[str] = Counter()
+    in_use: Counter[str] = Counter()
+    trays: dict[str, list[str]] = {}
+    for _md, groups in fleet_groups:
+        for role, gs in groups.items():
+            for g in gs:
+                in_use[g.domain] += g.gpus
+                if role == "decode":
+                    decode_gpus[g.domain] += g.gpus
+                    trays.setdefault(g.domain, []).extend(p.node or "" for p in g.pods)
+    if kind == "rack":
+        rack = max(decode_gpus, key=lambda d: (decode_gpus[d], d))
+        return {n.name for n in nodes if n.labels[CLIQUE] == rack}
+    rack = max(trays, key=lambda d: (in_use[d], d))
+    return {sorted(trays[rack])[0]}
+
+
+def fault(mds: Sequence[ModelDeployment], nodes: list[NodeFacts], units: bool, kind: str) -> dict[str, Any]:
+    """The fleet placed and serving; then a rack or a tray is lost (`lost_nodes`: NotReady past their
+    toleration) and the operator's passes run until the fleet is quiet: what was replaced, what moved to
+    gather its unit again (Rejoin, with its GPUs: the cost), how many passes, and units and KV transfers
+    before and after."""
+    fleet_groups = [(md, after(md, p, {}, NOW)) for md, p in place(mds, nodes, units)]
+    fleet_groups, _, _ = settle_fleet(fleet_groups, nodes, units, NOW)
+    before = measure_groups(fleet_groups)
+    gone = lost_nodes(fleet_groups, nodes, kind)
+    lost = [replace(n, ready=False, not_ready_since=NOW - 400) if n.name in gone else n for n in nodes]
+    hit = sum(
+        1
+        for _md, groups in fleet_groups
+        for gs in groups.values()
+        for g in gs
+        if any(p.node in gone for p in g.pods)
+    )
+    fleet_groups, made, passes = settle_fleet(fleet_groups, lost, units, NOW + 60)
+    return {
+        "lost": sorted(gone)[0] if kind == "tray" else sorted(gone)[0].split("-")[0],
+        "groups_lost": hit,
+        "passes": passes,
+        "created": dict(sorted(made.items())),
+        "before": before,
+        "after": measure_groups(fleet_groups),
+    }
+
+
 def run(rack_count: int, deployments: int, seed: int) -> dict[str, Any]:
     mds, nodes = fleet(deployments, seed), racks(rack_count)
     out: dict[str, Any] = {"racks": rack_count, "deployments": deployments, "seed": seed}
     for name, units in (("units", True), ("groups_alone", False)):
         out[name] = measure(place(mds, nodes, units))
+        out[name]["rack_loss"] = fault(mds, nodes, units, "rack")
+        out[name]["tray_loss"] = fault(mds, nodes, units, "tray")
     return out
+
+
+def fault_table(runs: Sequence[Mapping[str, Any]]) -> str:
+    rows = [
+        "fleet  seed  placement     fault  lost groups  created (GPUs)                  passes  "
+        "units whole before/after  GPUs serving before/after"
+    ]
+    for r in runs:
+        for name in ("units", "groups_alone"):
+            for kind in ("rack_loss", "tray_loss"):
+                f = r[name][kind]
+                made = ", ".join(
+                    f"{k} {v} ({f['created'].get(k + ' GPUs', 0)})"
+                    for k, v in f["created"].items()
+                    if not k.endswith(" GPUs")
+                )
+                b, a = f["before"], f["after"]
+                whole = (
+                    f"{b['units_whole']}/{b['units']} -> {a['units_whole']}/{a['units']}"
+                    if b["units"]
+                    else "-"
+                )
+                where = f"{r['deployments']:<6} {r['seed']:<5} {name:<13} {kind.split('_')[0]:<6}"
+                serving = f"{b['gpus_serving']:>5} -> {a['gpus_serving']}"
+                lost = f"{f['groups_lost']:>11}  {made or '-':<31} {f['passes']:>6}"
+                rows.append(f"{where} {lost}  {whole:>24}  {serving}")
+    return "\n".join(rows)
 
 
 def table(runs: Sequence[Mapping[str, Any]]) -> str:
@@ -193,9 +392,11 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(args)
     runs = [run(a.racks, d, s) for d in a.deployments for s in a.seeds]
     print(table(runs))
+    print(fault_table(runs))
     result = {
         "benchmark": "fabric placement",
-        "modeled": "placement only, through the operator's plan; no KV transfer is measured",
+        "modeled": "placement only, through the operator's plan; no KV transfer is measured; in the faults, "
+        "groups come up at once and a drain is over at once",
         "runs": runs,
     }
     print(f"saved {record.save('fabric', result, a.out, 'e2e.bench.fabric_bench', args, started)}")

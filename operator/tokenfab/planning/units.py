@@ -168,14 +168,16 @@ class Units:
         return pick(open_domains)
 
     def home(self, unit: int) -> str | None:
-        """The domain holding most of the unit's GPUs (ties by name): where its groups gather."""
-        gpus = self._gpus(unit)
-        return min(gpus, key=lambda d: (-gpus[d], d)) if gpus else None
+        """Where the unit's groups gather: the domain of its decode groups (the most of their GPUs; a
+        replacement goes where the whole unit fits, and the prefill groups follow it), then of all its
+        GPUs, then by name."""
+        order = self.domains(unit)
+        return order[0] if order else None
 
-    def _gpus(self, unit: int) -> Counter[str]:
+    def _gpus(self, unit: int, roles: tuple[RoleName, ...] = UNIT_ROLES) -> Counter[str]:
         gpus: Counter[str] = Counter()
         for m in self.members.get(unit, []):
-            if m.domain:
+            if m.domain and m.role in roles:
                 gpus[m.domain] += self.shapes[m.role].gpus if m.role in self.shapes else 0
         return gpus
 
@@ -219,11 +221,11 @@ class Units:
         return min(decode_units or [fresh], key=lambda u: (count[u], u))
 
     def domains(self, unit: int) -> list[str]:
-        """The domains the unit's groups are in, the one holding most of its GPUs first (then the most
-        groups, then by name)."""
+        """The domains the unit's groups are in, its home first (`home`: the most decode GPUs, then the
+        most GPUs, then by name)."""
         count = Counter(m.domain for m in self.members.get(unit, []) if m.domain)
-        gpus = self._gpus(unit)
-        return [d for d, _ in sorted(count.items(), key=lambda kv: (-gpus[kv[0]], -kv[1], kv[0]))]
+        decode, gpus = self._gpus(unit, ("decode",)), self._gpus(unit)
+        return sorted(count, key=lambda d: (-decode[d], -gpus[d], d))
 
     def companions(self, role: RoleName, unit: int) -> tuple[GroupShape, ...]:
         """The groups still to come beside a unit's first decode group: its other decode groups and its
