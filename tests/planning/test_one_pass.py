@@ -28,7 +28,10 @@ from tokenfab.planning.room import Room
 NOW = 1_000_000.0
 GPU = "nvidia.com/gpu"
 CLIQUE = "nvidia.com/gpu.clique"
-NODE = {"cpu": 128_000, "memory": 1024 * 2**30, GPU: 4}
+RDMA = "rdma/rdma_shared_device_a"
+# a GB200 tray: 4 GPUs and an RDMA device shared by its pods (the groups below hold no IMEX channel, so
+# their units' KV between trays crosses the network: planning.units.needs_rdma)
+NODE = {"cpu": 128_000, "memory": 1024 * 2**30, GPU: 4, RDMA: 1000}
 
 
 def deployment(decode: int = 2, batch: int = 256) -> ModelDeployment:

@@ -261,7 +261,8 @@ def test_a_unit_that_spans_domains_holds_rdma_unless_the_spec_asks_for_tcp():
     status, _ = settle(bare, p, Written())
     placed = next(cd for cd in status.conditions if cd.type == "Placed")
     assert placed.status == "False"
-    assert "each pod with one rdma/hca (its unit spans NVLink domains)" in placed.message
+    assert "each pod with one rdma/hca (its unit's 40 GPUs span NVLink domains of 36" in placed.message
+    assert "spec.topology.kvNetwork: tcp where the cluster has no RDMA devices" in placed.message
     trays = [replace(n, allocatable={**n.allocatable, "rdma/hca": 16}) for n in nodes_of({"r0": 9, "r1": 9})]
     snap = replace(snapshot(md, trays, {}, {}), rdma_resource="rdma/hca")
     p = plan(snap)
@@ -289,6 +290,29 @@ def test_a_unit_that_spans_domains_holds_rdma_unless_the_spec_asks_for_tcp():
     assert [(u.domains, u.path) for u in status.units] == [(["r0", "r1"], "tcp")]
     fabric = next(cd for cd in changed if cd.type == "Fabric")
     assert "spec.topology.kvNetwork is tcp" in fabric.message
+
+
+def test_a_unit_without_an_imex_channel_holds_rdma_and_placed_says_why_and_how_to_do_without():
+    """computeDomain false: a unit's trays share no IMEX channel, so its KV between trays crosses the
+    network even inside one rack; its pods hold the RDMA device, and on trays without one the Placed
+    condition names the device, the reason and kvNetwork tcp as the way to run without."""
+    md = deepseek(decode={"replicas": 1}, topology={"computeDomain": False})
+    bare = [
+        replace(n, allocatable={k: v for k, v in n.allocatable.items() if not k.startswith("rdma/")})
+        for n in nodes_of({"r0": 18})
+    ]
+    snap = snapshot(md, bare, {}, {})
+    p = plan(snap)
+    assert not [cr for rp in p.roles for cr in rp.create]
+    status, _ = settle(snap, p, Written())
+    placed = next(cd for cd in status.conditions if cd.type == "Placed")
+    assert placed.status == "False"
+    why = "one rdma/rdma_shared_device_a (its unit's decode/prefill pods hold no IMEX channel"
+    assert why in placed.message
+    assert "spec.topology.kvNetwork: tcp" in placed.message
+    tcp = deepseek(decode={"replicas": 1}, topology={"computeDomain": False, "kvNetwork": "tcp"})
+    p = plan(snapshot(tcp, bare, {}, {}))
+    assert [cr.rdma for rp in p.roles for cr in rp.create] == [False, False]
 
 
 def test_a_unit_kept_whole_holds_no_rdma():

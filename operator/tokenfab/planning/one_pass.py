@@ -269,7 +269,10 @@ def _plan_one(
         ),
     )
     if units is not None and units.rdma and x.rdma_resource:
-        plan.pod_extra = f"each pod with one {x.rdma_resource} (its unit spans NVLink domains)"
+        plan.pod_extra = (
+            f"each pod with one {x.rdma_resource} ({units.rdma_why}; "
+            "spec.topology.kvNetwork: tcp where the cluster has no RDMA devices)"
+        )
     why = x.blocked.get(role, "") if in_spec and plan.create else ""
     if why:
         plan.create = [cr for cr in plan.create if cr.reason == "Complete"]

@@ -99,6 +99,7 @@ class Units:
     network: KvNetwork = "rdma"
     channel: Mapping[RoleName, bool] = field(default_factory=dict)
     rdma: bool = False  # every group of a unit holds an RDMA device and IPC_LOCK (`needs_rdma`)
+    rdma_why: str = ""  # and why (`rdma_reason`), for the Placed condition's message
 
     def add(self, unit: int, member: Member) -> None:
         self.members.setdefault(unit, []).append(member)
@@ -256,7 +257,8 @@ def units_of(
     out = Units(
         r, decode_groups, shapes, down=frozenset(down), network=spec.topology.kv_network, channel=channel
     )
-    out.rdma = needs_rdma(spec, shapes, channel)
+    out.rdma_why = rdma_reason(spec, shapes, channel)
+    out.rdma = bool(out.rdma_why)
     plans = list(plans)
     gone = {d.name for p in plans for d in p.delete}
     for role in UNIT_ROLES:
@@ -282,12 +284,31 @@ def needs_rdma(
     beside a replacement, a rollout under pressure) crosses over TCP until it gathers again
     (`Units.rejoin_room`), and the Fabric condition says so: asking every unit for RDMA for that would
     leave pods Pending where a cluster has no RDMA devices."""
+    return bool(rdma_reason(spec, shapes, channel))
+
+
+def rdma_reason(
+    spec: ModelDeploymentSpec, shapes: Mapping[RoleName, GroupShape], channel: Mapping[RoleName, bool]
+) -> str:
+    """Why a unit's groups hold RDMA devices (`needs_rdma`), in words for the Placed condition; "" when
+    they hold none."""
     r = rule(spec)
     if r is None or spec.topology.kv_network != "rdma":
-        return False
+        return ""
     per_role: dict[RoleName, int] = {"decode": r.decode, "prefill": r.prefill}
     gpus = sum(n * shapes[role].gpus for role, n in per_role.items() if role in shapes)
-    return gpus > spec.topology.gpus_per_domain or not all(channel.get(role, True) for role in UNIT_ROLES)
+    if gpus > spec.topology.gpus_per_domain:
+        return (
+            f"its unit's {gpus} GPUs span NVLink domains of {spec.topology.gpus_per_domain} "
+            "(spec.topology.gpusPerDomain)"
+        )
+    bare = [role for role in UNIT_ROLES if not channel.get(role, True)]
+    if bare:
+        return (
+            f"its unit's {'/'.join(bare)} pods hold no IMEX channel "
+            "(spec.topology.computeDomain), so KV between trays crosses the network"
+        )
+    return ""
 
 
 def fits_all(domain: Domain, shapes: Sequence[GroupShape]) -> bool:
