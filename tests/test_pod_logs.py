@@ -345,3 +345,52 @@ def test_the_launcher_and_the_operator_name_the_same_lines():
     assert launcher_log.read(f"tokenfab-launcher: {line}").result == Outcome("cache", 3, 1, 0.0)
     line = progress.line(contract.LOG_WEIGHTS_PROGRESS, {"bytes": 7, "seconds": 1.5})
     assert launcher_log.read(f"tokenfab-launcher: {line}").progress == launcher_log.Progress(7, 1.5)
+
+
+def _initializing(name: str, group: str, node: str, init: dict[str, Any], phase: str = "Pending") -> PodFacts:
+    labels = {contract.COMPONENT: "worker", contract.LABEL_GROUP: group}
+    return pod_facts(
+        {
+            "metadata": {"name": name, "namespace": "ns", "labels": labels, "creationTimestamp": CREATED},
+            "spec": {
+                "initContainers": [{"name": contract.WEIGHTS_INIT_CONTAINER}],
+                "containers": [{"name": "worker"}],
+                "nodeName": node,
+            },
+            "status": {
+                "phase": phase,
+                "conditions": [{"type": "Ready", "status": "False"}],
+                "initContainerStatuses": [{"name": contract.WEIGHTS_INIT_CONTAINER, "state": init}],
+            },
+        }
+    )
+
+
+def test_a_pods_weights_init_container_is_read_while_it_downloads_and_once_when_it_is_done():
+    """The download runs in the weights init container (the pod bound and Pending): its tail shows the
+    bytes so far; once it is done its head says where the weights came from, read once, even before the
+    worker is Ready (the worker's own log would say `cache`: its init container filled the cache)."""
+    kube = FakeKube({"m-decode-0-0": PROGRESS % (3_000_000_000, 12.0)})
+    ctx = FakeCtx(kube)
+    spec = deployment().spec
+    pod = _initializing("m-decode-0-0", "m-decode-0", "n1", {"running": {}})
+    assert "downloading the weights (init container weights)" in pod.waiting
+    got = pod_logs.read(ctx, ("ns", "m"), spec, [pod], 1000.0)  # type: ignore[arg-type]
+    assert kube.reads == [("m-decode-0-0", contract.WEIGHTS_INIT_CONTAINER, pod_logs.TAIL_LINES, None)]
+    assert got.loading == (("n1", launcher_log.Progress(3_000_000_000, 12.0)),)
+    assert got.weights == {"m-decode-0": "downloading 3.0 GB, 12 s"}
+    # done: the worker runs (not Ready yet); the init container's head, once
+    kube.logs["m-decode-0-0"] += "\n" + RESULT % (61.0, "download")
+    done = _initializing("m-decode-0-0", "m-decode-0", "n1", {"terminated": {"exitCode": 0}}, "Running")
+    kube.reads.clear()
+    said = pod_logs.read(ctx, ("ns", "m"), spec, [done], 1010.0)  # type: ignore[arg-type]
+    assert kube.reads == [("m-decode-0-0", contract.WEIGHTS_INIT_CONTAINER, None, pod_logs.HEAD_BYTES)]
+    assert (said.loading, said.weights) == ((), {"m-decode-0": "download 61 s"})
+    kube.reads.clear()
+    assert pod_logs.read(ctx, ("ns", "m"), spec, [done], 1020.0).weights == said.weights  # type: ignore[arg-type]
+    assert kube.reads == []
+    # an init container waiting for its image is not read (it has no log yet), and says why it waits
+    pulling = _initializing("m-decode-1-0", "m-decode-1", "n2", {"waiting": {"reason": "ImagePullBackOff"}})
+    assert pulling.waiting == "init container weights: ImagePullBackOff"
+    pod_logs.read(ctx, ("ns", "m"), spec, [pulling], 1030.0)  # type: ignore[arg-type]
+    assert kube.reads == []

@@ -22,6 +22,10 @@ Nothing else is added: no discovery settings, no Dynamo namespace. Besides the a
 process environment carries only PATH and HOME (a kubelet's image defaults), HF_HUB_OFFLINE and
 TRANSFORMERS_OFFLINE (the weights are the simulated part: the launcher's fetch is not played, see
 tokenfab.launcher.run.Runner.fetch_weights, tested on its own) and PYTHONUNBUFFERED (logs).
+
+A worker pod's weights init container (`launcher --fetch-only`, the download before the worker starts) is
+the weights too: kwok marks it completed as the pod starts, and its download's modeled time is counted in
+the engine's hold (e2e/fleet/weights_model.py), so a cold start takes as long as it would.
 """
 
 from __future__ import annotations

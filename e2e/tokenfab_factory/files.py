@@ -65,6 +65,20 @@ spec:
         status: "False"
         reason: ContainersNotReady
         type: Ready
+      initContainerStatuses:
+      {{ range .spec.initContainers }}
+      - image: {{ .image | Quote }}
+        name: {{ .name | Quote }}
+        ready: true
+        started: false
+        restartCount: 0
+        state:
+          terminated:
+            exitCode: 0
+            reason: Completed
+            startedAt: {{ $now | Quote }}
+            finishedAt: {{ $now | Quote }}
+      {{ end }}
       containerStatuses:
       {{ range .spec.containers }}
       - image: {{ .image | Quote }}
@@ -134,6 +148,20 @@ spec:
         status: "False"
         reason: PodCompleted
         type: Ready
+      initContainerStatuses:
+      {{ range .spec.initContainers }}
+      - image: {{ .image | Quote }}
+        name: {{ .name | Quote }}
+        ready: true
+        started: false
+        restartCount: 0
+        state:
+          terminated:
+            exitCode: 0
+            reason: Completed
+            startedAt: {{ $now | Quote }}
+            finishedAt: {{ $now | Quote }}
+      {{ end }}
       containerStatuses:
       {{ range .spec.containers }}
       - image: {{ .image | Quote }}

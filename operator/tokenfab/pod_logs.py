@@ -2,11 +2,13 @@
 
 - A running weights-fetch pod: the last lines of its log, again on each pass, for its download's bytes so
   far.
-- A running worker pod that is not Ready and has not said where its weights came from: the same, for its
-  launcher's own download (a cold start without a pre-staged cache); once it says, that is kept as below.
-- A Ready worker pod: the head of its log, once, for where its launcher got the weights (the line comes
-  before the engine starts). What it said is kept in the deployment's memory per pod; a pod whose log could
-  not be read (a node without a log endpoint, no `pods/log` permission) is tried again after RETRY_SECONDS.
+- A worker pod whose weights init container runs (or, a pod made without one, whose worker runs and is not
+  Ready) and has not said where its weights came from: the same, for its launcher's own download (a cold
+  start without a pre-staged cache); once it says, that is kept as below.
+- A worker pod whose weights init container is done (or, without one, a Ready worker pod): the head of that
+  container's log, once, for where its launcher got the weights. What it said is kept in the deployment's
+  memory per pod; a pod whose log could not be read (a node without a log endpoint, no `pods/log`
+  permission) is tried again after RETRY_SECONDS.
 
 Only with TOKENFAB_READ_POD_LOGS=1 (the chart's rbac.readPodLogs, which grants `pods/log` get). A pass
 never waits for a log: it hands the reads to the client's own small pool (Kube.log_pool, apart from
@@ -79,6 +81,28 @@ def _due(mem: Memory, ident: str, now: float) -> bool:
     return m is None or (m[0] is None and m[1] <= now)
 
 
+def _fetcher(p: PodFacts) -> str:
+    """The container whose launcher downloads a worker pod's weights: its weights init container, or (a
+    pod made before it had one) the worker's own launcher."""
+    return contract.WEIGHTS_INIT_CONTAINER if p.init else "worker"
+
+
+def _downloading(p: PodFacts) -> bool:
+    """A worker pod whose launcher may be downloading: its weights init container runs (the pod is bound
+    and Pending), or, without one, its worker runs and is not Ready yet."""
+    if p.deleting:
+        return False
+    if p.init:
+        return p.init == "running" and p.node is not None
+    return p.phase == "Running" and not p.ready
+
+
+def _downloaded(p: PodFacts) -> bool:
+    """A worker pod whose launcher has said where its weights came from: its weights init container is
+    done, or, without one, its worker is Ready (the line comes before the engine starts)."""
+    return p.init == "done" if p.init else p.ready
+
+
 def read(ctx: Context, key: Key, spec: ModelDeploymentSpec, pods: list[PodFacts], now: float) -> LogFacts:
     if not ctx.settings.read_pod_logs or not builders.fetches_weights(spec):
         return LogFacts()
@@ -94,22 +118,18 @@ def read(ctx: Context, key: Key, spec: ModelDeploymentSpec, pods: list[PodFacts]
     workers = [
         p for p in pods if p.labels.get(contract.COMPONENT) == "worker" and contract.LABEL_GROUP in p.labels
     ]
-    loading = {
-        _ident(p): p
-        for p in workers
-        if p.phase == "Running" and not p.ready and not p.deleting and _due(mem, _ident(p), now)
-    }
+    loading = {_ident(p): p for p in workers if _downloading(p) and _due(mem, _ident(p), now)}
     # Each Ready worker's head once, first; then the tails read on every pass, the longest unread first
     # (more downloads than IN_FLIGHT take turns).
     todo: list[tuple[tuple[str, str], PodFacts]] = [
-        (("worker", _ident(p)), p) for p in workers if p.ready and _due(mem, _ident(p), now)
+        (("worker", _ident(p)), p) for p in workers if _downloaded(p) and _due(mem, _ident(p), now)
     ]
     tails = [(("fetch", n), p) for n, p in fetching.items()] + [(("tail", i), p) for i, p in loading.items()]
     todo += sorted(tails, key=lambda x: mem.tail_read_at.get(x[0][1], 0.0))
     for tag, p in [x for x in todo if x[0] not in mem.log_reads][: max(0, IN_FLIGHT - len(mem.log_reads))]:
         if tag[0] != "worker":
             mem.tail_read_at[tag[1]] = now
-        container = "fetch" if tag[0] == "fetch" else "worker"
+        container = "fetch" if tag[0] == "fetch" else _fetcher(p)
         tail, head = (None, HEAD_BYTES) if tag[0] == "worker" else (TAIL_LINES, None)
         mem.log_reads[tag] = ctx.kube.log_pool.submit(ctx.kube.pod_log, key[0], p.name, container, tail, head)
     _collect(mem, now)  # (those already done)

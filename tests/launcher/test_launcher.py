@@ -723,7 +723,7 @@ def test_the_fetch_pods_termination_message_reaches_status_whole(tmp_path):
     assert launcher(["--fetch-only"], hub_down(fetch_only_environ(tmp_path, revision=COMMIT))).returncode == 0
     message = (tmp_path / "termination-log").read_text()
     terminated = {"exitCode": 0, "reason": "Completed", "message": message}
-    said = facts._exit_message({"containerStatuses": [{"state": {"terminated": terminated}}]})
+    said = facts._exit_message({}, {"containerStatuses": [{"state": {"terminated": terminated}}]})
     got = weights_cache.staged_result(weights_cache.FetchPod("p", "node-1", "Succeeded", "k", result=said))
     assert got is not None
     assert (got.node, got.source, got.bytes) == ("node-1", "cache", json.loads(message)["bytes"])
@@ -968,3 +968,47 @@ def test_a_manifest_another_pod_is_writing_is_no_file_of_the_snapshot(tmp_path):
     assert sorted(p.name for p in snap.iterdir()) == sorted(
         ["config.json", manifest.MANIFEST, f"{manifest.MANIFEST}.other-pod.tmp"]
     )  # (its own temporary file is gone)
+
+
+# ------------------------------------------------------------------------------ the weights init container
+
+
+@pytest.mark.parametrize(
+    ("example", "patch"),
+    [
+        ("deepseek-r1-disaggregated.yaml", None),  # hf://, a per-pod cache
+        ("aggregated-small.yaml", {"model": {"cache": {"storageClassName": "local-nvme"}}}),  # a node's claim
+        ("aggregated-small.yaml", {"model": {"source": "s3://weights/llama", "revision": None}}),
+        ("llama-405b-multinode-tp.yaml", {"model": {"cache": {"storageClassName": "local-nvme"}}}),  # pvc://
+        ("llama-405b-multinode-tp.yaml", None),  # pvc:// mounted: nothing to fetch
+    ],
+)
+def test_a_worker_pods_init_container_fetches_what_its_launcher_would_then_find_in_the_same_cache(
+    example: str, patch: dict[str, Any] | None
+) -> None:
+    """The weights init container runs `launcher --fetch-only` with what it reads (fetch_of_env) naming
+    the weights and the cache the worker's own launcher plans to fetch, mounted at the same path from the
+    same volume: the worker then finds them there, and its startup probe counts only its start."""
+    spec, pods, engine_yaml = rendered(example, spec_of(example).roles()[0][0], patch)
+    for pod in pods:
+        planned = plan_of(pod, engine_yaml).fetch
+        inits = pod["spec"].get("initContainers") or []
+        if planned is None:
+            assert inits == []
+            continue
+        [init] = inits
+        assert init["name"] == contract.WEIGHTS_INIT_CONTAINER
+        assert init["command"] == [contract.PYTHON, "-m", contract.LAUNCHER_MODULE, "--fetch-only"]
+        got = fetch.fetch_of_env({e["name"]: e["value"] for e in init["env"] if "value" in e})
+        assert got is not None
+        assert (got.repo, got.revision, got.cache_dir, got.scheme) == (
+            planned.repo,
+            planned.revision,
+            planned.cache_dir,
+            planned.scheme,
+        )
+        worker_mounts = {m["name"]: m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+        for m in init["volumeMounts"]:
+            assert worker_mounts[m["name"]] == m["mountPath"]
+        assert worker_mounts["model-cache"] == planned.cache_dir
+        assert spec.topology.gpu_resource not in str(init["resources"])  # (a download needs no GPU)

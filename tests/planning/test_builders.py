@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from testing.cases import DOMAIN, UID, VARIANTS, env, example_paths, load_example, merge_patch, owner, spec_of
-from tokenfab.api.errors import parse_model_deployment
+from tokenfab.api.errors import SpecError, parse_model_deployment
 from tokenfab.planning import builders, contract
 from tokenfab.planning.builders.worker import _revision_inputs
 from tokenfab.planning.engine_config import content_hash, engine_config, render
@@ -804,3 +804,48 @@ def test_every_worker_writes_its_compile_caches_under_a_writable_mount(example):
         writable = [m["mountPath"] for m in ctr["volumeMounts"] if not m.get("readOnly")]
         for name, _ in contract.COMPILE_CACHE_ENV:
             assert any(values[name].startswith(f"{w}/") for w in writable), (name, values[name], writable)
+
+
+# ------------------------------------------------------------------------------------ the startup budget
+
+
+def _startup_seconds(pod: dict[str, Any]) -> int:
+    probe = pod["spec"]["containers"][0]["startupProbe"]
+    return int(probe["failureThreshold"]) * int(probe["periodSeconds"])
+
+
+@pytest.mark.parametrize(
+    ("patch", "one_pod", "multi_node"),
+    [
+        ({}, 1200, 1200 + 1800),  # the default engine start, plus the launcher's default wait for peers
+        ({"serving": {"startupSeconds": 3600}}, 3600, 3600 + 1800),
+        ({"runtime": {"env": [{"name": "TOKENFAB_PEER_WAIT_SECONDS", "value": "600"}]}}, 1200, 1200 + 600),
+    ],
+)
+def test_the_startup_probe_allows_the_engine_start_and_a_multi_node_groups_wait_for_its_peers(
+    patch, one_pod, multi_node
+):
+    """The startup probe's budget starts once the weights are local (the init container downloaded them)
+    and covers what follows: serving.startupSeconds (default builders.ENGINE_START_SECONDS) and, where the
+    leader waits for its group's other pods, the launcher's peer wait, taken from runtime.env as the
+    launcher would take it."""
+    single = parse_model_deployment(merge_patch(load_example("aggregated-small.yaml"), {"spec": patch}))
+    multi = parse_model_deployment(merge_patch(load_example("llama-405b-multinode-tp.yaml"), {"spec": patch}))
+    for md, expected in ((single, one_pod), (multi, multi_node)):
+        assert md.metadata.name is not None
+        own = owner(md.metadata.name)
+        role = md.spec.roles()[0][0]
+        pods = builders.group_pods(own, md.spec, role, 0, "clique-a", builders.role_revision(md.spec, role))
+        assert {_startup_seconds(p) for p in pods} == {expected}
+        assert builders.startup_budget(md.spec, len(pods)) == expected
+    assert builders.ENGINE_START_SECONDS == 1200
+
+
+def test_startup_seconds_is_refused_out_of_bounds_and_changes_no_revision():
+    doc = load_example("aggregated-small.yaml")
+    for bad in (10, 100_000):
+        with pytest.raises(SpecError, match="startupSeconds"):
+            parse_model_deployment(merge_patch(doc, {"spec": {"serving": {"startupSeconds": bad}}}))
+    more = parse_model_deployment(merge_patch(doc, {"spec": {"serving": {"startupSeconds": 7200}}}))
+    base = parse_model_deployment(doc)
+    assert builders.role_revision(more.spec, "worker") == builders.role_revision(base.spec, "worker")

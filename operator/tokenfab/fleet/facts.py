@@ -89,6 +89,7 @@ class PodFacts:
     claims_pending: bool = False  # a ResourceClaim of one of its templates not made yet
     unhealthy_since: float | None = None  # its health endpoint stopped answering after it had served
     cache_claim: str = ""  # the node-local model cache claim it mounts (planning.builders.volumes)
+    init: str = ""  # its weights init container: "" (none), waiting, running, done or failed
 
     @property
     def terminal(self) -> bool:
@@ -106,11 +107,33 @@ class PodFacts:
         return self.labels.get(contract.LABEL_DEPLOYMENT)
 
 
+def _init(status: Obj) -> str:
+    """The state of a worker pod's weights init container (planning.builders.fetch.weights_init_container):
+    "" (none), waiting, running, done or failed."""
+    for ctr in status.get("initContainerStatuses") or []:
+        if ctr.get("name") != contract.WEIGHTS_INIT_CONTAINER:
+            continue
+        state = ctr.get("state") or {}
+        if "terminated" in state:
+            return "done" if state["terminated"].get("exitCode") == 0 else "failed"
+        return "running" if "running" in state else "waiting"
+    return ""
+
+
 def _waiting(status: Obj) -> str:
-    """Why a pod is not running yet: the scheduler's message, or a container's waiting reason."""
+    """Why a pod is not running yet: the scheduler's message, its weights init container's download, or a
+    container's waiting reason."""
     for cond in status.get("conditions") or []:
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
             return str(cond.get("message") or cond.get("reason") or "not scheduled")
+    for ctr in status.get("initContainerStatuses") or []:
+        state = ctr.get("state") or {}
+        if "running" in state and ctr.get("name") == contract.WEIGHTS_INIT_CONTAINER:
+            return f"downloading the weights (init container {contract.WEIGHTS_INIT_CONTAINER})"
+        waiting = state.get("waiting")
+        if waiting:
+            words = f"{waiting.get('reason', 'Waiting')}: {waiting.get('message', '')}".rstrip(": ")
+            return f"init container {ctr.get('name')}: {words}"
     for ctr in status.get("containerStatuses") or []:
         waiting = (ctr.get("state") or {}).get("waiting")
         if waiting:
@@ -118,17 +141,58 @@ def _waiting(status: Obj) -> str:
     return ""
 
 
-def _exit_message(status: Obj) -> str:
-    for ctr in status.get("containerStatuses") or []:
-        term = (ctr.get("state") or {}).get("terminated") or (ctr.get("lastState") or {}).get("terminated")
-        if term:
-            words = [f"exit code {term.get('exitCode')}"]
-            if term.get("reason"):
-                words.append(str(term["reason"]))
-            if term.get("message"):
-                words.append(str(term["message"])[:300].strip())
-            return ", ".join(words)
+def _exit_message(spec: Obj, status: Obj) -> str:
+    """How a pod's containers ended: a failed init container first (its weights download), then the
+    first container that ended; a container stopped by its startup probe says it ran past its budget."""
+    failed_init = [
+        (ctr, term)
+        for ctr in status.get("initContainerStatuses") or []
+        if (term := (ctr.get("state") or {}).get("terminated")) and term.get("exitCode") != 0
+    ]
+    ended = [
+        (ctr, term)
+        for ctr in status.get("containerStatuses") or []
+        if (term := _terminated(ctr.get("state")) or _terminated(ctr.get("lastState")))
+    ]
+    for ctr, term in [*failed_init, *ended]:
+        words = [f"exit code {term.get('exitCode')}"]
+        if failed_init:
+            words.insert(0, f"init container {ctr.get('name')}")
+        if term.get("reason"):
+            words.append(str(term["reason"]))
+        if term.get("message"):
+            words.append(str(term["message"])[:300].strip())
+        budget = _startup_budget(spec, str(ctr.get("name") or ""))
+        if not failed_init and budget and not ctr.get("started") and _ran(term) >= budget - 2 * STARTUP_SLACK:
+            words.append(
+                f"its health endpoint never answered within its startup budget of {budget} s after its "
+                "weights were on the node (waiting for its group's pods, loading the weights, compiling "
+                "kernels, capturing graphs): raise spec.serving.startupSeconds if the engine needs longer"
+            )
+        return ", ".join(words)
     return str(status.get("message") or status.get("reason") or "")[:300]
+
+
+def _terminated(state: Obj | None) -> Obj | None:
+    got = (state or {}).get("terminated")
+    return got if isinstance(got, dict) else None
+
+
+STARTUP_SLACK = 5.0  # (seconds: the kubelet's probes and its kill are not to the second)
+
+
+def _startup_budget(spec: Obj, container: str) -> int:
+    """Seconds the container's startup probe allows (failureThreshold x periodSeconds), 0 without one."""
+    for ctr in spec.get("containers") or []:
+        probe = ctr.get("startupProbe")
+        if ctr.get("name") == container and probe:
+            return int(probe.get("failureThreshold", 3)) * int(probe.get("periodSeconds", 10))
+    return 0
+
+
+def _ran(term: Obj) -> float:
+    start, end = parse_time(term.get("startedAt")), parse_time(term.get("finishedAt"))
+    return end - start if start is not None and end is not None else 0.0
 
 
 def pod_facts(obj: Obj) -> PodFacts:
@@ -153,7 +217,8 @@ def pod_facts(obj: Obj) -> PodFacts:
         gated=any(g.get("name") == contract.GANG_GATE for g in spec.get("schedulingGates") or []),
         requests=pod_requests(spec),
         created=parse_time(meta.get("creationTimestamp")),
-        exit_message=_exit_message(status) if status.get("phase") in ("Failed", "Succeeded") else "",
+        exit_message=_exit_message(spec, status) if status.get("phase") in ("Failed", "Succeeded") else "",
+        init=_init(status),
         containers_ready=conds.get("ContainersReady", {}).get("status") == "True",
         routable=None if routable is None else routable.get("status") == "True",
         claims_pending=_claims_pending(spec, status),

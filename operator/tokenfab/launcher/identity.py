@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from tokenfab.api.models import ROLES
 from tokenfab.planning import builders, contract, engine_config
 
-DEFAULT_PEER_WAIT_SECONDS = 1800  # image pulls of a new node can take many minutes
+DEFAULT_PEER_WAIT_SECONDS = contract.DEFAULT_PEER_WAIT_SECONDS  # image pulls of a new node take minutes
 DEFAULT_HEALTH_HOST = "0.0.0.0"  # the kubelet probes the pod IP
 
 MODES: tuple[str, ...] = (contract.MODE_AGGREGATED, *engine_config.DISAGGREGATED_ROLES)

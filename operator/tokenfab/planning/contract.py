@@ -15,6 +15,9 @@ MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE = "tokenfab"
 COMPONENT = "app.kubernetes.io/component"  # worker | frontend | weights-fetch
 COMPONENT_WEIGHTS_FETCH = "weights-fetch"  # a pod that stages hf:// weights in a node's model cache
+# A worker pod's init container that downloads its weights into the model cache before the worker starts,
+# so the worker's startup probe counts only what follows (planning.builders.probes.startup_budget).
+WEIGHTS_INIT_CONTAINER = "weights"
 COMPONENT_MODEL_CACHE = "model-cache"  # a node's model cache claim, shared by the deployments of one source
 LABEL_DEPLOYMENT = f"{DOMAIN}/deployment"
 LABEL_ROLE = f"{DOMAIN}/role"
@@ -86,6 +89,7 @@ ENV_WORKERS_SERVICE = "TOKENFAB_WORKERS_SERVICE"  # headless Service: rank r is 
 ENV_NAMESPACE = "TOKENFAB_NAMESPACE"
 ENV_MPI_SSH_DIR = "TOKENFAB_MPI_SSH_DIR"  # multi-node groups only: where the SSH key Secret is mounted
 ENV_PEER_WAIT_SECONDS = "TOKENFAB_PEER_WAIT_SECONDS"  # optional: how long rank 0 waits for the other ranks
+DEFAULT_PEER_WAIT_SECONDS = 1800  # its default (image pulls, a peer's weights download: many minutes)
 ENV_DYNAMO_NAMESPACE = "DYN_NAMESPACE"
 ENV_DYN_SYSTEM_PORT = "DYN_SYSTEM_PORT"  # Dynamo's system server (/health, /metrics) on rank 0
 ENV_DYN_SYSTEM_HOST = "DYN_SYSTEM_HOST"  # its bind address (not set on pods: all interfaces)

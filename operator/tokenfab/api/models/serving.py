@@ -152,6 +152,19 @@ class Serving(SpecModel):
         "bound, so a pod evicted by Kubernetes drains too. 600 s fits long reasoning outputs; 0 deletes "
         "at once.",
     )
+    startup_seconds: int | None = Field(
+        default=None,
+        ge=60,
+        le=86400,
+        description="How long a worker may take to start once its weights are on its node (they are "
+        "downloaded before, by the pod's weights init container, with no time limit): waiting for its "
+        "group's other pods, loading the weights onto the GPUs, compiling kernels and capturing CUDA "
+        "graphs. A worker whose health endpoint has not answered by then is stopped by its startup probe, "
+        "and its group is replaced (the group's status says it ran past this budget). Unset: 1200 s, "
+        "plus the launcher's wait for the other pods of a multi-node group (TOKENFAB_PEER_WAIT_SECONDS, "
+        "1800 s): sized from a DeepSeek-class cold start (README, Startup budget). Applies to groups made "
+        "from then on; no rollout.",
+    )
     drain_mode: Literal["routing", "sigterm"] = Field(
         default="routing",
         description="How a group drains (with drainSeconds > 0). routing: out of routing first (its "

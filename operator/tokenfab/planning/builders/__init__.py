@@ -44,7 +44,7 @@ from tokenfab.planning.builders.common import (
     worker_address,
     workers_service_name,
 )
-from tokenfab.planning.builders.fetch import weights_fetch_pod, weights_fetch_pod_name
+from tokenfab.planning.builders.fetch import fetch_env, weights_fetch_pod, weights_fetch_pod_name
 from tokenfab.planning.builders.placement import (
     GangMode,
     admits_late,
@@ -56,7 +56,7 @@ from tokenfab.planning.builders.placement import (
     uses_compute_domain,
 )
 from tokenfab.planning.builders.pods import group_pods
-from tokenfab.planning.builders.probes import PRESTOP_SECONDS
+from tokenfab.planning.builders.probes import ENGINE_START_SECONDS, PRESTOP_SECONDS, startup_budget
 from tokenfab.planning.builders.roles import (
     DEFAULT_CPU_PER_GPU,
     DEFAULT_MEMORY_GI_PER_GPU,
@@ -111,6 +111,7 @@ __all__ = [
     "DEFAULT_CPU_PER_GPU",
     "DEFAULT_MEMORY_GI_PER_GPU",
     "DISCOVERY_RULES",
+    "ENGINE_START_SECONDS",
     "POD_SECURITY",
     "POD_TEMPLATE_VERSION",
     "PRESTOP_SECONDS",
@@ -135,6 +136,7 @@ __all__ = [
     "endpoint",
     "engine_configmap",
     "engine_configmap_name",
+    "fetch_env",
     "fetches_weights",
     "field_manager",
     "frontend_deployment",
@@ -161,6 +163,7 @@ __all__ = [
     "released_claim",
     "role_revision",
     "selector_labels",
+    "startup_budget",
     "unit_domain_name",
     "uses_compute_domain",
     "uses_kubernetes_discovery",

@@ -21,6 +21,7 @@ from tokenfab.planning.builders.common import (
     pod_name,
     workers_service_name,
 )
+from tokenfab.planning.builders.fetch import weights_init_container
 from tokenfab.planning.builders.placement import (
     GangMode,
     compute_domain_claims,
@@ -33,6 +34,7 @@ from tokenfab.planning.builders.placement import (
 )
 from tokenfab.planning.builders.probes import (
     readiness_gates,
+    startup_budget,
     termination_grace_seconds,
     worker_lifecycle,
     worker_readiness_probe,
@@ -170,6 +172,7 @@ def _pod(g: _Group, rank: int) -> Manifest:
         "terminationGracePeriodSeconds": termination_grace_seconds(drain),
         "affinity": node_affinity(g.spec, g.domain, node),
         "tolerations": worker_tolerations(g.spec),
+        **_init_containers(g),
         "containers": [_container(g, rank)],
         "volumes": [*pod_volumes(g.owner, g.spec, g.volumes, node), *topology_volume(g.unit)[0]],
         **scheduling_fields(g.spec),
@@ -178,6 +181,17 @@ def _pod(g: _Group, rank: int) -> Manifest:
         **compute_domain_claims(g.owner, g.spec, g.role, g.name, g.unit),
     }
     return {"apiVersion": "v1", "kind": "Pod", "metadata": _pod_meta(g, rank, node), "spec": pod_spec}
+
+
+# What the weights init container mounts of the worker's volumes: the source (pvc:// weights), the model
+# cache it fills, /tmp and the caches (the hub client's own files).
+FETCH_MOUNTS = frozenset({"model", "model-cache", "tmp", "cache"})
+
+
+def _init_containers(g: _Group) -> dict[str, Any]:
+    mounts = [m for m in pod_mounts(g.spec, g.mounts) if m["name"] in FETCH_MOUNTS]
+    init = weights_init_container(g.spec, mounts)
+    return {"initContainers": init} if init else {}
 
 
 def _container(g: _Group, rank: int) -> dict[str, Any]:
@@ -194,7 +208,7 @@ def _container(g: _Group, rank: int) -> dict[str, Any]:
             {"name": "metrics", "containerPort": contract.WORKER_METRICS_PORT},
             *([{"name": "mpi-ssh", "containerPort": contract.MPI_SSH_PORT}] if multi_node else []),
         ],
-        "startupProbe": worker_startup_probe(),
+        "startupProbe": worker_startup_probe(startup_budget(g.spec, g.shape.nodes)),
         "readinessProbe": worker_readiness_probe(),
         "resources": {"requests": g.requests, "limits": g.limits, **container_claims(g.spec, g.role)},
         "securityContext": container_security(g.spec, (contract.CAP_IPC_LOCK,) if g.rdma else ()),

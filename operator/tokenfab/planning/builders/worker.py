@@ -161,7 +161,8 @@ def engine_configmap(owner: Owner, spec: ModelDeploymentSpec, role: RoleName) ->
 # Bumped when the worker pods tokenfab builds change in a way running groups must adopt (a new security
 # context, say): the revision of every role changes, so an operator upgrade rolls every group once, one
 # group at a time, like a Deployment whose template changed.
-POD_TEMPLATE_VERSION = 4  # 4: NCCL's MNNVL settings only with an IMEX channel
+# 4: NCCL's MNNVL settings only with an IMEX channel; 5: the weights init container, a startup budget
+POD_TEMPLATE_VERSION = 5
 
 
 def role_revision(spec: ModelDeploymentSpec, role: RoleName) -> str:
