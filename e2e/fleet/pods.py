@@ -25,7 +25,8 @@ tokenfab.launcher.run.Runner.fetch_weights, tested on its own) and PYTHONUNBUFFE
 
 A worker pod's weights init container (`launcher --fetch-only`, the download before the worker starts) is
 the weights too: kwok marks it completed as the pod starts, and its download's modeled time is counted in
-the engine's hold (e2e/fleet/weights_model.py), so a cold start takes as long as it would.
+the engine's hold (e2e/fleet/weights_model.py), so a cold start takes as long as it would (and counts
+against the worker's startup probe, which the runner plays: stricter than a cluster, e2e/fleet/probes.py).
 """
 
 from __future__ import annotations

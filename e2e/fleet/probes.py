@@ -1,12 +1,14 @@
 """The kubelet's probes, as the fleet runner plays them, and the pod status it writes from them: `probe`
 (a live pod's ContainersReady and Ready, from `readiness`, its engine's or frontend's health endpoint asked
-as a readiness probe, `http_ok`, and its readiness gates), `patch_status` (a status patch, as a kubelet
+as a readiness probe, `http_ok`, and its readiness gates; a container whose startup probe gives up is
+killed and its pod Failed: `startup_expired`, `stop_late`), `patch_status` (a status patch, as a kubelet
 writes it), and the history entries a process's probes and counters leave: when its pod first answered
-(`mark_healthy`) and the engine's own request counters at each step of its termination (`record_counters`,
-read by `scrape_counters`)."""
+(`mark_healthy`) and the engine's own request counters at each step of its termination
+(`record_counters`, read by `scrape_counters`)."""
 
 from __future__ import annotations
 
+import calendar
 import contextlib
 import sys
 import time
@@ -58,6 +60,11 @@ def probe(api: Api, history: list[dict[str, Any]], key: str, pod: dict[str, Any]
     status = pod.get("status") or {}
     if status.get("phase") != "Running":
         return True
+    late = startup_expired(pod, time.time())
+    if late is not None and not (
+        proc is not None and proc.uid == pod["metadata"]["uid"] and http_ok(proc.health_url)
+    ):
+        return stop_late(api, key, pod, late)
     conds = {x.get("type"): x.get("status") == "True" for x in status.get("conditions") or []}
     if wanted(pod) is None:
         healthy = True  # a rank that runs nothing: its container started, nothing to probe
@@ -104,6 +111,58 @@ def probe(api: Api, history: list[dict[str, Any]], key: str, pod: dict[str, Any]
         print(f"runner: readiness of {key} not written: {exc}", file=sys.stderr, flush=True)
         return False
     print(f"runner: {key} ContainersReady={healthy} Ready={ready}", flush=True)
+    return True
+
+
+def _time(value: object) -> float | None:
+    try:
+        return calendar.timegm(time.strptime(str(value), "%Y-%m-%dT%H:%M:%SZ"))
+    except ValueError:
+        return None
+
+
+def startup_expired(pod: dict[str, Any], now: float) -> tuple[str, int, str] | None:
+    """(container, budget, startedAt) of a container whose startup probe's budget (failureThreshold x
+    periodSeconds from its start) ran out before it was `started`: the kubelet stops it; None otherwise."""
+    statuses = {s.get("name"): s for s in (pod.get("status") or {}).get("containerStatuses") or []}
+    for ctr in pod["spec"].get("containers") or []:
+        probe, st = ctr.get("startupProbe"), statuses.get(ctr.get("name")) or {}
+        if not probe or st.get("started"):
+            continue
+        began = ((st.get("state") or {}).get("running") or {}).get("startedAt")
+        start = _time(began)
+        budget = int(probe.get("failureThreshold", 3)) * int(probe.get("periodSeconds", 10))
+        if start is not None and now - start >= budget:
+            return str(ctr["name"]), budget, str(began)
+    return None
+
+
+def stop_late(api: Api, key: str, pod: dict[str, Any], late: tuple[str, int, str]) -> bool:
+    """The kubelet's part when a startup probe gives up: the container is killed (SIGTERM: exit 143) and,
+    under restartPolicy Never, its pod is Failed (the runner then stops its process)."""
+    name, budget, began = late
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    had = {s.get("name"): s for s in (pod.get("status") or {}).get("containerStatuses") or []}
+    term = {"exitCode": 143, "reason": "Error", "startedAt": began, "finishedAt": now}
+    patch = {
+        "status": {
+            "phase": "Failed",
+            "conditions": [
+                {"type": "ContainersReady", "status": "False", "reason": "PodFailed"},
+                {"type": "Ready", "status": "False", "reason": "PodFailed"},
+            ],
+            "containerStatuses": [
+                {**s, "ready": False, "started": False, "state": {"terminated": term}} if n == name else s
+                for n, s in had.items()
+            ],
+        }
+    }
+    try:
+        patch_status(api, pod, patch)
+    except pods.PodError as exc:
+        print(f"runner: the failed startup of {key} not written: {exc}", file=sys.stderr, flush=True)
+        return False
+    print(f"runner: {key} container {name} failed its startup probe ({budget} s): killed", flush=True)
     return True
 
 
