@@ -317,3 +317,26 @@ def test_a_deployment_without_a_cache_leaves_the_nodes_others_pre_stage_too():
     )
     assert not {n for r in told.roles for cr in r.create for n in cr.nodes} & placed
     assert told.weights_cache is None  # (it has no caches to report)
+
+
+def test_the_next_unit_is_staged_whole_in_one_domain_where_its_scale_up_lands():
+    """Prefill-decode units (1:1 here: a 2-node decode group and a 1-node prefill group): the headroom is
+    the next unit, staged where the whole unit fits, as placement puts a new unit, not role by role. Racks
+    a and c have 3 nodes, b 2: the first unit takes a; role by role the next decode group alone would fit
+    best in b (pack) and its prefill group elsewhere, split; the whole unit fits only in c."""
+    md = staged(deployment(decode=1), 1)
+    nodes = nodes_of({"a": 3, "b": 2, "c": 3})
+    first = plan(snapshot(md, nodes, {}, {}))
+    placed = {n for r in first.roles for cr in r.create for n in cr.nodes}
+    assert {n.rsplit("-", 1)[0] for n in placed} == {"a"}
+    fetch = fetch_pods(first)
+    assert sorted(fetch) == ["c-0", "c-1", "c-2"]
+    # the scale-up (a second unit) lands on the staged nodes, warm
+    key = weights_cache.weights_key(md.spec)
+    groups = materialize(snapshot(md, nodes, {}, {}), first)
+    after = snapshot(md, nodes, used_by(groups, md), groups)
+    marked = {**dict.fromkeys(placed, key), **dict.fromkeys(fetch, key)}
+    up = plan(replace(after, md=staged(deployment(decode=2), 1), pod_nodes=frozenset(placed), claims=marked))
+    new = {n: cr.path for r in up.roles for cr in r.create for n in cr.nodes}
+    assert set(new) == set(fetch)
+    assert set(new.values()) == {"warm"}

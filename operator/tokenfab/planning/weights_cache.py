@@ -35,14 +35,14 @@ from tokenfab.api.models import (
     StagedWeights,
     WeightsCacheStatus,
 )
-from tokenfab.planning import builders, launcher_log
+from tokenfab.planning import builders, launcher_log, units
 from tokenfab.planning.capacity import parse_quantity
 from tokenfab.planning.eviction import CacheEntry, NodeCaches, evictions, idle_times
 from tokenfab.planning.launcher_log import Progress
 from tokenfab.planning.lifecycle import GroupView
 from tokenfab.planning.status import parse_rfc3339 as parse
 from tokenfab.planning.status import rfc3339
-from tokenfab.planning.topology import COLD, ELSEWHERE, Domain, best_fit_nodes, choose_domain, take
+from tokenfab.planning.topology import COLD, ELSEWHERE, Domain, GroupShape, best_fit_nodes, choose_domain
 
 weights_key = builders.weights_key
 
@@ -108,25 +108,80 @@ def prestage_nodes(
     """The headroom to keep warm (model.cache.prestageGroups): the nodes each role's next groups would be
     placed on, past the groups this pass plans (`domains_of`: a role's free domains with them taken off;
     `headroom`: how many next groups per role, as the autoscaler says), chosen as placement chooses
-    (warmest first, then the policy; whole groups only), so a scale-up lands where the weights are. None
-    without per-node caches."""
+    (warmest first, then the policy; whole groups only), so a scale-up lands where the weights are. With
+    prefill-decode units, the next decode groups come with their unit's prefill groups, in one domain
+    where the whole unit fits, as placement puts a new unit (planning.units.Units.choose); what does not
+    fit so is staged role by role. None without per-node caches."""
     if not spec.model.cache.prestage_groups or not builders.uses_model_cache_claims(spec):
         return frozenset()
+    views = {role: dict(domains_of(role)) for role, _ in spec.roles()}
+    shapes = {role: builders.group_shape(spec, role) for role in views}
+    want = dict(headroom or {})
     out: set[str] = set()
-    for role, _ in spec.roles():
-        shape, domains = builders.group_shape(spec, role), dict(domains_of(role))
-        for _ in range((headroom or {}).get(role, 0)):
+    r = units.rule(spec)
+    if r is not None and all(role in views for role in units.UNIT_ROLES):
+        while want.get("decode", 0) > 0:
+            members: list[RoleName] = ["decode"] * min(r.decode, want["decode"])
+            members += ["prefill"] * max(0, min(r.prefill, want.get("prefill", 0)))
+            whole = {
+                name: d
+                for name, d in views["decode"].items()
+                if _unit_nodes(views, shapes, name, members, warmth) is not None
+            }
+            name = choose_domain(whole, shapes["decode"], spec.topology.placement, warmth=warmth or None)
+            if name is None:
+                break
+            for role, nodes in _unit_nodes(views, shapes, name, members, warmth) or []:
+                out.update(nodes)
+                _take_all(views, name, nodes, shapes[role].pod_gpus)
+                want[role] = want.get(role, 0) - 1
+    for role in views:
+        shape, domains = shapes[role], views[role]
+        for _ in range(max(0, want.get(role, 0))):
             name = choose_domain(domains, shape, spec.topology.placement, warmth=warmth or None)
-            nodes = (
+            chosen = (
                 None
                 if name is None
                 else best_fit_nodes(domains[name].free, shape.nodes, shape.pod_gpus, warmth)
             )
-            if name is None or nodes is None:
+            if name is None or chosen is None:
                 break
-            out.update(nodes)
-            domains[name] = take(domains[name], nodes, shape.pod_gpus)
+            out.update(chosen)
+            _take_all(views, name, chosen, shape.pod_gpus)
     return frozenset(out)
+
+
+def _unit_nodes(
+    views: Mapping[RoleName, Mapping[str, Domain]],
+    shapes: Mapping[RoleName, GroupShape],
+    name: str,
+    members: list[RoleName],
+    warmth: Mapping[str, int],
+) -> list[tuple[RoleName, list[str]]] | None:
+    """Each member group's nodes in domain `name`, taken one after another (each role seeing the domain
+    as its own constraints do, less what the others took); None when the unit fits there not whole."""
+    trial = {role: dict(v) for role, v in views.items()}
+    got: list[tuple[RoleName, list[str]]] = []
+    for role in members:
+        domain = trial[role].get(name)
+        shape = shapes[role]
+        nodes = best_fit_nodes(domain.free, shape.nodes, shape.pod_gpus, warmth) if domain else None
+        if nodes is None:
+            return None
+        got.append((role, nodes))
+        _take_all(trial, name, nodes, shape.pod_gpus)
+    return got
+
+
+def _take_all(views: dict[RoleName, dict[str, Domain]], name: str, nodes: list[str], pod_gpus: int) -> None:
+    """One pod of `pod_gpus` off each of `nodes` in every role's view of domain `name` (a node another
+    role cannot use is not in its view; one with less room than that left has none left)."""
+    for view in views.values():
+        d = view.get(name)
+        if d is None:
+            continue
+        free = {n: (max(0, g - pod_gpus) if n in nodes else g) for n, g in d.free.items()}
+        view[name] = Domain(d.name, d.total_gpus, free, d.nodes, d.ready_nodes, d.degraded)
 
 
 @dataclass(frozen=True)
