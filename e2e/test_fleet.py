@@ -18,10 +18,11 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from e2e.fleet import fleet, load, plot, scenario
+from e2e.fleet import fleet, load, pairing, plot, scenario
 from e2e.helpers import apply_yaml, get_json, wait_for
 from tokenfab.planning import contract
 from tokenfab.planning.autoscaler import signals
@@ -230,6 +231,53 @@ def test_the_simulated_fabric_serves_a_group_on_its_imex_channel_and_fails_mnnvl
 
     wait_for("the runner's record of the engine NCCL refused", refused_here, timeout=30)
     fleet.delete_deployment(f, NS, "mnnvl")
+
+
+def test_each_requests_kv_stays_inside_its_unit_as_the_client_and_the_frontend_both_count(live):
+    """Two prefill-decode units (1:2: one prefill group and two decode groups each), each in one NVLink
+    domain with its ComputeDomain; every worker publishes its unit as Dynamo's KV-transfer domain. The
+    client asks Dynamo for each request's worker pair (nvext worker_id) and the frontend's own log names
+    it too: every request is counted by both, and each KV hand-over stays inside its unit."""
+    f, _ = live
+    fleet.ensure_namespace(f, NS)
+    apply_yaml(f, fleet.manifest(f, NS, "pairs", autoscaling=False, decode_replicas=4))
+    url = fleet.serving(f, NS, "pairs", timeout=240)
+    sel = f"{contract.LABEL_DEPLOYMENT}=pairs,{contract.LABEL_ROLE} in (prefill,decode)"
+
+    def all_ready() -> list[dict[str, Any]] | None:
+        items = get_json(f, "pods", "-n", NS, "-l", sel)["items"]
+        ok = len(items) == 6 and all(
+            any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions") or [])
+            for p in items
+        )
+        return items if ok else None
+
+    workers = wait_for("the six workers of two units ready", all_ready, timeout=180)
+    labels = {p["metadata"]["name"]: p["metadata"]["labels"] for p in workers}
+    unit_of = {n: lb[contract.LABEL_UNIT] for n, lb in labels.items()}
+    domain_of = {n: lb[contract.LABEL_DOMAIN] for n, lb in labels.items()}
+    assert sorted(unit_of.values()) == ["0", "0", "0", "1", "1", "1"]
+    time.sleep(3)  # (the router hears of the last workers' endpoints)
+    sent = pairing.send(url, fleet.MODEL_NAME, 48, concurrency=4)
+    assert (sent.sent, sent.completed, sent.failed, sent.never_sent) == (48, 48, 0, 0), sent.errors
+    logs = fleet.state_dir(f) / "logs"
+
+    def counted() -> pairing.Tally | None:
+        frontend = "".join(p.read_text(errors="replace") for p in logs.glob(f"{NS}_pairs-frontend-*.log"))
+        t = pairing.tally(
+            sent.pairs, pairing.frontend_pairs(frontend), pairing.instance_ids(logs, NS), unit_of, domain_of
+        )
+        return t if t.agree else None
+
+    t = wait_for("the frontend's log naming every request's workers as the client saw them", counted, 30)
+    print(f"\nKV transfers: {json.dumps(t.as_dict())}")
+    assert (t.transfers, t.frontend, t.unknown) == (48, 48, 0)
+    assert t.in_unit == t.transfers, t.by_pair
+    assert t.in_domain == t.transfers, t.by_pair
+    units = fleet.status(f, NS, "pairs").get("units") or []
+    assert len(units) == 2, units
+    assert all(len(u["domains"]) == 1 for u in units), units
+    fleet.delete_deployment(f, NS, "pairs")
 
 
 def test_runner_stops_every_process_it_started(live):

@@ -112,8 +112,15 @@ def _fabric(r: dict[str, Any]) -> str:
     return f"fabric placement ({r.get('modeled')}):\n" + table(r.get("runs") or [])
 
 
+def _fabric_live(r: dict[str, Any]) -> str:
+    from e2e.bench.fabric_live_bench import table
+
+    return f"KV transfers on a live fleet ({r.get('measured')}):\n" + table(r.get("runs") or [])
+
+
 REPORTS: dict[str, Callable[[dict[str, Any]], str]] = {
     "fabric": _fabric,
+    "fabric_live": _fabric_live,
     "autoscaler": _autoscaler,
     "operator": _operator,
     "operator_compare": _figures,  # operator_bench --compare-ref
