@@ -3,7 +3,7 @@
 # nothing else meanwhile: they share the cores with what they measure). Each writes its result file and
 # its history copy under e2e/bench/results/ (e2e/record.py) and starts and stops its own factory.
 # Usage: bash e2e/bench/all.sh [name ...]   (names: autoscaler operator factory scale drain faults closed_loop fleet
-# fleet_cold fabric)
+# fleet_cold fabric fabric_live)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=../lib/bootstrap.sh
@@ -19,7 +19,7 @@ run() {
 }
 
 wanted=("$@")
-[ ${#wanted[@]} -gt 0 ] || wanted=(autoscaler operator factory scale drain faults closed_loop fleet fleet_cold fabric)
+[ ${#wanted[@]} -gt 0 ] || wanted=(autoscaler operator factory scale drain faults closed_loop fleet fleet_cold fabric fabric_live)
 for name in "${wanted[@]}"; do
   work="$(mktemp -d -t tokenfab-bench-XXXXXX)"
   case "$name" in
@@ -36,6 +36,7 @@ for name in "${wanted[@]}"; do
       ;;
     fleet_cold) run e2e.bench.fleet_bench_cold --run-dir "$work/run" --port-base 31300 ;;
     fabric) run e2e.bench.fabric_bench ;;
+    fabric_live) run e2e.bench.fabric_live_bench --run-dir "$work/run" --port-base 31400 ;;
     *) echo "unknown benchmark: $name" >&2; exit 2 ;;
   esac
   rm -rf "$work"
