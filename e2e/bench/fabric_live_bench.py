@@ -13,7 +13,7 @@ workers would give (what Dynamo's router does without a KV-transfer domain), com
 layout. TTFT is the client's (first streamed chunk), on the mocker's timing: not a GPU's. The path of every
 unit is the operator's status.units.
 
-    python -m e2e.bench.fabric_live_bench            # two runs of 200 requests, about 6 minutes
+    python -m e2e.bench.fabric_live_bench            # two runs of 200 requests, under a minute on 2 cores
 Saved (e2e/record.py) to e2e/bench/results/fabric_live.json; nothing passes or fails on a figure. The test
 suite's short version is e2e/test_fleet.py::test_each_requests_kv_stays_inside_its_unit_...
 """
