@@ -11,7 +11,9 @@ own log, and its pod from that: so each KV hand-over is counted inside its unit,
 or across. The same run's baseline: the share inside a domain that pairing at random among the decode
 workers would give (what Dynamo's router does without a KV-transfer domain), computed from the run's own
 layout. TTFT is the client's (first streamed chunk), on the mocker's timing: not a GPU's. The path of every
-unit is the operator's status.units.
+unit is the operator's status.units. Then unit 0's decode group is lost (its leader pod deleted) and half as
+many requests are sent at once: counted the same way, they show what `preferred` enforcement does while the
+group is replaced (`required` would fail the requests whose prefill worker is unit 0's).
 
     python -m e2e.bench.fabric_live_bench            # two runs of 200 requests, under a minute on 2 cores
 Saved (e2e/record.py) to e2e/bench/results/fabric_live.json; nothing passes or fails on a figure. The test
@@ -106,8 +108,10 @@ def one_run(f: Factory, requests: int, concurrency: int) -> dict[str, Any]:
         text = "".join(p.read_text(errors="replace") for p in logs.glob(f"{NS}_{name}-frontend-*.log"))
         t = pairing.tally(sent.pairs, pairing.frontend_pairs(text), pods, unit_of, domain_of)
     status = fleet.status(f, NS, name)
+    lost = lost_decode(f, url, model, name, requests // 2, concurrency, unit_of, domain_of)
     kubectl(f, "delete", "mdep", name, "-n", NS, "--wait=true", timeout=300)
     return {
+        "while_a_decode_group_is_lost": lost,
         "requests": {
             "intended": sent.intended,
             "sent": sent.sent,
@@ -131,6 +135,42 @@ def one_run(f: Factory, requests: int, concurrency: int) -> dict[str, Any]:
     }
 
 
+def lost_decode(
+    f: Factory,
+    url: str,
+    model: str,
+    name: str,
+    requests: int,
+    concurrency: int,
+    unit_of: dict[str, str],
+    domain_of: dict[str, str],
+) -> dict[str, Any]:
+    """Unit 0's decode group is lost (its leader pod deleted: the group is broken and replaced) and
+    `requests` more are sent at once: with `preferred` enforcement they go to another unit's decode group
+    until the replacement serves (with `required` a request whose prefill worker is unit 0's would fail)."""
+    victim = next(n for n, u in sorted(unit_of.items()) if u == "0" and "-decode-" in n and n.endswith("-0"))
+    kubectl(f, "delete", "pod", victim, "-n", NS, "--wait=false")
+    time.sleep(1.0)  # (the endpoint leaves routing with the pod's deletion)
+    sent = pairing.send(url, model, requests, concurrency)
+    logs = fleet.state_dir(f) / "logs"
+    text = "".join(p.read_text(errors="replace") for p in logs.glob(f"{NS}_{name}-frontend-*.log"))
+    t = pairing.tally(
+        sent.pairs, pairing.frontend_pairs(text), pairing.instance_ids(logs, NS), unit_of, domain_of
+    )
+    return {
+        "lost": victim,
+        "requests": {
+            "intended": sent.intended,
+            "sent": sent.sent,
+            "completed": sent.completed,
+            "failed": sent.failed,
+            "never_sent": sent.never_sent,
+        },
+        "errors": dict(sent.errors),
+        "kv_transfers": t.as_dict(),
+    }
+
+
 def table(runs: list[dict[str, Any]]) -> str:
     lines = [
         f"{'run':<4} {'intended/sent/completed/failed':>31} {'in unit':>8} {'in domain':>10} "
@@ -147,6 +187,14 @@ def table(runs: list[dict[str, Any]]) -> str:
             f"{r['ttft_ms']['p50']:>7}/{r['ttft_ms']['p99']:<8}  "
             + ", ".join(f"{u['unit']}:{'+'.join(u['domains'] or [])}:{u['path']}" for u in r["units"])
         )
+        lost = r.get("while_a_decode_group_is_lost")
+        if lost:
+            lq, lk = lost["requests"], lost["kv_transfers"]
+            lines.append(
+                f"     while {lost['lost']} is lost: {lq['intended']}/{lq['sent']}/{lq['completed']}/"
+                f"{lq['failed']} intended/sent/completed/failed, {lk['in_unit']}/{lk['transfers']} in their "
+                f"unit, observers {'agree' if lk['observers_agree'] else 'DIFFER'}"
+            )
     return "\n".join(lines)
 
 

@@ -22,7 +22,13 @@ def test_the_table_shows_every_count_and_both_shares():
         "ttft_ms": {"p50": 140.6, "p99": 241.0},
         "units": [{"unit": 0, "domains": ["r0"], "path": "nvlink"}],
     }
-    line = bench.table([run]).splitlines()[1]
+    run["while_a_decode_group_is_lost"] = {
+        "lost": "m-decode-0-0",
+        "requests": {"intended": 4, "sent": 4, "completed": 4, "failed": 0, "never_sent": 0},
+        "kv_transfers": {"transfers": 4, "in_unit": 2, "observers_agree": True},
+    }
+    line, lost = bench.table([run]).splitlines()[1:]
+    assert "while m-decode-0-0 is lost: 4/4/4/0 intended/sent/completed/failed, 2/4 in their unit" in lost
     assert "10/10/9/1" in line
     assert "9/9" in line
     assert "100.0%" in line
