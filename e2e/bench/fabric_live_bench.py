@@ -152,10 +152,18 @@ def lost_decode(
     kubectl(f, "delete", "pod", victim, "-n", NS, "--wait=false")
     time.sleep(1.0)  # (the endpoint leaves routing with the pod's deletion)
     sent = pairing.send(url, model, requests, concurrency)
+    # (the replacement's pods, made meanwhile: their unit and domain too)
+    sel = f"{contract.LABEL_DEPLOYMENT}={name},{contract.LABEL_ROLE} in (prefill,decode)"
+    now = {
+        p["metadata"]["name"]: p["metadata"]["labels"]
+        for p in get_json(f, "pods", "-n", NS, "-l", sel)["items"]
+    }
+    units = {**unit_of, **{n: lb.get(contract.LABEL_UNIT, "") for n, lb in now.items()}}
+    domains = {**domain_of, **{n: lb[contract.LABEL_DOMAIN] for n, lb in now.items()}}
     logs = fleet.state_dir(f) / "logs"
     text = "".join(p.read_text(errors="replace") for p in logs.glob(f"{NS}_{name}-frontend-*.log"))
     t = pairing.tally(
-        sent.pairs, pairing.frontend_pairs(text), pairing.instance_ids(logs, NS), unit_of, domain_of
+        sent.pairs, pairing.frontend_pairs(text), pairing.instance_ids(logs, NS), units, domains
     )
     return {
         "lost": victim,
