@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenfab.adapters.kube import ApiError, Kube, Obj
-from tokenfab.api.models import API_VERSION, KIND
+from tokenfab.api.models import KIND
 from tokenfab.fleet.view import Key
 from tokenfab.planning import builders
 from tokenfab.planning.groups import Delete as GroupDelete
@@ -25,7 +25,7 @@ from tokenfab.planning.groups import RolePlan
 from tokenfab.planning.one_pass import Plan, Snapshot
 from tokenfab.planning.writes import Delete, NewGroup, Release
 from tokenfab.routing import second_round
-from tokenfab.runtime import Context, Ended, Observed, Result
+from tokenfab.runtime import Context, Observed, Result
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +73,6 @@ def submit(ctx: Context, key: Key, snap: Snapshot, plan: Plan) -> Submitted:
     shared += _apply_changed(ctx, key, owner, list(w.rest), now)
     shared += [(pool.submit(_delete, kube, key[0], d), None) for d in w.deletes]
     shared += [(pool.submit(_release, kube, owner, r), None) for r in w.releases]
-    if w.legacy is not None:
-        shared += [(pool.submit(_remove_legacy, ctx, key, dict(w.legacy)), None)]
     deletes: Tagged = [
         (pool.submit(kube.delete_group, key[0], d.name, _has_domain(plan, rp)), (rp, d))
         for rp in plan.roles
@@ -103,20 +101,13 @@ def _release(kube: Kube, owner: builders.Owner, r: Release) -> None:
 def complete(
     ctx: Context,
     key: Key,
-    seen: Observed | Ended,
-    plan: Plan | None,
+    seen: Observed,
+    plan: Plan,
     result: Result,
-    sub: Submitted | None,
+    sub: Submitted,
 ) -> None:
     """Once the API server has answered every submitted write: what each answer means, then the second
-    round trip: the scheduling gates of the groups that now exist whole, lifted together, and routing. A
-    pass that ended at its observation writes only what takes old kopf bookkeeping off."""
-    if isinstance(seen, Ended):
-        if seen.legacy is not None:
-            _remove_legacy(ctx, key, dict(seen.legacy))
-        return
-    assert plan is not None
-    assert sub is not None
+    round trip: the scheduling gates of the groups that now exist whole, lifted together, and routing."""
     body, snap = seen.body, seen.snapshot
     _applied(ctx, key, sub, result, snap.now)
     _deleted(ctx, key, body, snap, sub, result)
@@ -313,17 +304,3 @@ def release_claim(kube: Kube, owner: builders.Owner, name: str, manager: str, mo
         owner.namespace,
         preconditions={"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")},
     )
-
-
-def _remove_legacy(ctx: Context, key: Key, patch: Obj) -> None:
-    """Take old kopf bookkeeping off the deployment (once per object in this process; a failure is logged
-    and tried again by a later pass)."""
-    mem = ctx.mem(key)
-    version = str(patch["metadata"].get("resourceVersion", ""))
-    if version and mem.legacy_checked == version:
-        return  # (patched moments ago: the watch has not shown it yet)
-    try:
-        ctx.kube.merge_patch(API_VERSION, KIND, key[0], key[1], patch)
-        mem.legacy_checked = version
-    except ApiError as exc:
-        log.warning("could not remove old kopf bookkeeping from %s/%s: %s", *key, exc)

@@ -9,8 +9,9 @@ in-flight counts from Prometheus; the launcher's lines from pod logs; a pvc:// s
 capacity is read later, inside the placement ledger's session (the snapshot's `room`), and a new group's
 IMEX channel template only when the plan asks for it (`Domains.channel_ready`).
 
-A pass may end here: the deployment is gone (None), its spec is invalid, spec.profile is not planned yet,
-or its last writes are not in the view yet (`Ended`: the status and Events to settle, and nothing else).
+A pass may end here: the deployment is gone (None), its last writes are not in the view yet (`Ended`), or
+no groups are to be planned (`Stopped`: a spec the models refuse, spec.profile not planned yet; the plan
+phase makes their status). Observe builds no condition and no status: the plan does.
 """
 
 from __future__ import annotations
@@ -25,11 +26,9 @@ from tokenfab.adapters import metrics
 from tokenfab.adapters.kube import ApiError, Obj
 from tokenfab.api.errors import SpecError, parse_model_deployment
 from tokenfab.api.models import (
-    Condition,
     ModelDeployment,
     ModelDeploymentSpec,
     ModelDeploymentStatus,
-    ProfileStatus,
     RoleName,
 )
 from tokenfab.fleet.view import Key, PodFacts, parse_time
@@ -40,7 +39,6 @@ from tokenfab.planning import (
     launcher_log,
     model_source,
     pod_security,
-    sla,
     weights_cache,
     writes,
 )
@@ -51,17 +49,12 @@ from tokenfab.planning.groups import DrainPolicy
 from tokenfab.planning.lifecycle import GroupView
 from tokenfab.planning.model_source import SourceClaim
 from tokenfab.planning.one_pass import SOURCE_LOOK_SECONDS, Snapshot, removing
+from tokenfab.planning.profile import plan_profile
 from tokenfab.planning.role_plan import FaultReaction
 from tokenfab.planning.room import Room
-from tokenfab.planning.status import invalid_status, merge_conditions, rfc3339
-from tokenfab.runtime import Context, Ended, Observed, Result
+from tokenfab.runtime import Context, Ended, Observed, Result, Stopped
 from tokenfab.views import group_views, held, node_caches, node_health, usable_claims
 
-# Polls a plan for (profile hash, request): the outcome once ready, None while it is being made.
-Planner = Callable[[str, sla.PlanRequest], sla.PlanOutcome | None]
-
-# Outcomes worth asking again for: the planner may be installed, or work, later.
-RETRY_SECONDS = {sla.PLANNER_UNAVAILABLE: 60.0, sla.PLANNER_FAILED: 300.0}
 SOURCE_READ_SECONDS = SOURCE_LOOK_SECONDS  # a pvc:// source's claim is read again this often
 POD_SECURITY_READ_SECONDS = 15.0  # a namespace's Pod Security level, while the workers add capabilities
 CHILD_KINDS = (
@@ -70,83 +63,6 @@ CHILD_KINDS = (
     "PersistentVolumeClaim",
     *(k for _, k in writes.DISCOVERY_KINDS),
 )
-
-
-# ---------------------------------------------------------------------------------- spec.profile
-
-
-@dataclass(frozen=True)
-class Planning:
-    """The spec with the plan merged in (in memory), status.profile, and the Planned condition; `wait`
-    when no groups can be planned yet (no plan, or none possible)."""
-
-    spec: ModelDeploymentSpec
-    status: ProfileStatus | None
-    condition: Condition | None
-    wait: bool
-
-
-def plan_profile(
-    spec: ModelDeploymentSpec, old: ProfileStatus | None, planner: Planner | None, now: float
-) -> Planning:
-    """Fill what the spec leaves out from the plan for its profile (made once per profile hash, off the
-    reconcile path by `planner`)."""
-    if not spec.left_to_plan():
-        return Planning(spec, None, None, wait=False)
-    key = sla.profile_hash(spec)
-    status = old if old is not None and old.profile_hash == key else None
-    # The planner, not the profile, failed: ask again after a while.
-    retry = RETRY_SECONDS.get(status.reason) if status is not None else None
-    if status is not None and retry is not None and now - (parse_time(status.time) or 0.0) >= retry:
-        status = None
-    if status is None:
-        if planner is None:
-            outcome: sla.PlanOutcome | None = sla.PlanOutcome(
-                ok=False, reason=sla.PLANNER_UNAVAILABLE, message="this operator runs without a planner"
-            )
-        else:
-            outcome = planner(key, sla.request_for(spec))
-        if outcome is None:
-            msg = f"planning {', '.join(spec.left_to_plan())} for spec.profile with aiconfigurator"
-            cond = Condition(type="Planned", status="Unknown", reason="Planning", message=msg)
-            return Planning(spec, old, cond, wait=True)
-        status = sla.plan_status(outcome, spec, rfc3339(now))
-    if not status.ok:
-        cond = Condition(type="Planned", status="False", reason=status.reason, message=status.message)
-        return Planning(spec, status, cond, wait=True)
-    try:
-        merged = sla.apply_plan(spec, status)
-    except ValueError as exc:
-        cond = Condition(type="Planned", status="False", reason="PlanInvalid", message=str(exc))
-        return Planning(spec, status, cond, wait=True)
-    cond = Condition(type="Planned", status="True", reason=sla.PLANNED, message=status.message)
-    return Planning(merged, status, cond, wait=False)
-
-
-def _waiting(body: Obj, md: ModelDeployment, planning: Planning, now: float) -> Ended:
-    """The pass of a deployment whose profile has no plan yet (or none possible): its Ready and Planned
-    conditions say so, and every child is left as it is."""
-    assert planning.condition is not None
-    planned = planning.condition
-    reason = "Planning" if planned.status == "Unknown" else planned.reason
-    ready = Condition(type="Ready", status="False", reason=reason, message=planned.message)
-    base = md.status or ModelDeploymentStatus()
-    generation = md.metadata.generation or 0
-    conds, changed = merge_conditions(base.conditions, [ready, planned], generation, now)
-    status = base.model_copy(
-        update={"conditions": conds, "profile": planning.status, "observed_generation": generation}
-    )
-    events = tuple(
-        (
-            "Warning" if cd.status == "False" and cd.reason != "Planning" else "Normal",
-            cd.reason,
-            f"{cd.type}={cd.status}: {cd.message}",
-        )
-        for cd in changed
-    )
-    result = Result(requeue_after=5.0)
-    result.conditions_changed = [f"{cd.type}={cd.status}/{cd.reason}" for cd in changed]
-    return Ended(body, result, status, events, writes.legacy_patch(body["metadata"]))
 
 
 # ------------------------------------------------------------------------------------------- the spec
@@ -175,9 +91,9 @@ def last_status(ctx: Context, key: Key, body: Obj, md: ModelDeployment) -> Model
     return md.status
 
 
-def _parsed(ctx: Context, key: Key, now: float) -> tuple[Obj, ModelDeployment] | Ended | None:
-    """The deployment as the view has it, with its freshest status; None when it is gone (or going), an
-    Ended pass when its spec is invalid."""
+def _parsed(ctx: Context, key: Key) -> tuple[Obj, ModelDeployment] | Ended | Stopped | None:
+    """The deployment as the view has it, with its freshest status; None when it is gone (or going),
+    Stopped when the models refuse its spec."""
     body = ctx.view.model_deployment(key)
     if body is None or body["metadata"].get("deletionTimestamp"):
         # (its reservations stay until its pods appear or they expire: see Controller.on_model_deployment)
@@ -194,9 +110,7 @@ def _parsed(ctx: Context, key: Key, now: float) -> tuple[Obj, ModelDeployment] |
         try:  # a status written by another operator version must not stop the spec from being served
             md = parse_model_deployment({**body, "status": None})
         except SpecError:
-            status, changed = invalid_status(body, exc.errors, now)
-            events = tuple(("Warning", "InvalidSpec", cd.message) for cd in changed[:1])
-            return Ended(body, Result(), status, events, writes.legacy_patch(body["metadata"]))
+            return Stopped(body, errors=tuple(exc.errors), legacy=writes.legacy_patch(body["metadata"]))
     # Decide from the freshest status: this process's last write if the watch has not shown it yet
     # (the autoscaler's windows, the failure counts, the plan and the placement record live there).
     return body, md.model_copy(update={"status": last_status(ctx, key, body, md)})
@@ -450,17 +364,18 @@ def _no_room() -> tuple[list[NodeFacts], dict[str, dict[str, int]]]:
 # ------------------------------------------------------------------------------------------- the phase
 
 
-def observe(ctx: Context, key: Key, now: float) -> Observed | Ended | None:
-    """The pass's snapshot (its room still to be read, inside the ledger's session); or an Ended pass (an
-    invalid spec, a profile not planned yet, writes the watch has not shown yet); or None when the
-    deployment is gone."""
-    parsed = _parsed(ctx, key, now)
+def observe(ctx: Context, key: Key, now: float) -> Observed | Ended | Stopped | None:
+    """The pass's snapshot (its room still to be read, inside the ledger's session); Stopped (a spec the
+    models refuse, a profile not planned yet: the plan phase makes its status); Ended (writes the watch has
+    not shown yet); or None when the deployment is gone."""
+    parsed = _parsed(ctx, key)
     if not isinstance(parsed, tuple):
         return parsed
     body, md = parsed
     profile = plan_profile(md.spec, md.status.profile if md.status else None, ctx.planner, now)
-    if profile.wait:  # no plan yet (or none possible): say so, and leave every child as it is
-        return _waiting(body, md, profile, now)
+    if profile.wait:  # no plan yet (or none possible): the plan says so, and leaves every child as it is
+        legacy = writes.legacy_patch(body["metadata"])
+        return Stopped(body, md, planned=profile.condition, profile=profile.status, legacy=legacy)
     md = md.model_copy(update={"spec": profile.spec})
     if not ctx.expectations.satisfied(key, ctx.view, now):
         return Ended(body, Result(requeue_after=1.0, waited=True))
@@ -495,7 +410,7 @@ def observe(ctx: Context, key: Key, now: float) -> Observed | Ended | None:
             frontend_replaces=frontend.replaces if frontend else "",
             profile=profile.status,
             planned=profile.condition,
-            source=model_source.condition(key[0], source_claim(ctx, key, md.spec, now)),
+            source=source_claim(ctx, key, md.spec, now),
             pod_nodes=frozenset(n for p in pods if (n := p.pinned or p.node)),
             claims={pvc.node: held(pvc, builders.weights_key(md.spec)) for pvc in claims},
             fetch_pods=fetch_pods(pods, logs.progress),

@@ -30,9 +30,9 @@ from typing import Any
 
 from tokenfab import act, observe, settle
 from tokenfab.fleet.view import Key
-from tokenfab.planning import one_pass
+from tokenfab.planning import one_pass, status
 from tokenfab.planning.room import Room
-from tokenfab.runtime import Context, Ended, Observed, Result
+from tokenfab.runtime import Context, Ended, Observed, Result, Stopped
 
 
 class Stopwatch:
@@ -69,11 +69,18 @@ class Pass:
     def begin(self) -> None:
         """Observe, plan, and hand the plan's writes to the writer."""
         ctx, key = self.ctx, self.key
-        self.seen = observe.observe(ctx, key, self.now)
+        seen = observe.observe(ctx, key, self.now)
         self.clock.lap("observe")
-        if not isinstance(self.seen, Observed):
+        if isinstance(seen, Stopped):  # no groups to plan: the plan is the status that says why
+            stop = status.stopped(seen.body, seen.md, seen.errors, seen.planned, seen.profile, self.now)
+            self.result.requeue_after = stop.requeue_after
+            self.result.conditions_changed = [f"{cd.type}={cd.status}/{cd.reason}" for cd in stop.changed]
+            self.seen = Ended(seen.body, self.result, stop.status, stop.events, seen.legacy)
             return
-        snap = self.seen.snapshot
+        self.seen = seen
+        if not isinstance(seen, Observed):
+            return
+        snap = seen.snapshot
         # Plan: every decision that takes capacity is made and reserved inside one ledger session.
         with ctx.ledger.session() as session:
             self.clock.lap("ledger-wait")
@@ -82,7 +89,7 @@ class Pass:
             self.plan = one_pass.plan(snap)
             for r in self.plan.reservations:
                 session.reserve(key, r.group, r.pods, self.now)
-        self.seen = replace(self.seen, snapshot=snap)
+        self.seen = replace(seen, snapshot=snap)
         self.result.plans = self.plan.roles
         self.clock.lap("plan")
         self.submitted = act.submit(ctx, key, snap, self.plan)
@@ -94,7 +101,8 @@ class Pass:
         if seen is None:
             return None
         result = seen.result if isinstance(seen, Ended) else self.result
-        act.complete(self.ctx, self.key, seen, self.plan, result, self.submitted)
+        if isinstance(seen, Observed) and self.plan is not None and self.submitted is not None:
+            act.complete(self.ctx, self.key, seen, self.plan, result, self.submitted)
         self.clock.lap("writes")
         if isinstance(seen, Ended) and seen.gone:
             return None

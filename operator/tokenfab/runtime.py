@@ -14,7 +14,7 @@ from typing import Any
 
 from tokenfab.adapters.kube import ApiError, Kube, Obj
 from tokenfab.adapters.metrics import Reader
-from tokenfab.api.models import ModelDeploymentStatus
+from tokenfab.api.models import Condition, ModelDeployment, ModelDeploymentStatus, ProfileStatus
 from tokenfab.fleet.expectations import Expectations
 from tokenfab.fleet.ledger import Ledger
 from tokenfab.fleet.view import ClusterView, Key
@@ -125,3 +125,17 @@ class Ended:
     events: tuple[tuple[str, str, str], ...] = ()  # (type, reason, message)
     legacy: Mapping[str, object] | None = None
     gone: bool = False  # the deployment is going: only its old bookkeeping is taken off
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """An observation on which no groups are planned: a spec the models refuse (`errors`), or spec.profile
+    with no plan yet, or none possible (`planned`: the Planned condition, with status.profile). The plan
+    phase makes its status (tokenfab.planning.status.stopped); nothing else is written."""
+
+    body: Obj
+    md: ModelDeployment | None = None
+    errors: tuple[str, ...] = ()
+    planned: Condition | None = None
+    profile: ProfileStatus | None = None
+    legacy: Mapping[str, object] | None = None

@@ -1,7 +1,8 @@
-"""The settle phase of a pass, its last: once the act phase's writes are answered, the status
-(tokenfab.planning.one_pass.settle makes it) and the Events written, and the autoscaler's decisions
-reported. A status whose content did not change is not written again, one that changes more often than
-STATUS_MIN_INTERVAL is deferred to a later pass, and each API error is posted once as an Event."""
+"""The settle phase of a pass, its last: once the act phase's writes are answered, the deployment's own
+object is written (its status, which tokenfab.planning.one_pass.settle makes, and the plan's patch that
+takes old kopf bookkeeping off), the Events posted and the autoscaler's decisions reported. A status
+whose content did not change is not written again, one that changes more often than STATUS_MIN_INTERVAL
+is deferred to a later pass, and each API error is posted once as an Event."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 from tokenfab.adapters import telemetry
 from tokenfab.adapters.kube import ApiError, Obj
-from tokenfab.api.models import Condition, ModelDeploymentStatus
+from tokenfab.api.models import API_VERSION, KIND, Condition, ModelDeploymentStatus
 from tokenfab.fleet.view import Key
 from tokenfab.planning import one_pass
 from tokenfab.planning.autoscaler import Decision
@@ -122,8 +123,10 @@ def settle(ctx: Context, key: Key, seen: Observed | Ended, plan: Plan | None, re
     (`one_pass.settle`), written now or deferred to the pass STATUS_MIN_INTERVAL later (which writes it
     with its Events); the Events of its conditions and of its plan; the autoscaler's metrics; one Event per
     new refusal; and when the deployment wants its next pass. A pass that ended at its observation writes
-    the status and Events it came with."""
+    the status and Events it came with, and takes old kopf bookkeeping off."""
     if isinstance(seen, Ended):
+        if seen.legacy is not None:
+            remove_legacy(ctx, key, dict(seen.legacy))
         if seen.status is not None:
             write_status(ctx, key, seen.body, seen.status, result)
         for kind, reason, message in seen.events:
@@ -131,6 +134,8 @@ def settle(ctx: Context, key: Key, seen: Observed | Ended, plan: Plan | None, re
         return
     assert plan is not None
     body, snap = seen.body, seen.snapshot
+    if plan.writes.legacy is not None:
+        remove_legacy(ctx, key, dict(plan.writes.legacy))
     written = one_pass.Written(frozenset(result.created), tuple(str(e) for e in result.errors))
     status, changed = one_pass.settle(snap, plan, written)
     report(ctx, key, body, plan, result)
@@ -152,6 +157,20 @@ def settle(ctx: Context, key: Key, seen: Observed | Ended, plan: Plan | None, re
     if result.channel_waits:  # (NVIDIA's DRA driver answers a ComputeDomain within a second or so)
         waits.append(1.0)
     result.requeue_after = min(waits, default=None)
+
+
+def remove_legacy(ctx: Context, key: Key, patch: Obj) -> None:
+    """Take old kopf bookkeeping off the deployment (once per object in this process; a failure is logged
+    and tried again by a later pass)."""
+    mem = ctx.mem(key)
+    version = str(patch["metadata"].get("resourceVersion", ""))
+    if version and mem.legacy_checked == version:
+        return  # (patched moments ago: the watch has not shown it yet)
+    try:
+        ctx.kube.merge_patch(API_VERSION, KIND, key[0], key[1], patch)
+        mem.legacy_checked = version
+    except ApiError as exc:
+        log.warning("could not remove old kopf bookkeeping from %s/%s: %s", *key, exc)
 
 
 def report(ctx: Context, key: Key, body: Obj, plan: Plan, result: Result) -> None:

@@ -13,7 +13,7 @@ from tests.planning.test_one_pass import deployment, nodes_of, snapshot
 from tokenfab import observe
 from tokenfab.adapters.kube import ApiError
 from tokenfab.api.errors import parse_model_deployment
-from tokenfab.api.models import Condition, ModelDeployment
+from tokenfab.api.models import ModelDeployment
 from tokenfab.planning import model_source
 from tokenfab.planning.model_source import SourceClaim
 from tokenfab.planning.one_pass import Written, plan, requeue_after, settle
@@ -66,7 +66,7 @@ def test_the_condition_names_the_claim_and_the_fix(
     assert model_source.condition("ns", None) is None
 
 
-def _settled(md: ModelDeployment, source: Condition | None) -> Any:
+def _settled(md: ModelDeployment, source: SourceClaim | None) -> Any:
     snap = dataclasses.replace(snapshot(md, nodes_of({"a": 4}), {}, {}), source=source)
     status, _ = settle(snap, plan(snap), Written())
     return status
@@ -74,8 +74,7 @@ def _settled(md: ModelDeployment, source: Condition | None) -> Any:
 
 def test_status_keeps_the_condition_while_the_source_is_a_claim_and_drops_it_after() -> None:
     md = pvc_deployment()
-    bad = model_source.condition("ns", SourceClaim("weights", True, ("ReadWriteOnce",)))
-    status = _settled(md, bad)
+    status = _settled(md, SourceClaim("weights", True, ("ReadWriteOnce",)))
     (cond,) = [cd for cd in status.conditions if cd.type == "ModelSource"]
     assert cond.reason == "ClaimNotShared"
     # a pass whose source is no claim (source None: hf://, s3://) drops the condition it had
@@ -137,8 +136,8 @@ def test_the_claim_is_read_once_a_minute_and_its_refusal_is_said() -> None:
 def test_a_pass_looks_again_within_a_minute_while_the_source_is_not_right() -> None:
     md = pvc_deployment()
     snap = snapshot(md, nodes_of({"a": 4}), {}, {})
-    bad = model_source.condition("ns", SourceClaim("weights", False))
-    good = model_source.condition("ns", SourceClaim("weights", True, ("ReadOnlyMany",)))
+    bad = SourceClaim("weights", False)
+    good = SourceClaim("weights", True, ("ReadOnlyMany",))
     p = plan(dataclasses.replace(snap, source=bad))
     assert requeue_after(dataclasses.replace(snap, source=bad), p.roles) is not None
     assert requeue_after(dataclasses.replace(snap, source=bad), []) == pytest.approx(60.1)

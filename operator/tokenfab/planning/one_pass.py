@@ -30,6 +30,7 @@ from tokenfab.planning import (
     builders,
     contract,
     fault_report,
+    model_source,
     pod_security,
     recovery,
     weights_cache,
@@ -45,6 +46,7 @@ from tokenfab.planning.frontend import move as move_frontend
 from tokenfab.planning.groups import DrainPolicy, Judging, Leaving, Placing, RolePlan, Wanted, plan_role
 from tokenfab.planning.launcher_log import Progress
 from tokenfab.planning.lifecycle import UNHEALTHY_GRACE, GroupView, NodeHealth, classify
+from tokenfab.planning.model_source import SourceClaim
 from tokenfab.planning.role_plan import FaultReaction
 from tokenfab.planning.room import FreeDomains, LazyDomains, Reservation, Room
 from tokenfab.planning.status import Observed, build_status, parse_rfc3339, placement, rfc3339
@@ -80,7 +82,7 @@ class Snapshot:
     frontend_replaces: str = ""  # the frontend's pod template: the pods it replaces (planning.frontend)
     profile: ProfileStatus | None = None  # spec.profile's plan, as status keeps it
     planned: Condition | None = None  # the Planned condition (None: the spec leaves nothing to plan)
-    source: Condition | None = None  # the ModelSource condition (None: no pvc:// source; model_source)
+    source: SourceClaim | None = None  # a pvc:// source's claim, as read (None: the source is no claim)
     pod_nodes: frozenset[str] = frozenset()  # the nodes the deployment's pods are on or pinned to
     # Its model cache claims: node -> the weights served from it ("" none yet; planning.weights_cache)
     claims: Mapping[str, str] = field(default_factory=dict)
@@ -102,6 +104,11 @@ class Snapshot:
     @property
     def spec(self) -> ModelDeploymentSpec:
         return self.md.spec
+
+    @property
+    def source_condition(self) -> Condition | None:
+        """The ModelSource condition (None: the source is no claim; planning.model_source)."""
+        return model_source.condition(self.owner.namespace, self.source)
 
 
 @dataclass
@@ -495,7 +502,7 @@ def requeue_after(s: Snapshot, roles: list[RolePlan], due: float | None = None) 
         waits.append(1.0)
     if s.loading or any(f.progress is not None and f.phase == "Running" for f in s.fetch_pods):
         waits.append(PROGRESS_SECONDS)  # (a download's bytes so far, in status while it runs)
-    if s.source is not None and s.source.status != "True":
+    if (source := s.source_condition) is not None and source.status != "True":
         waits.append(SOURCE_LOOK_SECONDS)  # (a pvc:// source's claim put right shows without another event)
     backoff = [p.backoff + 0.1 for p in roles if p.backoff > 0]
     out = None if not waits else max(0.2, min(waits) + 0.1)
@@ -527,6 +534,7 @@ def settle(s: Snapshot, p: Plan, written: Written) -> tuple[ModelDeploymentStatu
     outcome = p.autoscaling
     units = unit_statuses(p.spec, p.units, lambda role, slot: builders.group_name(s.owner, role, slot))
     fabric = fabric_condition(p.spec, units, without_rdma(p.units))
+    source = s.source_condition
     rdma = p.units is not None and (
         p.units.rdma or any(m.rdma for ms in p.units.members.values() for m in ms)
     )
@@ -547,7 +555,7 @@ def settle(s: Snapshot, p: Plan, written: Written) -> tuple[ModelDeploymentStatu
         autoscaling=outcome.status,
         extra=[
             *outcome.conditions,
-            *filter(None, [s.planned, s.source, fabric, security]),
+            *filter(None, [s.planned, source, fabric, security]),
             fault_report.condition(faults, fault_report.avoided(faults, s.now)),
         ],
     )
@@ -559,7 +567,7 @@ def settle(s: Snapshot, p: Plan, written: Written) -> tuple[ModelDeploymentStatu
     status.kv_path = kv_path_summary(units)
     said = (
         ("Planned", s.planned),
-        ("ModelSource", s.source),
+        ("ModelSource", source),
         (FABRIC, fabric),
         (pod_security.CONDITION, security),
     )

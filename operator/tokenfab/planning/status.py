@@ -16,7 +16,9 @@ from tokenfab.api.models import (
     AutoscalingStatus,
     Condition,
     GroupPlacement,
+    ModelDeployment,
     ModelDeploymentStatus,
+    ProfileStatus,
     RoleName,
     RoleStatus,
 )
@@ -370,3 +372,50 @@ def invalid_status(
     generation = int((body.get("metadata") or {}).get("generation") or 0)
     conds, changed = merge_conditions(base.conditions, [ready], generation, now)
     return base.model_copy(update={"conditions": conds}), changed
+
+
+Event = tuple[str, str, str]  # (type, reason, message)
+
+
+@dataclass(frozen=True)
+class Stop:
+    """The status of a deployment on which no groups are planned, the Events it brings and when to look
+    again (None: at the next event)."""
+
+    status: ModelDeploymentStatus
+    events: tuple[Event, ...]
+    changed: tuple[Condition, ...]
+    requeue_after: float | None
+
+
+def stopped(
+    body: Mapping[str, Any],
+    md: ModelDeployment | None,
+    errors: Sequence[str],
+    planned: Condition | None,
+    profile: ProfileStatus | None,
+    now: float,
+) -> Stop:
+    """A deployment whose spec the models refuse (`errors`), or whose spec.profile has no plan yet or none
+    possible (`planned`, the Planned condition, with status.profile): Ready says why, and every child is
+    left as it is. Asked again in 5 s while a profile is being planned."""
+    if md is None or planned is None:
+        status, changed = invalid_status(body, errors, now)
+        return Stop(status, tuple(("Warning", "InvalidSpec", cd.message) for cd in changed[:1]), (), None)
+    reason = "Planning" if planned.status == "Unknown" else planned.reason
+    ready = Condition(type="Ready", status="False", reason=reason, message=planned.message)
+    base = md.status or ModelDeploymentStatus()
+    generation = md.metadata.generation or 0
+    conds, changes = merge_conditions(base.conditions, [ready, planned], generation, now)
+    status = base.model_copy(
+        update={"conditions": conds, "profile": profile, "observed_generation": generation}
+    )
+    events = tuple(
+        (
+            "Warning" if cd.status == "False" and cd.reason != "Planning" else "Normal",
+            cd.reason,
+            f"{cd.type}={cd.status}: {cd.message}",
+        )
+        for cd in changes
+    )
+    return Stop(status, events, tuple(changes), 5.0)

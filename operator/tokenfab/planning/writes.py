@@ -125,7 +125,8 @@ class Domains:
 
 @dataclass(frozen=True)
 class Writes:
-    """Every write of one pass but the status, in the order they go out (tokenfab.act.submit)."""
+    """Every write of one pass, in the order they go out: the children by the act phase (tokenfab.act.submit),
+    the deployment's own object (`legacy`; its status is made after the act phase) by the settle phase."""
 
     workers_service: Manifest
     identity: tuple[Manifest, ...]  # () or (ServiceAccount, Role, RoleBinding)

@@ -1,13 +1,13 @@
-"""The operator's side of spec.profile (tokenfab.observe.plan_profile): a plan is asked for once per
+"""The operator's side of spec.profile (tokenfab.planning.profile): a plan is asked for once per
 profile, the spec is filled in memory while it waits nothing is planned, and an unknown model, an SLA
 nothing meets or a missing planner become a Planned=False condition, never an exception."""
 
 from __future__ import annotations
 
 from tokenfab.api.models import ModelDeploymentSpec
-from tokenfab.observe import plan_profile
 from tokenfab.planning import sla
 from tokenfab.planning.autoscaler.groups import spec_groups
+from tokenfab.planning.profile import plan_profile
 
 SPEC = {
     "model": {"name": "deepseek-ai/DeepSeek-R1", "source": "hf://deepseek-ai/DeepSeek-R1"},
