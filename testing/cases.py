@@ -121,7 +121,9 @@ def rendered() -> list[tuple[str, str, dict[str, Any], ModelDeploymentSpec]]:
         spec = spec_of(example, patch)
         own = owner(f"x{abs(hash(variant)) % 1000}")
         for role, _ in spec.roles():
-            pod = builders.group_pods(own, spec, role, 0, "d", builders.role_revision(spec, role))[0]
+            pod = builders.group_pods(
+                own, spec, builders.GroupAt(role, 0, "d", builders.role_revision(spec, role))
+            )[0]
             out.append((variant, role, pod, spec))
         template = builders.frontend_deployment(own, spec)["spec"]["template"]
         frontend = {

@@ -392,7 +392,7 @@ def test_the_workload_pod_monitor_scrapes_workers_and_frontends_as_the_documente
         assert [{"action": "labelmap", "regex": r["regex"]} for r in labelmaps] == endpoint["relabelings"]
     spec = spec_of("deepseek-r1-disaggregated.yaml")
     own = builders.Owner("ds", "ml", "uid")
-    worker = builders.group_pods(own, spec, "decode", 0, "d", "rev")[0]
+    worker = builders.group_pods(own, spec, builders.GroupAt("decode", 0, "d", "rev"))[0]
     frontend = builders.frontend_deployment(own, spec)["spec"]["template"]
     for pod, port in ((worker, "metrics"), (frontend, "http")):
         labels = pod["metadata"]["labels"]

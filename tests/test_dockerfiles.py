@@ -210,7 +210,7 @@ def test_arm64_is_built_and_said(name):
 
 def test_worker_entrypoint_is_the_worker_pods_command():
     spec = spec_of("deepseek-r1-disaggregated.yaml")
-    pods = builders.group_pods(owner("deepseek-r1"), spec, "decode", 0, DOMAIN, "rev")
+    pods = builders.group_pods(owner("deepseek-r1"), spec, builders.GroupAt("decode", 0, DOMAIN, "rev"))
     assert exec_form("worker", "ENTRYPOINT") == pods[0]["spec"]["containers"][0]["command"]
     assert exec_form("worker", "ENTRYPOINT") == [contract.PYTHON, "-m", contract.LAUNCHER_MODULE]
     assert exposed("worker") == {contract.WORKER_METRICS_PORT, contract.MPI_SSH_PORT}

@@ -21,7 +21,7 @@ def _group(
 ) -> list[dict[str, Any]]:
     spec = spec_of(example, patch)
     nodes = [f"gb200-r00-t{i:02d}" for i in range(builders.group_shape(spec, role).nodes)]
-    pods = builders.group_pods(owner("ds"), spec, role, 0, DOMAIN, "rev", nodes, rdma=rdma)  # type: ignore[arg-type]
+    pods = builders.group_pods(owner("ds"), spec, builders.GroupAt(role, 0, DOMAIN, "rev", nodes, rdma=rdma))  # type: ignore[arg-type]
     out = []
     for i, pod in enumerate(pods):
         pod = copy.deepcopy(pod)

@@ -27,7 +27,7 @@ def live(pod: dict) -> dict:
 
 def test_the_pods_own_environment_with_the_downward_api_resolved():
     spec = spec_of("deepseek-r1-disaggregated.yaml")
-    pod = live(builders.group_pods(owner("ds"), spec, "decode", 0, DOMAIN, "rev")[0])
+    pod = live(builders.group_pods(owner("ds"), spec, builders.GroupAt("decode", 0, DOMAIN, "rev"))[0])
     env = pods.resolve_env(pod)
     assert env[contract.ENV_POD_NAME] == "ds-decode-0-0"
     assert env[contract.ENV_POD_UID] == "1234-uid"
@@ -47,7 +47,7 @@ def test_the_pods_own_environment_with_the_downward_api_resolved():
 
 def test_only_the_host_ports_and_kubelet_additions_differ_from_the_pod():
     spec = spec_of("deepseek-r1-disaggregated.yaml")
-    pod = live(builders.group_pods(owner("ds"), spec, "prefill", 0, DOMAIN, "rev")[0])
+    pod = live(builders.group_pods(owner("ds"), spec, builders.GroupAt("prefill", 0, DOMAIN, "rev"))[0])
     env = pods.resolve_env(pod)
     out = pods.process_env(
         env, path="/bin", home="/h", kubeconfig="/k", ports={contract.ENV_DYN_SYSTEM_PORT: "26001"}
@@ -73,7 +73,9 @@ def test_only_the_host_ports_and_kubelet_additions_differ_from_the_pod():
 def test_the_engine_is_what_the_launcher_plans_and_only_it_is_swapped():
     spec = spec_of("deepseek-r1-disaggregated.yaml")
     own = owner("ds")
-    leader, follower = (live(p) for p in builders.group_pods(own, spec, "decode", 0, DOMAIN, "rev")[:2])
+    leader, follower = (
+        live(p) for p in builders.group_pods(own, spec, builders.GroupAt("decode", 0, DOMAIN, "rev"))[:2]
+    )
     text = render(engine_config(spec, "decode"))
     engine = pods.engine_of(leader, pods.resolve_env(leader), text)
     assert engine is not None
@@ -92,7 +94,7 @@ def test_the_engine_is_what_the_launcher_plans_and_only_it_is_swapped():
 
 def test_prometheus_sees_a_pod_as_its_kubernetes_discovery_would():
     spec = spec_of("aggregated-small.yaml")
-    pod = live(builders.group_pods(owner("s"), spec, "worker", 0, DOMAIN, "rev")[0])
+    pod = live(builders.group_pods(owner("s"), spec, builders.GroupAt("worker", 0, DOMAIN, "rev"))[0])
     labels = pods.target_labels(pod, "metrics")
     assert labels["__meta_kubernetes_pod_label_tokenfab_dev_deployment"] == "s"
     assert labels["__meta_kubernetes_pod_label_app_kubernetes_io_managed_by"] == "tokenfab"
@@ -211,10 +213,12 @@ def test_the_runners_port_ranges_lie_below_the_kernels_ephemeral_ports():
 
 def test_downward_volumes_are_projected_from_the_pods_own_metadata():
     spec = spec_of("deepseek-r1-disaggregated.yaml")
-    pod = live(builders.group_pods(owner("ds"), spec, "prefill", 1, DOMAIN, "rev", unit=4)[0])
+    pod = live(
+        builders.group_pods(owner("ds"), spec, builders.GroupAt("prefill", 1, DOMAIN, "rev", unit=4))[0]
+    )
     [(name, mount, files)] = pods.downward_volumes(pod)
     assert (name, mount, files) == ("topology", contract.TOPOLOGY_DIR, {contract.KV_TRANSFER_DOMAIN: "4"})
-    plain = live(builders.group_pods(owner("ds"), spec, "prefill", 1, DOMAIN, "rev")[0])
+    plain = live(builders.group_pods(owner("ds"), spec, builders.GroupAt("prefill", 1, DOMAIN, "rev"))[0])
     assert pods.downward_volumes(plain) == []
 
 
@@ -222,7 +226,9 @@ def test_a_prefill_engine_pays_its_units_kv_path_and_a_decode_engine_nothing():
     spec = spec_of("deepseek-r1-disaggregated.yaml")
     m = pods.Mocker("/m", 48, 16, 0.3, "vllm", 12.5, 35136)
     for role, port in (("prefill", 27100), ("decode", None)):
-        pod = live(builders.group_pods(owner("ds"), spec, role, 0, DOMAIN, "rev", unit=0)[0])
+        pod = live(
+            builders.group_pods(owner("ds"), spec, builders.GroupAt(role, 0, DOMAIN, "rev", unit=0))[0]
+        )
         text = render(engine_config(spec, role))
         engine = pods.engine_of(pod, pods.resolve_env(pod), text)
         assert engine is not None

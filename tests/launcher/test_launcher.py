@@ -50,7 +50,9 @@ def rendered(
     spec = spec_of(example, patch)
     name = load_example(example)["metadata"]["name"]
     own = owner(name)
-    pods = builders.group_pods(own, spec, role, 0, DOMAIN, builders.role_revision(spec, role))
+    pods = builders.group_pods(
+        own, spec, builders.GroupAt(role, 0, DOMAIN, builders.role_revision(spec, role))
+    )
     engine_yaml = builders.engine_configmap(own, spec, role)["data"][contract.ENGINE_CONFIG_FILE]
     return spec, pods, engine_yaml
 
@@ -768,7 +770,7 @@ def test_where_hf_weights_come_from(revision, cached, complete, offline, source)
 
 def test_pvc_weights_need_no_fetch():
     spec = spec_of("qwen3-235b-autoscaled.yaml")
-    pod = builders.group_pods(owner("q"), spec, "prefill", 0, DOMAIN, "rev")[0]
+    pod = builders.group_pods(owner("q"), spec, builders.GroupAt("prefill", 0, DOMAIN, "rev"))[0]
     environ = {**env(pod), contract.ENV_ENGINE_CONFIG: "/e"}
     identity = lp.read_identity(environ)
     assert lp.fetch_of(identity) is None

@@ -65,7 +65,9 @@ def render_children(example: str, patch: dict[str, Any]) -> list[dict[str, Any]]
         nodes = [f"gb200-r00-t{i:02d}" for i in range(builders.group_shape(spec, role).nodes)]
         # Multi-node groups: the PodGroup gang path (the gate path is tested below).
         rev = builders.role_revision(spec, role)
-        docs += builders.group_pods(own, spec, role, 0, DOMAIN, rev, nodes, gang="podgroup", unit=unit)
+        docs += builders.group_pods(
+            own, spec, builders.GroupAt(role, 0, DOMAIN, rev, nodes, gang="podgroup", unit=unit)
+        )
     return docs
 
 
@@ -166,7 +168,7 @@ def test_an_aggregated_multi_node_group_claims_a_compute_domain_of_its_own():
 
 def test_a_32_gpu_decode_group_is_8_pods_of_4_gpus_with_one_leader():
     spec = spec_of("deepseek-r1-disaggregated.yaml")
-    pods = builders.group_pods(owner("deepseek-r1"), spec, "decode", 3, DOMAIN, "rev1")
+    pods = builders.group_pods(owner("deepseek-r1"), spec, builders.GroupAt("decode", 3, DOMAIN, "rev1"))
     assert [p["metadata"]["name"] for p in pods] == [f"deepseek-r1-decode-3-{r}" for r in range(8)]
     assert [p["metadata"]["labels"][contract.LABEL_RANK] for p in pods] == [str(r) for r in range(8)]
     assert [env(p)[contract.ENV_RANK] for p in pods] == [str(r) for r in range(8)]
@@ -194,7 +196,7 @@ def test_a_32_gpu_decode_group_is_8_pods_of_4_gpus_with_one_leader():
 
 def test_a_1_gpu_aggregated_worker_is_one_pod_of_one_gpu_without_disaggregation_mode():
     spec = spec_of("aggregated-small.yaml")
-    pods = builders.group_pods(owner("llama-8b"), spec, "worker", 0, DOMAIN, "rev")
+    pods = builders.group_pods(owner("llama-8b"), spec, builders.GroupAt("worker", 0, DOMAIN, "rev"))
     assert len(pods) == 1
     assert gpus(pods[0]) == ("1", "1")
     args = pods[0]["spec"]["containers"][0]["args"]
@@ -206,7 +208,7 @@ def test_a_1_gpu_aggregated_worker_is_one_pod_of_one_gpu_without_disaggregation_
 @pytest.mark.parametrize(("role", "mode"), [("prefill", "prefill"), ("decode", "decode")])
 def test_disaggregated_pods_get_their_disaggregation_mode(role, mode):
     spec = spec_of("qwen3-235b-autoscaled.yaml")
-    for pod in builders.group_pods(owner("qwen3-235b"), spec, role, 0, DOMAIN, "rev"):
+    for pod in builders.group_pods(owner("qwen3-235b"), spec, builders.GroupAt(role, 0, DOMAIN, "rev")):
         args = pod["spec"]["containers"][0]["args"]
         i = args.index("--disaggregation-mode")
         assert args[i + 1] == mode
@@ -215,7 +217,7 @@ def test_disaggregated_pods_get_their_disaggregation_mode(role, mode):
 
 def test_tolerations_follow_the_node_failure_toleration():
     spec = spec_of("aggregated-small.yaml", {"topology": {"nodeFailureTolerationSeconds": 7}})
-    [pod] = builders.group_pods(owner("llama-8b"), spec, "worker", 0, DOMAIN, "rev")
+    [pod] = builders.group_pods(owner("llama-8b"), spec, builders.GroupAt("worker", 0, DOMAIN, "rev"))
     assert {(t["key"], t["effect"], t["tolerationSeconds"]) for t in pod["spec"]["tolerations"]} == {
         ("node.kubernetes.io/not-ready", "NoExecute", 7),
         ("node.kubernetes.io/unreachable", "NoExecute", 7),
@@ -232,7 +234,7 @@ def test_user_resources_and_env_reach_the_worker_beside_the_derived_gpus():
             }
         },
     )
-    pods = builders.group_pods(owner("llama-405b"), spec, "worker", 0, DOMAIN, "rev")
+    pods = builders.group_pods(owner("llama-405b"), spec, builders.GroupAt("worker", 0, DOMAIN, "rev"))
     assert len(pods) == 4
     res = pods[0]["spec"]["containers"][0]["resources"]
     assert res["requests"] == {"cpu": "16", "memory": "200Gi", GPU: "4"}
@@ -248,7 +250,11 @@ def _pods_of(example: str, drain: int | None) -> list[dict[str, Any]]:
     """Every worker pod of slot 0 of every role of an example (drainSeconds set when not None)."""
     spec = spec_of(example, {"serving": {"drainSeconds": drain}} if drain is not None else None)
     own = owner(load_example(example)["metadata"]["name"])
-    return [pod for role, _ in spec.roles() for pod in builders.group_pods(own, spec, role, 0, DOMAIN, "rev")]
+    return [
+        pod
+        for role, _ in spec.roles()
+        for pod in builders.group_pods(own, spec, builders.GroupAt(role, 0, DOMAIN, "rev"))
+    ]
 
 
 @pytest.mark.parametrize("example", [p.name for p in example_paths()])
@@ -312,12 +318,12 @@ def test_a_roles_disruption_budget_selects_exactly_its_worker_pods():
     selector = builders.pod_disruption_budget(own, "decode", 16)["spec"]["selector"]["matchLabels"]
     for role in ("prefill", "decode"):
         for revision in ("rev1", "rev2"):  # every generation of the role
-            for pod in builders.group_pods(own, spec, role, 0, DOMAIN, revision):
+            for pod in builders.group_pods(own, spec, builders.GroupAt(role, 0, DOMAIN, revision)):
                 selected = selector.items() <= pod["metadata"]["labels"].items()
                 assert selected == (role == "decode"), pod["metadata"]["name"]
     frontend = builders.frontend_deployment(own, spec)["spec"]["template"]["metadata"]["labels"]
     assert not selector.items() <= frontend.items()
-    other = builders.group_pods(owner("other"), spec, "decode", 0, DOMAIN, "rev1")[0]
+    other = builders.group_pods(owner("other"), spec, builders.GroupAt("decode", 0, DOMAIN, "rev1"))[0]
     assert not selector.items() <= other["metadata"]["labels"].items()
 
 
@@ -517,7 +523,7 @@ def test_engine_configmap_holds_the_rendered_engine_config_under_its_revisions_n
     # The pods of a revision mount that revision's ConfigMap, so a rollout never rewrites the engine
     # config under the old generation's pods: the new revision gets a ConfigMap of its own.
     for revision in (rev, "0123456789"):
-        for pod in builders.group_pods(own, spec, "decode", 0, DOMAIN, revision):
+        for pod in builders.group_pods(own, spec, builders.GroupAt("decode", 0, DOMAIN, revision)):
             [vol] = [v for v in pod["spec"]["volumes"] if v["name"] == "engine"]
             assert vol["configMap"]["name"] == f"deepseek-r1-decode-engine-{revision}"
     after = spec_of("deepseek-r1-disaggregated.yaml", {"decode": {"maxBatchSize": 128}})
@@ -540,7 +546,7 @@ def test_each_generation_has_its_own_dynamo_namespace_and_the_frontend_routes_to
     namespaces = {}
     for revision in (rev, "fedcba9876"):
         for role in ("prefill", "decode"):
-            for pod in builders.group_pods(own, spec, role, 0, DOMAIN, revision):
+            for pod in builders.group_pods(own, spec, builders.GroupAt(role, 0, DOMAIN, revision)):
                 namespaces.setdefault(revision, set()).add(env(pod)[contract.ENV_DYNAMO_NAMESPACE])
     # One namespace per generation, shared by its prefill and decode workers; all under the prefix.
     assert namespaces == {rev: {f"{prefix}{rev[:8]}"}, "fedcba9876": {f"{prefix}fedcba98"}}
@@ -603,7 +609,7 @@ def test_workers_service_selects_every_worker_pod_and_publishes_ready_ones_for_d
     # the Service
     assert svc["metadata"]["labels"]["nvidia.com/dynamo-discovery-enabled"] == "true"
     for role in ("prefill", "decode"):
-        for pod in builders.group_pods(own, spec, role, 0, DOMAIN, "rev"):
+        for pod in builders.group_pods(own, spec, builders.GroupAt(role, 0, DOMAIN, "rev")):
             labels = pod["metadata"]["labels"]
             assert svc["spec"]["selector"].items() <= labels.items()
             port = svc["spec"]["ports"][0]["targetPort"]
@@ -622,7 +628,7 @@ def test_frontend_service_selects_the_frontend_pods_only():
     assert dep["spec"]["replicas"] == 2
     assert dep["spec"]["selector"]["matchLabels"] == template
     assert svc["spec"]["selector"].items() <= template.items()
-    pod = builders.group_pods(own, spec, "worker", 0, DOMAIN, "rev")[0]
+    pod = builders.group_pods(own, spec, builders.GroupAt("worker", 0, DOMAIN, "rev"))[0]
     assert not svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
     assert builders.endpoint(own) == "http://llama-405b.ml.svc.cluster.local:8000/v1"
 
@@ -638,7 +644,7 @@ def test_workers_and_frontend_use_kubernetes_discovery_with_their_pod_identity()
     """Dynamo defaults to etcd at localhost: every process gets the backend and the downward-API identity
     its DynamoWorkerMetadata is named after and owned by (a wrong POD_UID would hide the worker)."""
     own, spec = owner("deepseek-r1"), spec_of("deepseek-r1-disaggregated.yaml")
-    worker = builders.group_pods(own, spec, "decode", 0, DOMAIN, "rev")[0]
+    worker = builders.group_pods(own, spec, builders.GroupAt("decode", 0, DOMAIN, "rev"))[0]
     frontend = builders.frontend_deployment(own, spec)["spec"]["template"]
     for pod_spec in (worker["spec"], frontend["spec"]):
         ctr = pod_spec["containers"][0]
@@ -661,7 +667,7 @@ def test_workers_and_frontend_use_kubernetes_discovery_with_their_pod_identity()
 def test_etcd_discovery_needs_no_token_and_names_the_endpoints():
     own = owner("deepseek-r1")
     spec = spec_of("deepseek-r1-disaggregated.yaml", VARIANTS["deepseek-r1-disaggregated-etcd"][1])
-    pod = builders.group_pods(own, spec, "prefill", 0, DOMAIN, "rev")[0]
+    pod = builders.group_pods(own, spec, builders.GroupAt("prefill", 0, DOMAIN, "rev"))[0]
     assert env(pod)[contract.ENV_DYN_DISCOVERY_BACKEND] == "etcd"
     assert env(pod)[contract.ENV_ETCD_ENDPOINTS] == "http://etcd.dynamo-system:2379"
     assert contract.ENV_POD_UID not in env(pod)
@@ -716,7 +722,7 @@ def test_hf_weights_go_to_a_per_node_cache_claim_that_declares_its_size():
     and restarts); pods on other nodes mount theirs."""
     own, spec = owner("deepseek-r1"), spec_of("deepseek-r1-disaggregated.yaml")
     nodes = [f"gb200-r00-t{i:02d}" for i in range(8)]
-    pods = builders.group_pods(own, spec, "decode", 0, DOMAIN, "rev", nodes)
+    pods = builders.group_pods(own, spec, builders.GroupAt("decode", 0, DOMAIN, "rev", nodes))
     claims = builders.model_cache_claims(own, spec, builders.pinned_nodes(pods))
     assert len(claims) == 8
     for pod, node in zip(pods, nodes, strict=True):
@@ -731,7 +737,7 @@ def test_hf_weights_go_to_a_per_node_cache_claim_that_declares_its_size():
     assert claim["spec"]["resources"]["requests"]["storage"] == "1Ti"
     assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
     # a second group on the same node shares the claim
-    again = builders.group_pods(own, spec, "decode", 1, DOMAIN, "rev", nodes)
+    again = builders.group_pods(own, spec, builders.GroupAt("decode", 1, DOMAIN, "rev", nodes))
     assert {
         v["persistentVolumeClaim"]["claimName"]
         for p in again
@@ -743,12 +749,12 @@ def test_hf_weights_go_to_a_per_node_cache_claim_that_declares_its_size():
 def test_without_a_storage_class_the_cache_is_a_sized_empty_dir_and_pvc_weights_need_none():
     own = owner("deepseek-r1")
     spec = spec_of("deepseek-r1-disaggregated.yaml", {"model": {"cache": {"storageClassName": None}}})
-    pod = builders.group_pods(own, spec, "prefill", 0, DOMAIN, "rev", ["n1", "n2"])[0]
+    pod = builders.group_pods(own, spec, builders.GroupAt("prefill", 0, DOMAIN, "rev", ["n1", "n2"]))[0]
     vol = next(v for v in pod["spec"]["volumes"] if v["name"] == "model-cache")
     assert vol == {"name": "model-cache", "emptyDir": {"sizeLimit": "1Ti"}}
     assert builders.model_cache_claims(own, spec, builders.pinned_nodes([pod])) == []
     pvc = spec_of("qwen3-235b-autoscaled.yaml")
-    pod = builders.group_pods(owner("q"), pvc, "prefill", 0, DOMAIN, "rev")[0]
+    pod = builders.group_pods(owner("q"), pvc, builders.GroupAt("prefill", 0, DOMAIN, "rev"))[0]
     assert "model-cache" not in {v["name"] for v in pod["spec"]["volumes"]}
     assert contract.ENV_MODEL_CACHE not in env(pod)
 
@@ -763,7 +769,7 @@ def test_extended_resources_in_limits_are_requested_too_so_the_ledger_counts_the
     requests, limits = builders.worker_resources(spec, "worker")
     assert requests["rdma/ib"] == limits["rdma/ib"] == "4"
     assert builders.pod_requests(spec, "worker")["rdma/ib"] == 4
-    pod = builders.group_pods(owner("l"), spec, "worker", 0, DOMAIN, "rev")[0]
+    pod = builders.group_pods(owner("l"), spec, builders.GroupAt("worker", 0, DOMAIN, "rev"))[0]
     assert pod["spec"]["containers"][0]["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
 
 
@@ -781,7 +787,7 @@ def test_runtime_env_may_set_the_discovery_backend_and_planes_itself():
             }
         },
     )
-    pod = builders.group_pods(owner("deepseek-r1"), spec, "decode", 0, DOMAIN, "rev")[0]
+    pod = builders.group_pods(owner("deepseek-r1"), spec, builders.GroupAt("decode", 0, DOMAIN, "rev"))[0]
     names = [e["name"] for e in pod["spec"]["containers"][0]["env"]]
     assert names.count("DYN_DISCOVERY_BACKEND") == 1
     assert env(pod)["DYN_DISCOVERY_BACKEND"] == "etcd"
@@ -795,7 +801,9 @@ def test_every_worker_writes_its_compile_caches_under_a_writable_mount(example):
     (contract.COMPILE_CACHE_ENV) is moved under a writable emptyDir the container mounts."""
     spec = spec_of(example)
     pods = [
-        p for role, _ in spec.roles() for p in builders.group_pods(owner("m"), spec, role, 0, DOMAIN, "rev")
+        p
+        for role, _ in spec.roles()
+        for p in builders.group_pods(owner("m"), spec, builders.GroupAt(role, 0, DOMAIN, "rev"))
     ]
     for pod in pods:
         ctr = pod["spec"]["containers"][0]
@@ -835,7 +843,9 @@ def test_the_startup_probe_allows_the_engine_start_and_a_multi_node_groups_wait_
         assert md.metadata.name is not None
         own = owner(md.metadata.name)
         role = md.spec.roles()[0][0]
-        pods = builders.group_pods(own, md.spec, role, 0, "clique-a", builders.role_revision(md.spec, role))
+        pods = builders.group_pods(
+            own, md.spec, builders.GroupAt(role, 0, "clique-a", builders.role_revision(md.spec, role))
+        )
         assert {_startup_seconds(p) for p in pods} == {expected}
         assert builders.startup_budget(md.spec, len(pods)) == expected
     assert builders.ENGINE_START_SECONDS == 1200

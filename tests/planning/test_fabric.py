@@ -30,7 +30,9 @@ def _pods(example: str, patch: dict[str, Any] | None = None) -> list[dict[str, A
     for role, _ in spec.roles():
         nodes = [f"gb200-r00-t{i:02d}" for i in range(builders.group_shape(spec, role).nodes)]
         rev = builders.role_revision(spec, role)
-        out += builders.group_pods(own, spec, role, 0, DOMAIN, rev, nodes, gang="podgroup", unit=unit)
+        out += builders.group_pods(
+            own, spec, builders.GroupAt(role, 0, DOMAIN, rev, nodes, gang="podgroup", unit=unit)
+        )
     return out
 
 

@@ -297,7 +297,9 @@ def test_s3_weights_are_cached_and_pre_staged_like_hf_ones():
     # the workers mount their node's cache claim, and name the objects the launcher fetches and points at
     owner = first_owner()
     pod = builders.group_pods(
-        owner, spec, "decode", 0, "a", builders.role_revision(spec, "decode"), ["a-0", "a-1"]
+        owner,
+        spec,
+        builders.GroupAt("decode", 0, "a", builders.role_revision(spec, "decode"), ["a-0", "a-1"]),
     )[0]
     volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "model-cache")
     assert volume["persistentVolumeClaim"]["claimName"] == builders.model_cache_claim_name(owner, spec, "a-0")

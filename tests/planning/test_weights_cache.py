@@ -125,12 +125,9 @@ def test_each_new_group_carries_its_start_path_onto_its_pods_and_back():
     pods = builders.group_pods(
         snap.owner,
         md.spec,
-        "decode",
-        decode.slot,
-        decode.domain,
-        decode.revision,
-        decode.nodes,
-        start_path=decode.path,
+        builders.GroupAt(
+            "decode", decode.slot, decode.domain, decode.revision, decode.nodes, start_path=decode.path
+        ),
     )
     assert {pod["metadata"]["annotations"][contract.ANN_START_PATH] for pod in pods} == {"warm"}
     for pod in pods:
@@ -153,7 +150,7 @@ def test_each_new_group_carries_its_start_path_onto_its_pods_and_back():
 def _paths(owner: builders.Owner, spec: ModelDeploymentSpec, cr: Create) -> set[str]:
     """The start paths the pods of a planned group carry."""
     pods = builders.group_pods(
-        owner, spec, cr.role, cr.slot, cr.domain, cr.revision, cr.nodes, start_path=cr.path
+        owner, spec, builders.GroupAt(cr.role, cr.slot, cr.domain, cr.revision, cr.nodes, start_path=cr.path)
     )
     return {a for pod in pods if (a := pod["metadata"]["annotations"].get(contract.ANN_START_PATH))}
 

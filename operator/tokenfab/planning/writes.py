@@ -200,9 +200,7 @@ def new_groups(
                 if (not seen and domains.watched) or not domains.channel_ready(name):
                     waits.append(ChannelWait(plan, group, name))
                     continue
-            pods = builders.group_pods(
-                owner,
-                spec,
+            at = builders.GroupAt(
                 cr.role,
                 cr.slot,
                 cr.domain,
@@ -214,6 +212,7 @@ def new_groups(
                 unit=cr.unit,
                 rdma=rdma if cr.rdma else "",
             )
+            pods = builders.group_pods(owner, spec, at)
             pg = [builders.pod_group(owner, spec, cr.role, cr.slot)]
             objs = (*(pg if builders.gang_of(spec, cr.role, gang) == "podgroup" else []), *pods)
             groups.append(NewGroup(plan, cr, group, tuple(objs)))

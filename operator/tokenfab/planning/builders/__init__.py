@@ -55,7 +55,7 @@ from tokenfab.planning.builders.placement import (
     pod_group,
     uses_compute_domain,
 )
-from tokenfab.planning.builders.pods import group_pods
+from tokenfab.planning.builders.pods import GroupAt, group_pods
 from tokenfab.planning.builders.probes import ENGINE_START_SECONDS, PRESTOP_SECONDS, startup_budget
 from tokenfab.planning.builders.roles import (
     DEFAULT_CPU_PER_GPU,
@@ -117,6 +117,7 @@ __all__ = [
     "PRESTOP_SECONDS",
     "RUN_AS",
     "GangMode",
+    "GroupAt",
     "Manifest",
     "Owner",
     "admits_late",

@@ -79,49 +79,54 @@ class _Group:
     rdma: str = ""  # the RDMA device resource its pods hold (its unit spans NVLink domains), if any
 
 
-def group_pods(
-    owner: Owner,
-    spec: ModelDeploymentSpec,
-    role: RoleName,
-    slot: int,
-    domain: str,
-    revision: str,
-    nodes: Sequence[str] = (),
-    ranks: Sequence[int] = (),
-    gang: GangMode = "gates",
-    start_path: str = "",
-    unit: int | None = None,
-    rdma: str = "",
-) -> list[Manifest]:
-    """Pods of one group (all ranks, or `ranks`), pinned to `domain` and, when `nodes` are given (one per
-    rank of `ranks`, or per rank of the group), each to its node.
+@dataclass(frozen=True)
+class GroupAt:
+    """One group whose pods to render, and where they go: its role, slot and revision; the NVLink domain
+    it is pinned to and, when `nodes` are given (one per rank of `ranks`, or per rank of the group), each
+    pod's node; how it binds all or nothing (`gang`); how its nodes' model caches stand (`start_path`:
+    warm, fetching, cold); its prefill-decode unit (planning.units), whose IMEX channel its pods claim; and
+    the RDMA device resource each pod asks for, one, with IPC_LOCK, when its unit spans NVLink domains
+    (its KV crosses the network: UCX over RDMA)."""
+
+    role: RoleName
+    slot: int
+    domain: str
+    revision: str
+    nodes: Sequence[str] = ()
+    ranks: Sequence[int] = ()
+    gang: GangMode = "gates"
+    start_path: str = ""
+    unit: int | None = None
+    rdma: str = ""
+
+
+def group_pods(owner: Owner, spec: ModelDeploymentSpec, at: GroupAt) -> list[Manifest]:
+    """Pods of one group (all ranks, or `at.ranks`), pinned to `at.domain` and, when `at.nodes` are given,
+    each to its node.
 
     A multi-node group binds all or nothing: with `gang` "gates" its pods carry tokenfab's scheduling gate,
     lifted for the whole group once every pod exists; with "podgroup" they name the group's PodGroup
     (scheduling.k8s.io gang policy, minCount = all ranks), and the scheduler binds none before all fit.
     (With an IMEX channel claim the executor writes the PodGroup last, once every pod's claim exists:
-    `admits_late`.) `start_path` (warm, fetching, cold: how its nodes' model caches stand) is noted on
-    each pod of a deployment that fetches its weights, so the autoscaler learns each path's start time:
-    none given is cold (no cache kept, or none there yet); a deployment whose weights are mounted from
-    a claim has no start path. `unit`: the group's prefill-decode unit (planning.units), written on its
-    pods; its pods claim the unit's IMEX channel. `rdma`: the RDMA device resource each pod asks for, one,
-    with IPC_LOCK, when its unit spans NVLink domains (its KV crosses the network: UCX over RDMA)."""
+    `admits_late`.) The start path is noted on each pod of a deployment that fetches its weights, so the
+    autoscaler learns each path's start time: none given is cold (no cache kept, or none there yet); a
+    deployment whose weights are mounted from a claim has no start path."""
+    role = at.role
     r = spec.role(role)
     assert r is not None
     shape = group_shape(spec, role)
-    wanted = list(ranks) if ranks else list(range(shape.nodes))
-    if nodes and len(nodes) != len(wanted):
+    wanted = list(at.ranks) if at.ranks else list(range(shape.nodes))
+    if at.nodes and len(at.nodes) != len(wanted):
         raise ValueError(
-            f"{len(nodes)} nodes for {len(wanted)} ranks of group {group_name(owner, role, slot)}"
+            f"{len(at.nodes)} nodes for {len(wanted)} ranks of group {group_name(owner, role, at.slot)}"
         )
-    assigned = dict(zip(wanted, nodes, strict=True)) if nodes else {}
-    group = _group(owner, spec, role, slot, domain, revision, shape, assigned, gang_of(spec, role, gang))
-    group = replace(group, unit=unit)
-    if rdma:  # (a count the spec gives for the same resource stands)
-        requests, limits = {rdma: "1", **group.requests}, {rdma: "1", **group.limits}
-        group = replace(group, rdma=rdma, requests=requests, limits=limits)
+    assigned = dict(zip(wanted, at.nodes, strict=True)) if at.nodes else {}
+    group = _group(owner, spec, at, shape, assigned, gang_of(spec, role, at.gang))
+    if at.rdma:  # (a count the spec gives for the same resource stands)
+        requests, limits = {at.rdma: "1", **group.requests}, {at.rdma: "1", **group.limits}
+        group = replace(group, rdma=at.rdma, requests=requests, limits=limits)
     pods = [_pod(group, rank) for rank in wanted]
-    path = (start_path or "cold") if fetches_weights(spec) else ""
+    path = (at.start_path or "cold") if fetches_weights(spec) else ""
     for p in pods if path else []:
         p["metadata"]["annotations"][contract.ANN_START_PATH] = path
     return pods
@@ -130,25 +135,23 @@ def group_pods(
 def _group(
     owner: Owner,
     spec: ModelDeploymentSpec,
-    role: RoleName,
-    slot: int,
-    domain: str,
-    revision: str,
+    at: GroupAt,
     shape: GroupShape,
     assigned: dict[int, str],
     gang: GangMode | None,
 ) -> _Group:
+    role, revision = at.role, at.revision
     volumes, mounts = group_volumes(owner, spec, role, revision, shape.nodes > 1)
     requests, limits = worker_resources(spec, role)
     return _Group(
         owner=owner,
         spec=spec,
         role=role,
-        slot=slot,
-        domain=domain,
+        slot=at.slot,
+        domain=at.domain,
         revision=revision,
         shape=shape,
-        name=group_name(owner, role, slot),
+        name=group_name(owner, role, at.slot),
         service=workers_service_name(owner),
         gang=gang,
         assigned=assigned,
@@ -157,6 +160,7 @@ def _group(
         requests=requests,
         limits=limits,
         engine_hash=content_hash(engine_config(spec, role)),
+        unit=at.unit,
     )
 
 
