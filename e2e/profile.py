@@ -26,8 +26,8 @@ from typing import Any
 # The drain smoke and the drain tests never run at once: in two of four runs with both at once the drain
 # smoke's baseline (plain deletion) cut no stream, so nothing was compared (docs/testing.md).
 LIVE_CHAINS = (
-    ("e2e/bench/test_drain_bench.py", "e2e/bench/test_fault_bench.py", "e2e/bench/test_fleet_bench.py"),
-    ("e2e/test_drain.py", "e2e/test_fleet.py"),
+    ("e2e/bench/test_drain_bench.py", "e2e/bench/test_fault_bench.py"),
+    ("e2e/test_drain.py", "e2e/test_fleet.py", "e2e/bench/test_fleet_bench.py"),
 )
 LIVE = tuple(m for chain in LIVE_CHAINS for m in chain)
 # Smokes that start their own factories and compare only within their own run: at nice 10 (prioritize).

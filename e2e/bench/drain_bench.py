@@ -34,7 +34,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -224,10 +223,7 @@ def run(
     plan: Plan,
     work: Path,
     contestants: tuple[str, ...] = tuple(POLICIES),
-    side_by_side: bool = False,
 ) -> dict[str, Any]:
-    """Each scenario once per contestant, in a namespace of its own: one after another, or `side_by_side`
-    (the smoke: the same runner serves both at once, and the suite waits for one rollout's time, not two)."""
     out: dict[str, Any] = {
         "benchmark": "drain",
         "plan": {
@@ -241,17 +237,10 @@ def run(
     }
     for scenario in scenarios:
         out["scenarios"][scenario] = {}
-
-        def one(policy: str, scenario: str = scenario) -> dict[str, Any]:
+        for policy in contestants:
             print(f"drain bench: {scenario} / {policy}", flush=True)
-            got = run_one(f, tools, scenario, policy, plan, work)
-            print(json.dumps(got), flush=True)
-            return got
-
-        with ThreadPoolExecutor(max_workers=len(contestants) if side_by_side else 1) as pool:
-            runs = {policy: pool.submit(one, policy) for policy in contestants}
-            for policy, fut in runs.items():
-                out["scenarios"][scenario][policy] = fut.result()
+            out["scenarios"][scenario][policy] = run_one(f, tools, scenario, policy, plan, work)
+            print(json.dumps(out["scenarios"][scenario][policy]), flush=True)
     return out
 
 

@@ -1,8 +1,7 @@
 """The drain benchmark's smoke version (the full one: `python -m e2e.bench.drain_bench`, three contestants
 and three scenarios): a rollout replaces every decode group of a live Dynamo fleet (3 groups) under steady
-load with long streams, with tokenfab's drain and with plain deletion at Kubernetes' default 30 s grace (the
-baseline), the two side by side in namespaces of their own on the suite's factory (the full benchmark runs
-them one after another). The table is printed and the JSON kept in the run directory
+load with long streams, once with tokenfab's drain and once with plain deletion at Kubernetes' default 30 s
+grace (the baseline), on the suite's factory. The table is printed and the JSON kept in the run directory
 (outside the checkout).
 
 The rollout, not the scale-down, is the smoke's scenario: it removes every group while streams are open on
@@ -42,7 +41,6 @@ def test_drain_benchmark_smoke(operator: Factory, record_property):
             plan,
             operator.run / "drain-bench",
             drain_bench.SMOKE_CONTESTANTS,
-            side_by_side=True,
         )
     finally:
         operator.stop_extra(fleet.RUNNER)
