@@ -7,13 +7,13 @@ from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
 
-from tests.planning.test_one_pass import deployment, nodes_of, snapshot
+from tests.planning.test_one_pass import NOW, deployment, nodes_of, snapshot
 from tokenfab import act
 from tokenfab.fleet.ledger import Ledger
 from tokenfab.fleet.view import ClusterView
 from tokenfab.planning import builders, writes
 from tokenfab.planning.one_pass import plan
-from tokenfab.runtime import Context, Settings
+from tokenfab.runtime import Context, Result, Settings
 
 
 class Kube:
@@ -90,3 +90,45 @@ def test_a_shared_child_the_cluster_holds_is_not_written_again():
     act.submit(ctx, ("ns", md.metadata.name or ""), snap, p)
     assert ("apply", "Service", service["metadata"]["name"]) not in kube.calls
     assert any(c[:2] == ("apply", "Deployment") for c in kube.calls)
+
+
+class Unanswered(Kube):
+    """A writer whose writes are never answered (a loaded API server)."""
+
+    def submit(self, fn: Any, *args: Any) -> Future[Any]:
+        self.calls.append(("submitted", getattr(fn, "__name__", "")))
+        return Future()
+
+
+def test_no_write_is_waited_for_while_the_pass_holds_a_worker():
+    """The first pass of a deployment hands its identity and its groups to the writer and returns: its
+    groups' pods wait, parked, for the ServiceAccount to show in the view, not for the write's answer."""
+    md = deployment(decode=1)
+    p = plan(replace(snapshot(md, nodes_of({"r0": 6}), {}, {}), identity=frozenset()))
+    assert p.writes.groups == ()
+    assert [m["kind"] for m in p.writes.identity] == ["ServiceAccount", "Role"]
+    assert p.writes.waits
+    kube = Unanswered()
+    snap = snapshot(md, nodes_of({"r0": 6}), {}, {})
+    sub = act.submit(_context(kube), ("ns", md.metadata.name or ""), snap, p)
+    assert sub.futures()
+    assert not any(f.done() for f in sub.futures())  # (it returned with every write in flight)
+
+
+def test_parked_groups_say_what_they_wait_for_and_give_their_room_back():
+    md = deployment(decode=1)
+    snap = replace(snapshot(md, nodes_of({"r0": 6}), {}, {}), identity=frozenset())
+    p = plan(snap)
+    ctx = _context(Kube())
+    key = ("ns", md.metadata.name or "")
+    with ctx.ledger.session() as session:
+        for r in p.reservations:
+            session.reserve(key, r.group, r.pods, NOW)
+    result = Result()
+    act._channel_waits(ctx, key, p, result)
+    parked = {w.group for w in p.writes.waits}
+    assert set(result.identity_waits) == parked
+    assert result.channel_waits == []
+    messages = {g: m for rp in p.roles for g, m in rp.unbound.items()}
+    assert all("ServiceAccount" in messages[g] for g in parked)
+    assert not [r for r in ctx.ledger.reservations() if r.group in parked]

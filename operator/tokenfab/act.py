@@ -12,7 +12,7 @@ again, and every refusal is kept, in the API server's words, for status and Even
 from __future__ import annotations
 
 import logging
-from concurrent.futures import Future, wait
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,9 +45,7 @@ class Submitted:
 
 
 def submit(ctx: Context, key: Key, snap: Snapshot, plan: Plan) -> Submitted:
-    """Every write of the plan at once, handed to the writer's threads. Nothing waits here but once in a
-    deployment's life: its first groups wait for the ServiceAccount their pods name (a pod naming one that
-    does not exist is refused)."""
+    """Every write of the plan at once, handed to the writer's threads; nothing waits here."""
     # In the order of the longest chains to Ready: the new groups' PodGroups and pods (the scheduler
     # binds none of a group before it has seen every one, then kubelets start them), after the workers'
     # headless Service that selects them (the endpoints controller, seeing pods and a new Service at
@@ -55,16 +53,9 @@ def submit(ctx: Context, key: Key, snap: Snapshot, plan: Plan) -> Submitted:
     # pod follow, ready well before a gang) and the rest.
     w, owner, now = plan.writes, snap.owner, snap.now
     shared = _apply_changed(ctx, key, owner, [w.workers_service], now)
-    # The pods' identity, in order: a RoleBinding is checked against its Role (RBAC escalation check: it
-    # must exist first), and a pod naming a ServiceAccount that does not exist is refused, so the first
-    # groups of a deployment wait for it (once in its life).
-    *first, binding = w.identity or (None,)
-    identity = _apply_changed(ctx, key, owner, [m for m in first if m is not None], now)
-    if identity and (binding is not None or any(p.create for p in plan.roles)):
-        wait([f for f, _ in identity])
-    shared += identity
-    if binding is not None:
-        shared += _apply_changed(ctx, key, owner, [binding], now)
+    # The pods' identity: the plan names the RoleBinding and the new groups only once the view shows the
+    # ServiceAccount and Role (writes.identity_writes); until then the groups are parked, never waited for.
+    shared += _apply_changed(ctx, key, owner, list(w.identity), now)
     pool, kube = ctx.kube.pool, ctx.kube
     creates: Tagged = [(pool.submit(kube.apply, cd), None) for cd in w.domains]
     creates += [(pool.submit(kube.apply, m), g.name) for g in w.groups for m in g.objects]
@@ -196,9 +187,16 @@ def _drain_event(ctx: Context, body: Obj, d: GroupDelete, started: str) -> None:
 
 
 def _channel_waits(ctx: Context, key: Key, plan: Plan, result: Result) -> None:
+    """The parked groups: their room given back (the pass that writes their pods promises it again), and
+    what each waits for."""
     for wt in plan.writes.waits:
-        # (its room is promised again by the next pass, a second from now, which writes the pods)
         ctx.ledger.release(key, wt.group)
+        if not wt.domain:
+            wt.plan.unbound.setdefault(
+                wt.group, "waiting for its pods' ServiceAccount and Role (kubernetes discovery) to be made"
+            )
+            result.identity_waits.append(wt.group)
+            continue
         wt.plan.unbound.setdefault(
             wt.group,
             f"waiting for the IMEX channel of ComputeDomain {wt.domain} (its resource claim template, "

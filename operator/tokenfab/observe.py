@@ -357,6 +357,14 @@ def children_seen(
     )
 
 
+def identity_seen(ctx: Context, key: Key, spec: ModelDeploymentSpec) -> frozenset[tuple[str, str]] | None:
+    """The deployment's discovery identity objects the view holds, (kind, name); None when the spec
+    does not use kubernetes discovery (nothing to wait for)."""
+    if not builders.uses_kubernetes_discovery(spec):
+        return None
+    return frozenset((k, ch.name) for _, k in writes.DISCOVERY_KINDS for ch in ctx.view.children(k, key))
+
+
 def _no_room() -> tuple[list[NodeFacts], dict[str, dict[str, int]]]:
     raise RuntimeError("free capacity is read inside the placement ledger's session only")
 
@@ -426,5 +434,6 @@ def observe(ctx: Context, key: Key, now: float) -> Observed | Ended | Stopped | 
             legacy=writes.legacy_patch(body["metadata"]),
             pod_security=pod_security_level(ctx, key, md.spec, now),
             rdma_resource=ctx.settings.rdma_resource,
+            identity=identity_seen(ctx, key, md.spec),
         ),
     )

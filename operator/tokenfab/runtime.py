@@ -91,6 +91,7 @@ class Result:
     released: list[str] = field(default_factory=list)
     draining: list[str] = field(default_factory=list)  # groups this pass took out of routing
     channel_waits: list[str] = field(default_factory=list)  # new groups waiting for their IMEX channel
+    identity_waits: list[str] = field(default_factory=list)  # new groups waiting for their pods' identity
     applied: list[str] = field(default_factory=list)
     conditions_changed: list[str] = field(default_factory=list)
     decisions: list[str] = field(default_factory=list)

@@ -59,6 +59,8 @@ def _comparable(status: Any) -> Any:
 # A deployment's status is written at most this often while nothing a user waits for changes (Ready
 # flipping, an error, a new generation): a burst of pod events then costs one status write, not one each.
 STATUS_MIN_INTERVAL = 1.0
+# A pass parked for its pods' identity is woken by the identity's watch; this look backs it up.
+IDENTITY_LOOK_SECONDS = 5.0
 
 
 def status_defer(
@@ -156,6 +158,8 @@ def settle(ctx: Context, key: Key, seen: Observed | Ended, plan: Plan | None, re
     waits = [w for w in (plan.requeue_after, defer if defer > 0 else None) if w is not None]
     if result.channel_waits:  # (NVIDIA's DRA driver answers a ComputeDomain within a second or so)
         waits.append(1.0)
+    if result.identity_waits:  # (the identity's watch wakes the deployment; this only backs it up)
+        waits.append(IDENTITY_LOOK_SECONDS)
     result.requeue_after = min(waits, default=None)
 
 

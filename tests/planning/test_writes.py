@@ -249,3 +249,35 @@ def test_the_templates_are_read_before_the_ledger_and_only_for_domains_no_pod_cl
     assert ready(fresh) is True
     assert ready(builders.unit_domain_name(OWNER, 2)) is False  # (not seen: never asked when watched)
     assert len(api.calls) == 1
+
+
+# ------------------------------------------------------------------------------------------ identity
+
+
+def test_new_groups_are_parked_until_the_view_shows_their_pods_serviceaccount_and_role():
+    """A pod naming a ServiceAccount that does not exist is refused, and a RoleBinding is checked against
+    the Role it names: the ServiceAccount and Role go first, and the new groups and the binding wait,
+    parked (no pass waits for the API server's answer), until the view shows both."""
+    spec = _spec()
+    identity = tuple(builders.discovery_rbac(OWNER, spec))
+    assert [m["kind"] for m in identity] == ["ServiceAccount", "Role", "RoleBinding"]
+    names = {m["kind"]: m["metadata"]["name"] for m in identity}
+    first, ready = writes.identity_writes(identity, frozenset())
+    assert [m["kind"] for m in first] == ["ServiceAccount", "Role"]
+    assert not ready
+    only_sa = frozenset({("ServiceAccount", names["ServiceAccount"])})
+    assert writes.identity_writes(identity, only_sa) == (first, False)
+    both = only_sa | {("Role", names["Role"])}
+    assert writes.identity_writes(identity, both) == (identity, True)
+    assert writes.identity_writes(identity, None) == (identity, True)  # (not read: taken as in place)
+    plan = RolePlan(role="prefill", desired=1, revision="rev1", shape=builders.group_shape(spec, "prefill"))
+    plan.create.append(Create("prefill", 0, "rack-a", "rev1", "Missing"))
+    cd = builders.compute_domain(OWNER, spec, "prefill", 0, None)
+    seen = frozenset({cd["metadata"]["name"]}) if cd is not None else frozenset()
+    domains = writes.Domains(seen, True, lambda name: True)  # (its channel is there)
+    _, groups, waits = writes.new_groups(OWNER, spec, [plan], "gates", domains, identity_ready=False)
+    assert groups == ()
+    assert [(w.group, w.domain) for w in waits] == [(builders.group_name(OWNER, "prefill", 0), "")]
+    _, groups, waits = writes.new_groups(OWNER, spec, [plan], "gates", domains, identity_ready=True)
+    assert [g.name for g in groups] == [builders.group_name(OWNER, "prefill", 0)]
+    assert waits == ()

@@ -100,6 +100,9 @@ class Snapshot:
     legacy: Mapping[str, object] | None = None  # the patch that removes old kopf bookkeeping (None: none)
     pod_security: str | None = None  # the level its namespace enforces ("" none; None: not read)
     rdma_resource: str = "rdma/rdma_shared_device_a"  # what a pod of a unit that spans domains asks for
+    # The deployment's discovery identity objects in the view, (kind, name) (None: not read, taken as in
+    # place; writes.identity_writes)
+    identity: frozenset[tuple[str, str]] | None = None
 
     @property
     def spec(self) -> ModelDeploymentSpec:
@@ -451,8 +454,11 @@ def plan_writes(
 ) -> writes.Writes:
     """Every write of the plan: the shared children (`kids`), the new groups, the children no longer
     wanted and what the plan lets go (`goes`), and the routing writes that follow."""
-    service, identity, rest = kids
-    domains, groups, waits = writes.new_groups(s.owner, spec, roles, s.gang, s.domains, s.rdma_resource)
+    service, wanted, rest = kids
+    identity, ready = writes.identity_writes(wanted, s.identity)
+    domains, groups, waits = writes.new_groups(
+        s.owner, spec, roles, s.gang, s.domains, s.rdma_resource, identity_ready=ready
+    )
     stale, releases = writes.stale(s.owner, spec, s.children)
     return writes.Writes(
         workers_service=service,

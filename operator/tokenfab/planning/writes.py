@@ -73,13 +73,16 @@ class NewGroup:
 
 
 @dataclass(frozen=True)
-class ChannelWait:
-    """A new group whose ComputeDomain has no IMEX channel template yet: nothing of it but the domain is
-    written; the next pass looks again."""
+class GroupWait:
+    """A new group parked: its ComputeDomain has no IMEX channel template yet (`domain`; nothing of it but
+    the domain is written, and the next pass looks again), or its pods' discovery identity (the
+    ServiceAccount they name, the Role their RoleBinding names) is not in the view yet (`domain` ""; a
+    pod naming a ServiceAccount that does not exist is refused). The identity's watch wakes the deployment:
+    no pass waits for the API server's answer while others queue behind it."""
 
     plan: RolePlan
     group: str
-    domain: str
+    domain: str = ""
 
 
 @dataclass(frozen=True)
@@ -132,7 +135,7 @@ class Writes:
     identity: tuple[Manifest, ...]  # () or (ServiceAccount, Role, RoleBinding)
     domains: tuple[Manifest, ...]  # ComputeDomains of new groups, not seen yet
     groups: tuple[NewGroup, ...]  # the new groups' pods and PodGroups
-    waits: tuple[ChannelWait, ...]  # new groups waiting for their channel
+    waits: tuple[GroupWait, ...]  # new groups parked: waiting for their channel, or for the identity
     rest: tuple[Manifest, ...]  # model caches, fetch pods, frontend, engine ConfigMaps, budgets
     deletes: tuple[Delete, ...]  # objects no longer wanted
     releases: tuple[Release, ...]  # shared model cache claims let go of
@@ -169,6 +172,27 @@ def legacy_patch(meta: Mapping[str, Any]) -> dict[str, Any] | None:
     return patch
 
 
+# ------------------------------------------------------------------------------------------ identity
+
+NEEDED_FIRST = ("ServiceAccount", "Role")  # before the pods that name it, and the binding that names it
+
+
+def identity_writes(
+    identity: tuple[Manifest, ...], seen: frozenset[tuple[str, str]] | None
+) -> tuple[tuple[Manifest, ...], bool]:
+    """The discovery identity's writes, and whether new groups may be written in this pass. Its
+    ServiceAccount and Role go first; once the view shows both (`seen`: the (kind, name) of the
+    deployment's identity objects in the view; None: not read, taken as in place), the RoleBinding (RBAC's
+    escalation check reads the Role it names) and the new groups' pods (a pod naming a ServiceAccount that
+    does not exist is refused) follow. Until then the new groups are parked, and the identity's watch
+    wakes the deployment."""
+    if seen is None:
+        return identity, True
+    first = [m for m in identity if m["kind"] in NEEDED_FIRST]
+    ready = all((m["kind"], m["metadata"]["name"]) in seen for m in first)
+    return (identity if ready else tuple(first)), ready
+
+
 # ------------------------------------------------------------------------------------------ new groups
 
 
@@ -179,13 +203,15 @@ def new_groups(
     gang: builders.GangMode,
     domains: Domains,
     rdma: str = "",
-) -> tuple[tuple[Manifest, ...], tuple[NewGroup, ...], tuple[ChannelWait, ...]]:
-    """The new groups' objects: (ComputeDomains to write, groups to write, groups waiting for their
-    channel). A unit's ComputeDomain is written once for all its new groups. `rdma`: the RDMA device
-    resource the pods of a group whose unit spans NVLink domains ask for (Create.rdma)."""
+    identity_ready: bool = True,
+) -> tuple[tuple[Manifest, ...], tuple[NewGroup, ...], tuple[GroupWait, ...]]:
+    """The new groups' objects: (ComputeDomains to write, groups to write, groups parked: waiting for
+    their channel, or for their pods' identity while `identity_ready` is False). A unit's ComputeDomain is
+    written once for all its new groups, parked or not. `rdma`: the RDMA device resource the pods of a
+    group whose unit spans NVLink domains ask for (Create.rdma)."""
     cds: dict[str, Manifest] = {}
     groups: list[NewGroup] = []
-    waits: list[ChannelWait] = []
+    waits: list[GroupWait] = []
     for plan in roles:
         for cr in plan.create:
             group = builders.group_name(owner, cr.role, cr.slot)
@@ -198,8 +224,11 @@ def new_groups(
                 # (watched: the template, which the driver makes after the domain, is looked for once
                 # the domain is seen; not watched: in every pass)
                 if (not seen and domains.watched) or not domains.channel_ready(name):
-                    waits.append(ChannelWait(plan, group, name))
+                    waits.append(GroupWait(plan, group, name))
                     continue
+            if not identity_ready:
+                waits.append(GroupWait(plan, group))
+                continue
             at = builders.GroupAt(
                 cr.role,
                 cr.slot,
