@@ -252,6 +252,13 @@ class Driver:
         self.ext = client.ApiextensionsV1Api(api)
         self.installed = threading.Event()
         self.stop = threading.Event()
+        # What this driver has published already, by object uid: a slice depends only on its node's name
+        # and uid, a claim template on its ComputeDomain's, so a node's heartbeats and a domain's own
+        # finalizer and status patches publish nothing again (a real node's kubelet plugin publishes its
+        # slice once too). Without this, every node event of a 2,304-node factory re-applied its slice,
+        # and each 60 s watch restart (all nodes again, one at a time) never reached the last racks.
+        self.sliced: dict[str, str] = {}  # node name -> uid whose slice is published
+        self.templated: set[str] = set()  # ComputeDomain uids whose claim template is made
 
     # ---------------------------------------------------------------- raw REST (resource.k8s.io/v1)
     def _call(
@@ -298,30 +305,41 @@ class Driver:
     def _watch(
         self, name: str, lister: Callable[..., Any], handle: Callable[[str, Any], None], **kw: Any
     ) -> None:
+        w = watch.Watch()
+        version: str | None = None  # resumed from where the last watch ended (no re-list every minute)
         while not self.stop.is_set():
             try:
-                for ev in watch.Watch().stream(lister, timeout_seconds=60, **kw):
+                more = {"resource_version": version} if version else {}
+                for ev in w.stream(lister, timeout_seconds=60, **kw, **more):
                     handle(ev["type"], ev["object"])
                     if self.stop.is_set():
                         return
+                version = w.resource_version
             except Exception as exc:
+                version = None  # (410 Gone, or the API server away: list again)
                 log.warning("%s watch: %s; again in 1 s", name, exc)
                 time.sleep(1)
 
     def on_node(self, type_: str, node: Any) -> None:
         obj = self.api.sanitize_for_serialization(node)
-        if CLIQUE_LABEL not in (obj["metadata"].get("labels") or {}) or type_ == "DELETED":
-            return  # (a deleted node's slice goes with it: it is owned by the node)
+        meta = obj["metadata"]
+        if type_ == "DELETED":
+            self.sliced.pop(meta["name"], None)  # (its slice goes with it: it is owned by the node)
+            return
+        if CLIQUE_LABEL not in (meta.get("labels") or {}) or self.sliced.get(meta["name"]) == meta["uid"]:
+            return
         try:
             self.apply("/apis/resource.k8s.io/v1/resourceslices", resource_slice(obj))
+            self.sliced[meta["name"]] = meta["uid"]
         except ApiException as exc:
-            log.warning("slice of %s: %s", obj["metadata"]["name"], exc.reason)
+            log.warning("slice of %s: %s", meta["name"], exc.reason)
 
     def on_compute_domain(self, type_: str, cd: dict[str, Any]) -> None:
         """Make the domain's claim template and say Ready (NotReady while it carries BROKEN)."""
-        if type_ == "DELETED":
-            return
         meta = cd["metadata"]
+        if type_ == "DELETED":
+            self.templated.discard(meta["uid"])
+            return
         ns, name = meta["namespace"], meta["name"]
         rct = claim_template(cd)
         try:
@@ -342,7 +360,9 @@ class Driver:
                 self.custom.patch_namespaced_custom_object(
                     GROUP, VERSION, ns, PLURAL, name, {"metadata": {"finalizers": fin}}
                 )
-            self.apply(f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates", rct)
+            if meta["uid"] not in self.templated:
+                self.apply(f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates", rct)
+                self.templated.add(meta["uid"])
             # (`tokenfab factory fault break-domain` marks a domain broken: its IMEX daemons failed)
             want = "NotReady" if (meta.get("annotations") or {}).get(BROKEN) else "Ready"
             if (cd.get("status") or {}).get("status") != want:

@@ -245,11 +245,29 @@ def write_kubeconfig(f: Layout) -> None:
     f.kubeconfig.chmod(0o600)
 
 
+# How many simulated kubelets kwok runs at once. Every real node's kubelet renews its own Lease and reports
+# its own pods; kwok's defaults (a few workers for all nodes) serialize them behind the API server's
+# latency: on 2,304 nodes under a burst, Lease renewals fell from about 6,000 to 400-900 a minute and
+# 1,400 nodes went NotReady (their pods never Ready again: kwok does not re-report them as a kubelet
+# would). Enough workers keep every Lease renewed while each renewal waits seconds for its answer.
+KWOK_CONFIGURATION = {
+    "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+    "kind": "KwokConfiguration",
+    "options": {
+        "nodeLeaseParallelism": 64,
+        "nodePlayStageParallelism": 16,
+        "podPlayStageParallelism": 16,
+    },
+}
+
+
 def write_kwok_config(f: Layout) -> None:
     stage_dir = f.config.bin_dir / "kwok-stage"
-    docs = [yaml.safe_load((stage_dir / s).read_text()) for s in KWOK_STAGES]
+    docs = [KWOK_CONFIGURATION, *(yaml.safe_load((stage_dir / s).read_text()) for s in KWOK_STAGES)]
     for doc in docs:
-        if doc["metadata"]["name"] == "pod-ready":  # not for the live namespaces (see LIVE_POD_START)
+        if (
+            doc["kind"] == "Stage" and doc["metadata"]["name"] == "pod-ready"
+        ):  # not for the live namespaces (see LIVE_POD_START)
             doc["spec"]["selector"]["matchExpressions"].append(
                 {
                     "key": f'.metadata.namespace | startswith("{LIVE_NAMESPACE_PREFIX}")',
