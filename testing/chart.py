@@ -85,7 +85,7 @@ NAMESPACED_RULES: dict[tuple[str, str], set[str]] = {
     ("policy", "poddisruptionbudgets"): {"list", "watch", "create", "patch", "delete"},
     ("scheduling.k8s.io", "podgroups"): {"create", "patch", "delete"},
     ("resource.nvidia.com", "computedomains"): {"list", "watch", "create", "patch", "delete"},
-    ("resource.k8s.io", "resourceclaimtemplates"): {"get"},
+    ("resource.k8s.io", "resourceclaimtemplates"): {"get", "list", "watch"},
     ("", "serviceaccounts"): {"list", "watch", "create", "patch", "delete"},
     ("", "persistentvolumeclaims"): {"get", "list", "watch", "create", "patch", "delete"},
     ("rbac.authorization.k8s.io", "roles"): {"list", "watch", "create", "patch", "delete"},

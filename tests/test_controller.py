@@ -35,6 +35,17 @@ def test_serving_some_namespaces_tokenfab_pods_elsewhere_count_as_anyones():
     assert {n for n in s if n.startswith("Pod@")} == {"Pod@ml", "Pod@serving"}
 
 
+def test_with_the_dra_driver_its_channel_templates_are_watched_by_the_drivers_label():
+    ctl = Controller(kube=None, options=Options(namespaces=["ml"]))  # type: ignore[arg-type]
+    s = {inf.source.name: inf.source for inf in ctl.driver_informers()}
+    assert set(s) == {"ComputeDomain@ml", "ResourceClaimTemplate@ml"}
+    assert s["ComputeDomain@ml"].label_selector == f"{contract.MANAGED_BY}={contract.MANAGED_BY_VALUE}"
+    rct = s["ResourceClaimTemplate@ml"]
+    assert (rct.api_version, rct.kind, rct.namespace) == ("resource.k8s.io/v1", "ResourceClaimTemplate", "ml")
+    # (the driver's daemon templates say Daemon: not watched)
+    assert rct.label_selector == "resource.nvidia.com/computeDomainTarget=Workload"
+
+
 # ------------------------------------------------------------------ a pass hands its writes on
 
 

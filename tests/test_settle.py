@@ -11,7 +11,7 @@ from tests.planning.test_one_pass import deployment, nodes_of, snapshot
 from tokenfab import settle
 from tokenfab.api.models import ModelDeploymentStatus
 from tokenfab.fleet.ledger import Ledger
-from tokenfab.fleet.view import ClusterView
+from tokenfab.fleet.view import TEMPLATE, ClusterView
 from tokenfab.planning.one_pass import plan
 from tokenfab.runtime import Context, Ended, Observed, Result, Settings
 
@@ -68,3 +68,22 @@ def test_a_pass_that_stopped_writes_what_it_came_with() -> None:
     ended = Ended(_body("m"), Result(), status, (("Warning", "InvalidSpec", "why"),), LEGACY)
     settle.settle(_context(kube), ("ns", "m"), ended, None, Result())
     assert kube.calls == [("patch", "ModelDeployment", "m"), ("status", "m"), ("event", "InvalidSpec")]
+
+
+def test_a_pass_parked_for_its_channel_looks_again_as_a_backup_of_the_watch() -> None:
+    """A group parked for its channel template is woken by the template's watch; the pass asks for one
+    look LOOK_SECONDS later in case that event is missed. Where templates are not watched (the driver was
+    installed after the operator started) it looks every second: the template is read by each pass."""
+    md = deployment(decode=1)
+    snap = snapshot(md, nodes_of({"r0": 6}), {}, {})
+    name = md.metadata.name or ""
+    looks = {}
+    for watched in (False, True):
+        ctx = _context(Kube())
+        if watched:
+            ctx.view.replace(TEMPLATE, [], "ns")
+        result = Result(channel_waits=[f"{name}-decode-0"])
+        settle.settle(ctx, ("ns", name), Observed(_body(name), snap), plan(snap), result)
+        looks[watched] = result.requeue_after
+    assert looks == {False: 1.0, True: settle.LOOK_SECONDS}
+    assert settle.LOOK_SECONDS >= 5.0

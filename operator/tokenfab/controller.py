@@ -29,7 +29,7 @@ from tokenfab.adapters.informer import Informer, Source
 from tokenfab.adapters.kube import ApiError, Kube, Obj
 from tokenfab.fleet.expectations import Expectations
 from tokenfab.fleet.ledger import Ledger
-from tokenfab.fleet.view import Change, ClusterView, Key
+from tokenfab.fleet.view import TEMPLATE, Change, ClusterView, Key
 from tokenfab.fleet.workqueue import WorkQueue
 from tokenfab.planning import contract
 from tokenfab.planning.autoscaler import burst_watch
@@ -37,6 +37,7 @@ from tokenfab.reconcile import Pass
 from tokenfab.runtime import Context, Result, Settings
 
 log = logging.getLogger("tokenfab")
+passes_log = logging.getLogger("tokenfab.passes")  # one line per pass (operator --log-passes)
 FleetReader = Callable[[str, str], tuple[dict[tuple[str, str], float] | None, str]]
 MANAGED = f"{contract.MANAGED_BY}={contract.MANAGED_BY_VALUE}"
 SLOW_PASS_SECONDS = 1.0
@@ -197,23 +198,8 @@ class Controller:
                     on_list=self._list_handler(source),
                 )
             )
-        if self.kube.has_kind(
-            contract.COMPUTE_DOMAIN_API, "ComputeDomain"
-        ):  # (NVIDIA's DRA driver installed)
-            scopes: list[str | None] = list(self.options.namespaces) or [None]
-            for ns in scopes:
-                suffix = f"@{ns}" if ns else ""
-                source = Source(
-                    f"ComputeDomain{suffix}", contract.COMPUTE_DOMAIN_API, "ComputeDomain", ns, MANAGED
-                )
-                self.informers.append(
-                    Informer(
-                        self.kube,
-                        source,
-                        on_event=self._event_handler(_child_handler(self.view, "ComputeDomain")),
-                        on_list=self._list_handler(source),
-                    )
-                )
+        if self.kube.has_kind(contract.COMPUTE_DOMAIN_API, "ComputeDomain"):  # (NVIDIA's DRA driver)
+            self.informers.extend(self.driver_informers())
         for inf in self.informers:
             inf.start()
         if leading:
@@ -224,6 +210,38 @@ class Controller:
         self._spawn("inventory", self._inventory)
         if self.options.burst_watch_seconds > 0:
             self._spawn("burst-watch", self._burst_watch)
+
+    def driver_informers(self) -> list[Informer]:
+        """The kinds of NVIDIA's DRA driver, where it is installed: the ComputeDomains tokenfab made, and
+        the channel templates the driver makes for them. A group parked for its channel is woken by the
+        template's watch, and no pass reads a template from the API server."""
+        out = []
+        scopes: list[str | None] = list(self.options.namespaces) or [None]
+        for ns in scopes:
+            suffix = f"@{ns}" if ns else ""
+            domains = Source(
+                f"ComputeDomain{suffix}", contract.COMPUTE_DOMAIN_API, "ComputeDomain", ns, MANAGED
+            )
+            templates = Source(
+                f"{TEMPLATE}{suffix}",
+                contract.RESOURCE_CLAIM_TEMPLATE_API,
+                TEMPLATE,
+                ns,
+                f"{contract.COMPUTE_DOMAIN_TARGET_LABEL}={contract.COMPUTE_DOMAIN_TARGET_WORKLOAD}",
+            )
+            for source, handler in (
+                (domains, _child_handler(self.view, "ComputeDomain")),
+                (templates, self.view.on_channel_template),
+            ):
+                out.append(
+                    Informer(
+                        self.kube,
+                        source,
+                        on_event=self._event_handler(handler),
+                        on_list=self._list_handler(source),
+                    )
+                )
+        return out
 
     def lead(self) -> None:
         """This replica now holds the leader Lease: look at every deployment."""
@@ -378,6 +396,8 @@ class Controller:
             return
         record(key, result)
         took = time.monotonic() - t0
+        if passes_log.isEnabledFor(logging.DEBUG):
+            passes_log.debug("%s/%s: %s", *key, pass_line(result, took))
         if took > SLOW_PASS_SECONDS:
             log.info("%s/%s: slow pass (%.2f s): %s", *key, took, result.timings)
         if result.errors:
@@ -495,8 +515,41 @@ def _child_handler(view: ClusterView, kind: str) -> Callable[[str, Obj], Change]
     return handler
 
 
+def pass_line(result: Result, took: float) -> str:
+    """One pass in a line: what it wrote, what it parked, when it looks again, its phases' seconds."""
+    parts = [f"took {took:.3f} s"]
+    for name in ("created", "deleted", "released", "draining", "channel_waits", "identity_waits"):
+        got = getattr(result, name)
+        if got:
+            parts.append(f"{name} {','.join(got)}")
+    if result.applied:
+        parts.append(f"applied {len(result.applied)}")
+    if result.conditions_changed:
+        parts.append(f"conditions {','.join(result.conditions_changed)}")
+    if result.decisions:
+        parts.append(f"decided {','.join(result.decisions)}")
+    unbound = [(g, why) for plan in result.plans for g, why in plan.unbound.items()]
+    if unbound:
+        parts.append(f"{len(unbound)} group(s) not serving, first {unbound[0][0]}: {unbound[0][1][:120]}")
+    if result.errors:
+        parts.append(f"refused {len(result.errors)}: {str(result.errors[0])[:120]}")
+    if result.waited:
+        parts.append("waited for the watch")
+    if result.waiting_for_capacity:
+        parts.append("waiting for capacity")
+    if result.requeue_after is not None:
+        parts.append(f"again in {result.requeue_after:.1f} s")
+    if result.timings:
+        parts.append("phases " + " ".join(f"{k}={v:.3f}" for k, v in result.timings.items()))
+    return "; ".join(parts)
+
+
 def record(key: Key, result: Result) -> None:
     """Export one pass's outcome as the operator's own metrics."""
+    if result.channel_waits:
+        telemetry.PARKED_GROUPS.labels("channel").inc(len(result.channel_waits))
+    if result.identity_waits:
+        telemetry.PARKED_GROUPS.labels("identity").inc(len(result.identity_waits))
     for plan in result.plans:
         labels = (key[0], key[1], plan.role)
         telemetry.GROUPS_DESIRED.labels(*labels).set(plan.desired)

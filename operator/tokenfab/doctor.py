@@ -58,7 +58,7 @@ OPERATOR_RULES: dict[tuple[str, str], tuple[frozenset[str], bool]] = {
         frozenset({"list", "watch", "create", "patch", "delete"}),
         True,
     ),
-    ("resource.k8s.io", "resourceclaimtemplates"): (frozenset({"get"}), True),
+    ("resource.k8s.io", "resourceclaimtemplates"): (frozenset({"get", "list", "watch"}), True),
     ("", "persistentvolumeclaims"): (frozenset({"get", "list", "watch", "create", "patch", "delete"}), True),
     ("", "serviceaccounts"): (frozenset({"list", "watch", "create", "patch", "delete"}), True),
     ("rbac.authorization.k8s.io", "roles"): (frozenset({"list", "watch", "create", "patch", "delete"}), True),

@@ -220,7 +220,9 @@ def channel_reader(
     in the ComputeDomain's namespace, under the name the ComputeDomain gives). Read here, before the
     placement ledger is taken: for each domain in the view that no group's pods claim yet (one whose pods
     claim it has its template). Where the kind is not watched (it was installed after the operator
-    started) no domain is seen: the template is read when the plan asks, once per pass."""
+    started) no domain is seen: the template is read when the plan asks, once per pass. Where the templates
+    are watched too (the operator started with the driver installed) nothing is read: the view holds them,
+    and their watch wakes the deployment."""
     claimed = {builders.channel_domain(owner, g.name, g.unit) for gs in groups.values() for g in gs if g.pods}
     if watched:
         ready = {name: _template(ctx, owner.namespace, name) for name in sorted(seen - claimed)}
@@ -234,6 +236,10 @@ def channel_reader(
 
 
 def _template(ctx: Context, namespace: str, name: str) -> bool:
+    """From the view where it watches the templates (no read), else from the API server."""
+    seen = ctx.view.channel_template(namespace, name)
+    if seen is not None:
+        return seen
     try:
         got = ctx.kube.get(contract.RESOURCE_CLAIM_TEMPLATE_API, "ResourceClaimTemplate", name, namespace)
     except ApiError:

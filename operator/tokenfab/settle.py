@@ -13,7 +13,7 @@ from typing import Any
 from tokenfab.adapters import telemetry
 from tokenfab.adapters.kube import ApiError, Obj
 from tokenfab.api.models import API_VERSION, KIND, Condition, ModelDeploymentStatus
-from tokenfab.fleet.view import Key
+from tokenfab.fleet.view import TEMPLATE, Key
 from tokenfab.planning import one_pass
 from tokenfab.planning.autoscaler import Decision
 from tokenfab.planning.one_pass import Plan
@@ -59,8 +59,9 @@ def _comparable(status: Any) -> Any:
 # A deployment's status is written at most this often while nothing a user waits for changes (Ready
 # flipping, an error, a new generation): a burst of pod events then costs one status write, not one each.
 STATUS_MIN_INTERVAL = 1.0
-# A pass parked for its pods' identity is woken by the identity's watch; this look backs it up.
-IDENTITY_LOOK_SECONDS = 5.0
+# A pass parked for its pods' identity or its channel template is woken by their watch; this look backs it
+# up (no pass holds a worker while it waits).
+LOOK_SECONDS = 5.0
 
 
 def status_defer(
@@ -156,10 +157,11 @@ def settle(ctx: Context, key: Key, seen: Observed | Ended, plan: Plan | None, re
     post_errors(ctx, body, ctx.mem(key), result, snap.now)
     result.waiting_for_capacity = plan.waiting_for_capacity
     waits = [w for w in (plan.requeue_after, defer if defer > 0 else None) if w is not None]
-    if result.channel_waits:  # (NVIDIA's DRA driver answers a ComputeDomain within a second or so)
-        waits.append(1.0)
+    if result.channel_waits:  # (the template's watch wakes the deployment: this backs it up; unwatched,
+        # NVIDIA's DRA driver answers a ComputeDomain within a second or so)
+        waits.append(LOOK_SECONDS if ctx.view.synced.get(TEMPLATE, False) else 1.0)
     if result.identity_waits:  # (the identity's watch wakes the deployment; this only backs it up)
-        waits.append(IDENTITY_LOOK_SECONDS)
+        waits.append(LOOK_SECONDS)
     result.requeue_after = min(waits, default=None)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests import kube_objects
-from tokenfab.fleet.view import Change, ClusterView, node_facts, pod_facts
+from tokenfab.fleet.view import TEMPLATE, Change, ClusterView, node_facts, pod_facts
 from tokenfab.planning import contract
 from tokenfab.planning.capacity import Taint
 
@@ -392,6 +392,25 @@ def test_children_and_model_deployments_wake_their_deployment():
     assert (v.model_deployment(M), v.deployments()) == (md, {M})
     assert v.on_model_deployment("DELETED", md) == Change({M})
     assert v.model_deployment(M) is None
+
+
+def test_a_channel_template_wakes_the_deployment_of_its_compute_domain():
+    v = ClusterView()
+    assert v.channel_template("ml", "m-unit-0") is None  # not watched (yet): the caller reads it
+    v.on_child("ComputeDomain", "ADDED", kube_objects.child("ComputeDomain", "m-unit-0"))
+    assert v.replace(TEMPLATE, [], "ml") == Change()
+    assert v.channel_template("ml", "m-unit-0") is False
+    rct = kube_objects.child(TEMPLATE, "m-unit-0", None)  # the driver's: no label of tokenfab's
+    assert v.on_channel_template("ADDED", rct) == Change({M})  # its domain's deployment goes on
+    assert v.channel_template("ml", "m-unit-0") is True
+    assert v.on_channel_template("MODIFIED", rct) == Change()  # (only whether it exists is read)
+    assert v.on_channel_template("ADDED", kube_objects.child(TEMPLATE, "x", None)) == Change()  # no domain
+    assert v.on_channel_template("DELETED", rct) == Change({M})
+    assert v.channel_template("ml", "m-unit-0") is False
+    assert v.replace(TEMPLATE, [rct], "ml") == Change({M})  # a relist shows it: woken too
+    assert v.channel_template("ml", "m-unit-0") is True
+    assert v.replace(TEMPLATE, [], "ml") == Change({M})  # gone while unwatched
+    assert v.channel_template("ml", "m-unit-0") is False
 
 
 # --------------------------------------------------------------------------------------------- relists

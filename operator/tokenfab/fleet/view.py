@@ -56,6 +56,7 @@ __all__ = [
 Key = tuple[str, str]  # (namespace, name)
 Obj = dict[str, Any]
 _CLAIM = "PersistentVolumeClaim"
+TEMPLATE = "ResourceClaimTemplate"  # an IMEX channel template NVIDIA's DRA driver makes for a ComputeDomain
 
 
 @dataclass
@@ -344,6 +345,28 @@ class ClusterView:
         owners = {*_owners(facts), *(_owners(before) if before is not None else ())}
         return Change({(facts.namespace, o) for o in owners} | users, freed)
 
+    def on_channel_template(self, type_: str, obj: Obj) -> Change:
+        """An IMEX channel ResourceClaimTemplate NVIDIA's DRA driver made (or deleted) for a ComputeDomain:
+        it bears the domain's name, so the deployment that owns that domain is woken (its new groups
+        parked for the channel go on)."""
+        meta = obj["metadata"]
+        ns = meta.get("namespace") or ""
+        with self._lock:
+            existed = (TEMPLATE, ns, meta["name"]) in self._children
+            change = self.on_child(TEMPLATE, type_, obj)
+            domain = self._children.get(("ComputeDomain", ns, meta["name"]))
+        if existed != (type_ == "DELETED") or domain is None or not domain.deployment:
+            return change  # (only whether it exists is read)
+        return change | Change({(domain.namespace, domain.deployment)})
+
+    def channel_template(self, namespace: str, name: str) -> bool | None:
+        """Whether the channel template of ComputeDomain `name` exists; None while templates are not
+        watched (the caller reads the API server)."""
+        with self._lock:
+            if not self.synced.get(TEMPLATE, False):
+                return None
+            return (TEMPLATE, namespace, name) in self._children
+
     def child(self, kind: str, namespace: str, name: str) -> ChildFacts | None:
         with self._lock:
             return self._children.get((kind, namespace, name))
@@ -437,6 +460,13 @@ class ClusterView:
                     {"metadata": {"namespace": k[0], "name": k[1]}} for k in self._foreign if k not in names
                 ]
                 handler = self.on_foreign_pod
+            elif kind == TEMPLATE:
+                gone = [
+                    {"metadata": {"namespace": ns, "name": n}}
+                    for (k, ns, n) in self._children
+                    if k == kind and (ns, n) not in names
+                ]
+                handler = self.on_channel_template
             else:
                 gone = [
                     {"metadata": {"namespace": ns, "name": n}}

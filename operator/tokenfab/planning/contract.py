@@ -193,6 +193,10 @@ MPI_SSH_PRIVATE_KEY = "ssh-privatekey"
 COMPUTE_DOMAIN_API = "resource.nvidia.com/v1beta1"
 COMPUTE_DOMAIN_CLAIM = "imex"
 RESOURCE_CLAIM_TEMPLATE_API = "resource.k8s.io/v1"
+# The driver labels the channel template it makes for a ComputeDomain's workloads (its daemons' templates
+# say Daemon): the operator watches these, by this label, to go on with groups parked for their channel.
+COMPUTE_DOMAIN_TARGET_LABEL = "resource.nvidia.com/computeDomainTarget"
+COMPUTE_DOMAIN_TARGET_WORKLOAD = "Workload"
 # DRA device taints set by an administrator or a health system (GA in Kubernetes 1.37): read as faults.
 DEVICE_TAINT_RULE_API = "resource.k8s.io/v1"
 
