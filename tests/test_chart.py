@@ -208,6 +208,24 @@ def test_the_leader_lease_is_granted_in_the_release_namespace_only(namespace: st
 
 
 @needs_helm
+@pytest.mark.parametrize("namespace", [RELEASE_NS, "ops"])
+def test_the_leader_lease_requests_have_the_api_servers_leader_election_priority(namespace: str) -> None:
+    fs = one(template(namespace=namespace), "FlowSchema")
+    assert fs["apiVersion"] == "flowcontrol.apiserver.k8s.io/v1"
+    spec = fs["spec"]
+    assert spec["priorityLevelConfiguration"] == {"name": "leader-election"}
+    assert 200 < spec["matchingPrecedence"] < 1000  # after the API server's own, before service-accounts
+    (rule,) = spec["rules"]
+    assert rule["subjects"] == [
+        {"kind": "ServiceAccount", "serviceAccount": {"name": "tokenfab", "namespace": namespace}}
+    ]
+    (resources,) = rule["resourceRules"]
+    assert (resources["apiGroups"], resources["resources"]) == (["coordination.k8s.io"], ["leases"])
+    assert resources["namespaces"] == [namespace]
+    assert set(resources["verbs"]) == {"get", "create", "update"}
+
+
+@needs_helm
 def test_rbac_create_false_renders_no_rbac_object() -> None:
     docs = template("--set", "rbac.create=false")
     for kind in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"):

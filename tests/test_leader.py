@@ -92,3 +92,13 @@ def test_a_released_lease_is_not_taken_back_and_another_replica_leads_at_once(
     wait("the second replica to lead", new.leading.is_set)
     assert time.monotonic() - t0 < 2.5, "an empty Lease is taken at once, not after its duration"
     assert leases.holder() == new.identity
+
+
+def test_a_renewal_may_take_half_the_renew_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each Lease request is bounded by half the renew deadline (5 s of 10), not by the retry period: an API
+    server slowed by a burst answers in seconds, and a leader whose every try timed out at 2 s exited."""
+    leases = Leases()
+    monkeypatch.setattr(leader.client, "CoordinationV1Api", lambda _api=None: leases)
+    e = leader.Elector(None, lambda: None, lambda: None, namespace="ns")
+    assert e.request_timeout == leader.RENEW * leader.REQUEST_TIMEOUT_SHARE == 5.0
+    assert e.lock.api_instance._timeout == 5.0

@@ -70,8 +70,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     elect = os.environ.get("TOKENFAB_LEADER_ELECT", "false").lower() in ("1", "true", "yes")
     controller.start(leading=not elect)
     if elect:
+        # The Lease on a client of its own: its renewals never share a connection pool with the writer's
+        # burst of writes.
         memo["elector"] = Elector(
-            api, on_started=controller.lead, on_stopped=_stop_writing(controller)
+            client.ApiClient(cfg), on_started=controller.lead, on_stopped=_stop_writing(controller)
         ).start()
 
 

@@ -35,6 +35,11 @@ logging.getLogger("leaderelection").setLevel(logging.WARNING)
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 LEASE_NAME = "tokenfab-operator"
 DURATION, RENEW, RETRY = 15, 10, 2  # seconds: the Lease's duration, the renew deadline, the retry period
+# Each Lease request may take half the renew deadline: an API server slowed by a burst of writes (on a small
+# control plane, seconds per request) still answers a renewal, with time for one more try before the
+# deadline. (With a 2 s bound, every try of a 10 s deadline could fail under load: the leader exited and
+# the fleet waited for the Lease to run out and the next leader to start.)
+REQUEST_TIMEOUT_SHARE = 0.5
 
 
 def lease_namespace() -> str:
@@ -96,8 +101,9 @@ class Elector:
         self.lock = LeaseLock(name, namespace or lease_namespace(), self.identity)
         self._stopping = threading.Event()
         leases = client.CoordinationV1Api(api_client)
+        self.request_timeout = max(1.0, renew * REQUEST_TIMEOUT_SHARE)
         self._api = _Timed(leases, timeout=max(1.0, retry))  # release() only
-        self.lock.api_instance = _Timed(leases, max(1.0, retry), self._stopping)  # the election's
+        self.lock.api_instance = _Timed(leases, self.request_timeout, self._stopping)  # the election's
         self.leading = threading.Event()
         self._on_started = on_started
         self._on_stopped = on_stopped
