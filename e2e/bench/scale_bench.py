@@ -44,6 +44,7 @@ from tokenfab_factory.factory import Factory
 ROOT = record.ROOT
 NS = "scale"
 TICK = os.sysconf("SC_CLK_TCK")
+CONTROL_PLANE = ("kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler", "kwok")
 # One apply of the whole fleet (hundreds of objects) on a loaded factory may take minutes.
 kubectl = functools.partial(helpers.kubectl, timeout=600)
 get_json = functools.partial(helpers.get_json, timeout=600)
@@ -72,11 +73,15 @@ def memory(pid: int) -> dict[str, int]:
 
 
 class Sampler:
-    """CPU and memory of a set of processes, sampled on demand."""
+    """CPU and memory of a set of processes, sampled on demand. A peak is the highest VmRSS sampled while
+    this sampler ran (`fresh`: processes started for the run, whose lifetime high VmHWM counts too; a
+    control-plane process's VmHWM may come from an earlier run)."""
 
-    def __init__(self, pids: dict[str, int]) -> None:
+    def __init__(self, pids: dict[str, int], fresh: tuple[str, ...] = ()) -> None:
         self.pids = pids
+        self.fresh = fresh
         self.peak_rss: dict[str, int] = dict.fromkeys(pids, 0)
+        self.start_rss = {name: memory(pid).get("VmRSS", 0) for name, pid in pids.items()}
 
     def cpu(self) -> dict[str, float]:
         return {name: cpu_seconds(pid) for name, pid in self.pids.items()}
@@ -84,7 +89,14 @@ class Sampler:
     def sample(self) -> None:
         for name, pid in self.pids.items():
             m = memory(pid)
-            self.peak_rss[name] = max(self.peak_rss[name], m.get("VmHWM", 0), m.get("VmRSS", 0))
+            hwm = m.get("VmHWM", 0) if name in self.fresh else 0
+            self.peak_rss[name] = max(self.peak_rss[name], hwm, m.get("VmRSS", 0))
+
+    def rss_mb(self) -> dict[str, dict[str, float]]:
+        return {
+            name: {"start": round(self.start_rss[name] / 2**20, 1), "peak": round(peak / 2**20, 1)}
+            for name, peak in self.peak_rss.items()
+        }
 
 
 # ------------------------------------------------------------------------------- operator's own metrics
@@ -108,6 +120,10 @@ def metric_sums(text: str) -> dict[str, float]:
             continue
         if name.startswith("tokenfab_reconciles_total"):
             out["passes"] = out.get("passes", 0) + v
+        elif name.startswith("tokenfab_parked_groups_total"):
+            on = re.search(r'on="([^"]+)"', name)
+            what = f"parked:{on.group(1) if on else '?'}"
+            out[what] = out.get(what, 0) + v
         elif name.startswith("tokenfab_api_requests_total"):
             verb = re.search(r'verb="([A-Z]+)"', name)
             resource = re.search(r'resource="([^"]+)"', name)
@@ -115,6 +131,8 @@ def metric_sums(text: str) -> dict[str, float]:
             if kind == "WATCH":
                 continue
             key = "reads" if kind == "GET" else "writes"
+            what = f"by_resource:{key}:{resource.group(1) if resource else '?'}"
+            out[what] = out.get(what, 0) + v
             if resource and resource.group(1).startswith("nvlinkdomains"):
                 key = f"inventory_{key}"  # the NVLinkDomain inventory's own loop, not a reconcile pass
             elif resource and resource.group(1) == "discovery":
@@ -218,12 +236,13 @@ def run_operator(
     pid = f.start_extra(name, argv, env=penv)
     state = f.read_state()
     assert state is not None
-    components = ("kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler", "kwok")
-    sampler = Sampler({"operator": pid, **{c: state.pids[c] for c in components}})
+    sampler = Sampler({"operator": pid, **{c: state.pids[c] for c in CONTROL_PLANE}}, fresh=("operator",))
     wait_healthy(port, f"{name} healthy", timeout=120, interval=1)
     time.sleep(3)
     text = yaml.safe_dump_all(docs)
-    requests0 = apiserver_requests(f)
+    api0 = apiserver_metrics(f)
+    requests0 = api0["requests"]
+    ops0 = _operator_sums(port)
     cpu0, t0 = sampler.cpu(), time.monotonic()
     kubectl(f, "apply", "--server-side", "--field-manager=gitops", "-f", "-", input=text)
     applied = time.monotonic() - t0
@@ -242,7 +261,10 @@ def run_operator(
     except AssertionError:
         pass
     cpu1, t1 = sampler.cpu(), time.monotonic()
-    requests1 = apiserver_requests(f)
+    api1 = apiserver_metrics(f)
+    requests1 = api1["requests"]
+    ops1 = _operator_sums(port)
+    objects = namespace_objects(f)
     last = sorted(READY_AT, key=lambda n: -READY_AT[n])[:3]
     stragglers = {n: STRAGGLERS.get(n, "") for n in last}
     STRAGGLERS.clear()
@@ -257,6 +279,10 @@ def run_operator(
         # What the API server served while the fleet converged (every client), by verb and resource.
         "apiserver_requests": top_requests(requests0, requests1),
         "last_to_be_ready": stragglers,  # what the slowest deployments waited for
+        # every client's requests and watch events while it converged, and the objects left, per deployment
+        "per_deployment": per_deployment(api0, api1, objects, len(docs)),
+        # the operator's own share: passes, requests by resource, groups parked by what they waited for
+        "operator_per_deployment": operator_costs(ops0, ops1, len(docs)),
     }
     if all_ready is not None and idle > 0:
         time.sleep(5)
@@ -264,8 +290,14 @@ def run_operator(
         repeat_for(idle, 2, sampler.sample)
         m1, c1, s1 = metric_sums(scrape(port + 1)), sampler.cpu(), time.monotonic()
         passes = m1.get("passes", 0) - m0.get("passes", 0)
+        window = {k: v - m0.get(k, 0.0) for k, v in m1.items()}
         out["steady"] = {
             "seconds": round(s1 - s0, 1),
+            # the passes of this window alone (the histogram's buckets counted from its start)
+            "reconcile_seconds": {
+                "p50": _round(quantile(window, 0.5)),
+                "p99": _round(quantile(window, 0.99)),
+            },
             "cpu_share": {k: round((c1[k] - c0[k]) / (s1 - s0), 4) for k in c0},
             "passes": passes,
             "writes_per_pass": round((m1.get("writes", 0) - m0.get("writes", 0)) / passes, 4)
@@ -297,32 +329,129 @@ def run_operator(
         out["reconcile_seconds"] = {"error": str(exc)}
     sampler.sample()
     out["peak_rss_mb"] = {k: round(v / 2**20, 1) for k, v in sampler.peak_rss.items()}
+    out["rss_mb"] = sampler.rss_mb()
     f.stop_extra(name)
     return out
 
 
-def apiserver_requests(f: Factory) -> dict[str, float]:
-    """apiserver_request_total summed by verb and resource (and subresource)."""
+WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION"})
+READ_VERBS = frozenset({"GET", "LIST"})
+# What a deployment leaves in its namespace, counted by listing (`kubectl get`), not from the API server's
+# object-count gauge (refreshed once a minute).
+COUNTED_KINDS = (
+    "pods",
+    "services",
+    "endpointslices.discovery.k8s.io",
+    "serviceaccounts",
+    "roles.rbac.authorization.k8s.io",
+    "rolebindings.rbac.authorization.k8s.io",
+    "configmaps",
+    "deployments.apps",
+    "replicasets.apps",
+    "poddisruptionbudgets.policy",
+    "computedomains.resource.nvidia.com",
+    "resourceclaimtemplates.resource.k8s.io",
+    "resourceclaims.resource.k8s.io",
+    "podgroups.scheduling.x-k8s.io",
+    "events",
+)
+
+
+def apiserver_metrics(f: Factory) -> dict[str, dict[str, float]]:
+    """From the API server's /metrics: apiserver_request_total summed by verb and resource (and
+    subresource), and apiserver_watch_events_total (events sent to watchers) by resource."""
     import ssl
 
     ctx = ssl.create_default_context(cafile=str(f.pki.ca_crt))
     ctx.load_cert_chain(str(f.pki.admin_crt), str(f.pki.admin_key))
-    out: dict[str, float] = {}
+    requests: dict[str, float] = {}
+    watch_events: dict[str, float] = {}
     try:
         with urllib.request.urlopen(f"{f.apiserver_url}/metrics", timeout=30, context=ctx) as r:
             text = r.read().decode()
     except OSError:
-        return out
+        return {"requests": requests, "watch_events": watch_events}
     for line in text.splitlines():
-        if not line.startswith("apiserver_request_total{"):
-            continue
-        name, _, value = line.rpartition(" ")
-        labels = dict(re.findall(r'(\w+)="([^"]*)"', name))
-        key = f"{labels.get('verb')} {labels.get('resource')}" + (
-            f"/{labels['subresource']}" if labels.get("subresource") else ""
-        )
-        out[key] = out.get(key, 0.0) + float(value)
-    return out
+        if line.startswith("apiserver_request_total{"):
+            name, _, value = line.rpartition(" ")
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', name))
+            key = f"{labels.get('verb')} {labels.get('resource')}" + (
+                f"/{labels['subresource']}" if labels.get("subresource") else ""
+            )
+            requests[key] = requests.get(key, 0.0) + float(value)
+        elif line.startswith("apiserver_watch_events_total{"):
+            name, _, value = line.rpartition(" ")
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', name))
+            what = labels.get("resource") or labels.get("kind") or "?"
+            watch_events[what] = watch_events.get(what, 0.0) + float(value)
+    return {"requests": requests, "watch_events": watch_events}
+
+
+def _operator_sums(port: int) -> dict[str, float]:
+    try:
+        return metric_sums(scrape(port + 1))
+    except OSError:  # an older operator may expose fewer figures
+        return {}
+
+
+def operator_costs(before: dict[str, float], after: dict[str, float], n: int) -> dict[str, Any]:
+    """The operator's own passes and requests while the fleet converged, per deployment."""
+    d = {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0) > 0}
+    by: dict[str, dict[str, float]] = {"reads": {}, "writes": {}}
+    for k, v in d.items():
+        if k.startswith("by_resource:"):
+            _, what, resource = k.split(":", 2)
+            by[what][resource] = round(v / n, 2)
+    return {
+        "passes": round(d.get("passes", 0.0) / n, 2),
+        "writes": round(sum(by["writes"].values()), 2),
+        "reads": round(sum(by["reads"].values()), 2),
+        "writes_by_resource": dict(sorted(by["writes"].items(), key=lambda kv: -kv[1])),
+        "reads_by_resource": dict(sorted(by["reads"].items(), key=lambda kv: -kv[1])),
+        "parked_groups": {
+            k.removeprefix("parked:"): round(v / n, 2) for k, v in d.items() if k.startswith("parked:")
+        },
+    }
+
+
+def namespace_objects(f: Factory) -> dict[str, int]:
+    """The objects in the benchmark's namespace, by resource (one list of each)."""
+    out = kubectl(f, "get", ",".join(COUNTED_KINDS), "-n", NS, "-o", "name", check=False)
+    counts: dict[str, int] = {}
+    for line in out.stdout.splitlines():
+        kind = line.split("/", 1)[0]
+        counts[kind] = counts.get(kind, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def per_deployment(
+    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], objects: dict[str, int], n: int
+) -> dict[str, Any]:
+    """What the fleet cost the API server while it converged, per deployment (every client's requests:
+    the operator's, the controllers', the scheduler's, the simulated kubelets'), and what it left."""
+
+    def delta(kind: str) -> dict[str, float]:
+        a, b = after[kind], before[kind]
+        return {k: v - b.get(k, 0.0) for k, v in a.items() if v - b.get(k, 0.0) > 0}
+
+    requests, events = delta("requests"), delta("watch_events")
+    writes = {k: v for k, v in requests.items() if k.split(" ")[0] in WRITE_VERBS}
+    reads = {k: v for k, v in requests.items() if k.split(" ")[0] in READ_VERBS}
+
+    def each(d: dict[str, float], top: int = 12) -> dict[str, float]:
+        return {k: round(v / n, 2) for k, v in sorted(d.items(), key=lambda kv: -kv[1])[:top]}
+
+    return {
+        "writes": round(sum(writes.values()) / n, 1),
+        "reads": round(sum(reads.values()) / n, 1),
+        "watch_events": round(sum(events.values()) / n, 1),
+        "objects": round(sum(v for k, v in objects.items() if k != "event") / n, 1),
+        "events": round(objects.get("event", 0) / n, 1),
+        "writes_by_resource": each(writes),
+        "reads_by_resource": each(reads),
+        "watch_events_by_resource": each(events),
+        "objects_by_resource": {k: round(v / n, 2) for k, v in objects.items()},
+    }
 
 
 def top_requests(before: dict[str, float], after: dict[str, float], n: int = 15) -> dict[str, float]:
@@ -348,10 +477,15 @@ def plain_floor(f: Factory, docs: list[dict[str, Any]], cap: float) -> dict[str,
             n = pods.count(gpus)
             app = f"{dep}-g{gpus}"
             plain.append(gpu_deployment(app, NS, replicas=n, gpus=gpus))
+    state = f.read_state()
+    assert state is not None
+    sampler = Sampler({c: state.pids[c] for c in CONTROL_PLANE})
+    api0, cpu0 = apiserver_metrics(f), sampler.cpu()
     t0 = time.monotonic()
     kubectl(f, "apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(plain))
 
     def available() -> bool:
+        sampler.sample()
         items = get_json(f, "deployments", "-n", NS)["items"]
         return len(items) == len(plain) and all(
             (d.get("status") or {}).get("availableReplicas") == d["spec"]["replicas"] for d in items
@@ -362,11 +496,27 @@ def plain_floor(f: Factory, docs: list[dict[str, Any]], cap: float) -> dict[str,
         took: float | None = round(time.monotonic() - t0, 1)
     except AssertionError:
         took = None
+    cpu1, t1 = sampler.cpu(), time.monotonic()
+    api1 = apiserver_metrics(f)
     return {
         "deployments": len(plain),
         "pods": sum(d["spec"]["replicas"] for d in plain),
         "all_available_seconds": took,
+        "converging_cpu_share": {k: round((cpu1[k] - cpu0[k]) / (t1 - t0), 3) for k in cpu0},
+        "rss_mb": sampler.rss_mb(),
+        # per ModelDeployment of the fleet whose pods these are (the same divisor as the operator's run)
+        "per_deployment": per_deployment(api0, api1, namespace_objects(f), len(docs)),
     }
+
+
+def kubectl_floor(f: Factory, docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The time `kubectl apply` takes to send the fleet with no operator running (the floor a user's
+    apply cannot beat), then the deployments deleted again."""
+    t0 = time.monotonic()
+    kubectl(f, "apply", "--server-side", "--field-manager=gitops", "-f", "-", input=yaml.safe_dump_all(docs))
+    took = round(time.monotonic() - t0, 1)
+    clean(f)
+    return {"apply_seconds": took, "deployments": len(docs)}
 
 
 def baseline_checkout(ref: str) -> Path:
@@ -432,6 +582,8 @@ def run(
                     "deployments Ready: it did not run, so there is nothing to compare with "
                     f"({base.get('last_to_be_ready')})"
                 )
+        print("the floor: kubectl sends the fleet, no operator running")
+        result["kubectl_floor"] = kubectl_floor(f, docs)
         print("tokenfab (this checkout)")
         runs["tokenfab"] = run_operator(f, docs, "operator", port, cap, idle)
         clean(f)
@@ -452,10 +604,30 @@ def report(result: dict[str, Any]) -> str:
         f"{result['fleet']['deployments']} deployments, {result['fleet']['gpus']} GPUs, "
         f"{result['fleet']['worker_pods']} worker pods"
     ]
+    floor = result.get("kubectl_floor")
+    if floor:
+        lines.append(
+            f"  kubectl floor      the fleet sent in {floor['apply_seconds']} s with no operator running"
+        )
     for name, r in result["runs"].items():
+        api = (r.get("rss_mb") or {}).get("kube-apiserver", {})
+        cost = r.get("per_deployment")
+        if cost:
+            lines.append(
+                f"  {name:18} per deployment: {cost['objects']} objects, {cost['writes']} writes, "
+                f"{cost['reads']} reads, {cost['watch_events']} watch events (every client); "
+                f"kube-apiserver CPU {r.get('converging_cpu_share', {}).get('kube-apiserver')}, "
+                f"RSS {api.get('start')} -> {api.get('peak')} MB"
+            )
         if name == "plain_deployments":
             lines.append(f"  {name:18} all available after {r['all_available_seconds']} s ({r['pods']} pods)")
             continue
+        ours = r.get("operator_per_deployment")
+        if ours:
+            lines.append(
+                f"  {name:18} the operator per deployment: {ours['passes']} passes, {ours['writes']} writes, "
+                f"{ours['reads']} reads, parked {ours['parked_groups']}"
+            )
         steady = r.get("steady", {})
         lines.append(
             f"  {name:18} all Ready after {r['all_ready_seconds']} s (Ready at end: {r['ready_at_end']}); "
@@ -463,6 +635,7 @@ def report(result: dict[str, Any]) -> str:
             f"{r.get('reconcile_seconds', {}).get('p50')}/{r.get('reconcile_seconds', {}).get('p99')} s; "
             f"writes answered p50/p99 {r.get('pass_writes_seconds', {}).get('p50')}/"
             f"{r.get('pass_writes_seconds', {}).get('p99')} s; "
+            f"steady reconcile p99 {steady.get('reconcile_seconds', {}).get('p99')} s; "
             f"steady CPU {steady.get('cpu_share')}; writes/idle pass {steady.get('writes_per_pass')}; "
             f"reads/idle pass {steady.get('reads_per_pass')}; "
             f"background discovery reads {steady.get('discovery_reads')}"

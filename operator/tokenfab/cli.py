@@ -83,6 +83,13 @@ def operator(
         bool,
         typer.Option(help="Run as one of several replicas: only the holder of the leader Lease writes."),
     ] = False,
+    log_passes: Annotated[
+        bool,
+        typer.Option(
+            help="One log line per reconcile pass: what it wrote, what it parked and waits for, when it "
+            "looks again, how long each phase took (logger tokenfab.passes)."
+        ),
+    ] = False,
 ) -> None:
     """Run the tokenfab operator (kopf) against the cluster of the current kubeconfig or service account."""
     import logging
@@ -101,6 +108,8 @@ def operator(
         telemetry.serve(metrics_port, metrics_addr)
 
     kopf.configure(verbose=verbose)
+    if log_passes:
+        logging.getLogger("tokenfab.passes").setLevel(logging.DEBUG)
     if not verbose:  # kopf reports every handler success at INFO: keep tokenfab's own lines readable
         logging.getLogger("kopf.objects").addFilter(lambda record: record.levelno >= logging.WARNING)
     kopf.run(

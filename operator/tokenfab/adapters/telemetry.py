@@ -111,6 +111,13 @@ LEDGER_RESERVED_PODS = Gauge(
     "Pods the placement ledger has promised capacity to that the watch has not seen yet.",
     registry=REGISTRY,
 )
+PARKED_GROUPS = Counter(
+    "tokenfab_parked_groups_total",
+    "New groups a pass parked instead of writing, by what they wait for (channel: their ComputeDomain's "
+    "IMEX channel template; identity: their pods' ServiceAccount and Role). A watch wakes the deployment.",
+    ["on"],
+    registry=REGISTRY,
+)
 IS_LEADER = Gauge(
     "tokenfab_leader", "1 while this operator replica holds the leader Lease (and writes).", registry=REGISTRY
 )
