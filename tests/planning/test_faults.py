@@ -719,11 +719,16 @@ def test_a_domain_where_the_deployments_groups_keep_failing_takes_none_of_them_f
     assert plan_role(want, [], Placing(domains_of(nodes, [])), judge)[0].create[0].domain == "a"
     p, _ = plan_role(want, [], Placing(domains_of(nodes, []), avoid=frozenset({"a"})), judge)
     assert p.create[0].domain == "c"
-    # With nowhere else to go the group waits (the pass looks again while the backoff runs).
+    # With nowhere else to go the group goes there all the same: serving beats waiting out the backoff
+    # with room in the cluster (a lost rack's groups, the other racks avoided, waited up to 2 minutes).
     only_a = cluster(a=2)
     p, _ = plan_role(
         want, [], Placing(domains_of(only_a, []), avoid=frozenset({"a"})), Judging(healthy(only_a), NOW, TOL)
     )
-    assert (p.create, p.unplaced) == ([], 1)
+    assert ([c.domain for c in p.create], p.unplaced) == (["a"], 0)
+    # Records of one fault (a rack lost at once, two groups of the deployment there) are one onset.
+    at_once = [_record("a", 100), _record("a", 99)]
+    assert fault_report.avoided(at_once, NOW) == {}
+    assert set(fault_report.avoided([*at_once, _record("a", 5)], NOW)) == {"a"}
     cond = fault_report.condition(twice, avoided)
     assert "NVLink domain a avoided" in cond.message

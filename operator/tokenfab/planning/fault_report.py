@@ -161,6 +161,21 @@ def records(
     return out[-KEEP:]
 
 
+# Fault records of one domain this close together are one fault: a rack lost at once records each of the
+# deployment's groups there, and that is one event, not a domain that keeps failing.
+ONE_EVENT_SECONDS = 30.0
+
+
+def distinct(times: Sequence[float]) -> list[float]:
+    """The onsets of distinct faults: a record within ONE_EVENT_SECONDS of the onset before it is part of
+    that fault."""
+    out: list[float] = []
+    for t in sorted(times):
+        if not out or t - out[-1] > ONE_EVENT_SECONDS:
+            out.append(t)
+    return out
+
+
 def avoided(recs: Sequence[FaultRecord], now: float) -> dict[str, str]:
     """The NVLink domains where the deployment's groups keep failing, while their backoff runs: domain ->
     why. A group that faults again in the domain it was lost in moves: the second fault there within
@@ -173,7 +188,7 @@ def avoided(recs: Sequence[FaultRecord], now: float) -> dict[str, str]:
             onsets.setdefault(r.faulted_domain, []).append(t)
     out = {}
     for domain, times in sorted(onsets.items()):
-        f = flapping(times, now)
+        f = flapping(distinct(times), now)
         if f is not None:
             out[domain] = f"this deployment's groups {f.message}"
     return out

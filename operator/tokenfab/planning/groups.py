@@ -206,19 +206,17 @@ class _Placer:
         if plan.backoff > 0:
             return False
         open_domains = {k: v for k, v in self.domains.items() if k not in self.avoid}
-        warm = self.warmth or None
         slot = next(i for i in range(len(self.used_slots) + 1) if i not in self.used_slots)
         gone = [d.name for d in plan.delete]
         unit = self.units.new_member(plan.role, replaces, gone) if self.units is not None else None
-        chosen = self.choose(open_domains, unit, replaces)
-        targets = (
-            None
-            if chosen is None
-            else best_fit_nodes(self.domains[chosen].free, shape.nodes, shape.pod_gpus, warm)
-        )
+        chosen, targets = self._fit(open_domains, unit, replaces)
+        if chosen is None and len(open_domains) < len(self.domains):
+            # Nowhere else: a domain where this deployment's groups failed before serves rather than
+            # nothing (the backoff would leave the group waiting with room in the cluster).
+            chosen, targets = self._fit(self.domains, unit, replaces)
         if chosen is None or targets is None:
             plan.unplaced = 1  # the caller counts the rest
-            plan.largest_block = largest_block(open_domains, shape)
+            plan.largest_block = largest_block(self.domains, shape)
             return False
         self.used_slots.add(slot)
         self.domains = {**self.domains, chosen: take(self.domains[chosen], targets, shape.pod_gpus)}
@@ -233,6 +231,18 @@ class _Placer:
         if self.units is not None and unit is not None:
             self.units.add(unit, Member("", plan.role, chosen, slot, tuple(targets), rdma=rdma))
         return True
+
+    def _fit(
+        self, open_domains: Mapping[str, Domain], unit: int | None, replaces: str
+    ) -> tuple[str | None, list[str] | None]:
+        chosen = self.choose(open_domains, unit, replaces)
+        if chosen is None:
+            return None, None
+        warm = self.warmth or None
+        targets = best_fit_nodes(
+            self.domains[chosen].free, self.plan.shape.nodes, self.plan.shape.pod_gpus, warm
+        )
+        return (chosen, targets) if targets is not None else (None, None)
 
     def place_up_to(self, count: int, reason: str, replacing: Sequence[str] = ()) -> None:
         """Up to `count` groups (the first ones replacing the groups `replacing` names); the plan counts
