@@ -7,7 +7,8 @@ lives there, and a factory a user has up is never touched by the suite.
 
 Inside a lane's 500 ports: the session factory from its base (its operators and runners' liveness from
 base + 20), a one-rack factory at + 100, the scale smoke's at + 200, the factory smoke's at + 250, the
-quick-start test's at + 300, a bare API server at + 400.
+quick-start test's at + 300, the rack-loss smoke's at + 350, a bare API server at + 400, the burst smoke's
+at + 450.
 """
 
 from __future__ import annotations
