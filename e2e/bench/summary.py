@@ -48,6 +48,18 @@ def _scale(r: dict[str, Any]) -> str:
     return scale_bench.report(r)
 
 
+def _rack_loss(r: dict[str, Any]) -> str:
+    from e2e.bench import rack_loss_bench
+
+    return rack_loss_bench.report(r)
+
+
+def _burst(r: dict[str, Any]) -> str:
+    from e2e.bench import burst_bench
+
+    return burst_bench.report(r)
+
+
 def _drain(r: dict[str, Any]) -> str:
     from e2e.bench import drain_bench
 
@@ -126,6 +138,8 @@ REPORTS: dict[str, Callable[[dict[str, Any]], str]] = {
     "operator_compare": _figures,  # operator_bench --compare-ref
     "factory": _factory,
     "scale": _scale,
+    "rack_loss": _rack_loss,
+    "burst": _burst,
     "drain": _drain,
     "faults": _faults,
     "faults_worker_hang": _faults,  # fault_bench --kinds worker_hang --name faults_worker_hang
