@@ -27,8 +27,8 @@ for name in "${wanted[@]}"; do
     operator) run e2e.bench.operator_bench ;;
     factory) run e2e.bench.factory_bench ;;
     scale) run e2e.bench.scale_bench --run-dir "$work/run" ;;
-    rack_loss) run e2e.bench.rack_loss_bench --baseline-ref 380a8ac --run-dir "$work/run" --port-base 31000 ;;
-    burst) run e2e.bench.burst_bench --run-dir "$work/run" --port-base 31000 ;;
+    rack_loss) run e2e.bench.rack_loss_bench --baseline-ref 380a8ac --run-dir "$work/run" ;;
+    burst) run e2e.bench.burst_bench --run-dir "$work/run" ;;
     drain) run e2e.bench.drain_bench --run-dir "$work/run" ;;
     faults) run e2e.bench.fault_bench ;;
     closed_loop) run e2e.fleet.scenario --run-dir "$work/run" --port-base 31100 ;;
