@@ -31,13 +31,20 @@ LIVE_CHAINS = (
 )
 LIVE = tuple(m for chain in LIVE_CHAINS for m in chain)
 # Smokes that start their own factories and compare only within their own run: at nice 10 (prioritize).
-NICE = ("e2e/bench/test_factory_bench.py", "e2e/bench/test_scale_bench.py")
+NICE = (
+    "e2e/bench/test_factory_bench.py",
+    "e2e/bench/test_scale_bench.py",
+    "e2e/bench/test_rack_loss_bench.py",
+    "e2e/bench/test_burst_bench.py",
+)
 # Measured (docs/testing.md), longest first. A module not listed runs after these, e2e before unit tests.
 LONGEST_FIRST = (
     *LIVE,
     "e2e/test_fleet_burst.py",
     "e2e/bench/test_factory_bench.py",
     "e2e/bench/test_operator_bench.py",
+    "e2e/bench/test_burst_bench.py",
+    "e2e/bench/test_rack_loss_bench.py",
     "tests/adapters/test_aic.py",
     "e2e/test_resilience.py",
     "e2e/test_autoscaling.py",
