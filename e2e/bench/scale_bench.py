@@ -17,6 +17,8 @@ e2e/bench/results/scale.json and its history copy (or --out DIR); nothing passes
 
     python -m e2e.bench.scale_bench                      # 64 racks, 200 deployments (about 5 minutes)
     python -m e2e.bench.scale_bench --racks 8 --deployments 25 --no-baseline-ref   # a smoke run
+    python -m e2e.bench.scale_bench --racks 128 --deployments 600 --no-baseline-ref --repeat 2 \
+        --idle 120 --name scale_128                      # the moonshot's size, twice (about 30 minutes)
 """
 
 from __future__ import annotations
@@ -539,6 +541,7 @@ def run(
     idle: float,
     cap: float,
     seed: int = 7,
+    repeat: int = 1,
 ) -> dict[str, Any]:
     f = Factory(FactoryConfig(run_dir=run_dir, racks=racks, port_base=port_base), say=print)
     t0 = time.monotonic()
@@ -585,8 +588,9 @@ def run(
         print("the floor: kubectl sends the fleet, no operator running")
         result["kubectl_floor"] = kubectl_floor(f, docs)
         print("tokenfab (this checkout)")
-        runs["tokenfab"] = run_operator(f, docs, "operator", port, cap, idle)
-        clean(f)
+        for i in range(repeat):  # (again on the same factory: tokenfab, tokenfab_2, ...)
+            runs["tokenfab" + (f"_{i + 1}" if i else "")] = run_operator(f, docs, "operator", port, cap, idle)
+            clean(f)
         if floor:
             print("control-plane floor: plain Deployments of the same pods")
             runs["plain_deployments"] = plain_floor(f, docs, cap)
@@ -657,7 +661,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-floor", action="store_true")
     ap.add_argument("--idle", type=float, default=60.0)
     ap.add_argument("--cap", type=float, default=600.0)
-    ap.add_argument("--out", type=Path, default=record.RESULTS, help="directory (scale.json)")
+    ap.add_argument("--out", type=Path, default=record.RESULTS, help="directory (<name>.json)")
+    ap.add_argument("--name", default="scale", help="the results file's name: scale (64 racks), scale_128")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of this checkout's operator, one factory")
     args = ap.parse_args(argv)
     started = time.time()
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="tokenfab-scale-"))
@@ -671,8 +677,9 @@ def main(argv: list[str] | None = None) -> int:
         not args.no_floor,
         args.idle,
         args.cap,
+        repeat=args.repeat,
     )
-    path = record.save("scale", result, args.out, "e2e.bench.scale_bench", argv, started)
+    path = record.save(args.name, result, args.out, "e2e.bench.scale_bench", argv, started)
     print(report(result))
     print(f"saved {path}")
     return 0

@@ -138,6 +138,7 @@ REPORTS: dict[str, Callable[[dict[str, Any]], str]] = {
     "operator_compare": _figures,  # operator_bench --compare-ref
     "factory": _factory,
     "scale": _scale,
+    "scale_128": _scale,  # scale_bench --racks 128 --deployments 600 --name scale_128
     "rack_loss": _rack_loss,
     "burst": _burst,
     "drain": _drain,
