@@ -644,7 +644,31 @@ def report(result: dict[str, Any]) -> str:
             f"reads/idle pass {steady.get('reads_per_pass')}; "
             f"background discovery reads {steady.get('discovery_reads')}"
         )
+    lines += goals(result)
     return "\n".join(lines)
+
+
+def goals(result: dict[str, Any]) -> list[str]:
+    """Each run of this checkout against the Steady issue's goals: every deployment Ready within 150 s of
+    the first apply and within 1.5x the kubectl floor, the operator under 300 MB, reconcile p99 at most
+    0.25 s at steady state."""
+    floor = (result.get("kubectl_floor") or {}).get("apply_seconds")
+    out = []
+    for name, r in result["runs"].items():
+        if not name.startswith("tokenfab"):
+            continue
+        ready = r.get("all_ready_seconds")
+        rss = (r.get("rss_mb") or {}).get("operator", {}).get("peak")
+        p99 = ((r.get("steady") or {}).get("reconcile_seconds") or {}).get("p99")
+        checks = {
+            "Ready <= 150 s": ready is not None and ready <= 150,
+            "<= 1.5x kubectl floor": ready is not None and floor is not None and ready <= 1.5 * floor,
+            "operator < 300 MB": rss is not None and rss < 300,
+            "steady reconcile p99 <= 0.25 s": p99 is not None and p99 <= 0.25,
+        }
+        said = ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in checks.items())
+        out.append(f"  goals ({name}: Ready {ready} s, floor {floor} s, {rss} MB, p99 {p99} s): {said}")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
