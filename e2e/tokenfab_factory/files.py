@@ -249,18 +249,16 @@ def write_kubeconfig(f: Layout) -> None:
 # its own pods; kwok's defaults (a few workers for all nodes) serialize them behind the API server's
 # latency: on 2,304 nodes under a burst, Lease renewals fell from about 6,000 to 400-900 a minute and
 # 1,400 nodes went NotReady (their pods never Ready again: kwok does not re-report them as a kubelet
-# would). Enough workers keep every Lease renewed while each renewal waits seconds for its answer. Only
-# for factories above LARGE_FACTORY_RACKS: on 4 racks, a run with these settings saw kwok renew no Lease
-# after its first minute (not reproduced since, not understood), and kwok's defaults hold there.
+# would). Enough lease workers keep every Lease renewed while each renewal waits seconds for its answer.
+# Only for factories above LARGE_FACTORY_RACKS: on 4 racks, a run with this (and 16 workers for the pod
+# and node stages) saw kwok renew no Lease after its first minute (9-20 renewals a minute for 72 nodes,
+# against about 200 with kwok's defaults; not reproduced on a quiet factory, not understood), and kwok's
+# defaults hold there.
 LARGE_FACTORY_RACKS = 64
 KWOK_CONFIGURATION = {
     "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
     "kind": "KwokConfiguration",
-    "options": {
-        "nodeLeaseParallelism": 64,
-        "nodePlayStageParallelism": 16,
-        "podPlayStageParallelism": 16,
-    },
+    "options": {"nodeLeaseParallelism": 32},
 }
 
 
