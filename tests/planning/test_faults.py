@@ -732,3 +732,41 @@ def test_a_domain_where_the_deployments_groups_keep_failing_takes_none_of_them_f
     assert set(fault_report.avoided([*at_once, _record("a", 5)], NOW)) == {"a"}
     cond = fault_report.condition(twice, avoided)
     assert "NVLink domain a avoided" in cond.message
+
+
+def test_flapping_nodes_take_new_groups_when_nowhere_else_has_room():
+    """A node that faulted again soon after it healed takes no new group while others have room; when none
+    has, it does (a rack lost twice in 10 minutes, the others full or lost: its groups would wait out the
+    backoff, minutes, with GPUs free)."""
+    from dataclasses import replace
+
+    from tests.planning.test_one_pass import deployment, nodes_of, snapshot
+    from tokenfab.planning.faults import flapping
+    from tokenfab.planning.one_pass import plan
+
+    flap = flapping([NOW - 100, NOW - 5], NOW)
+    assert flap is not None
+    md = deployment(decode=1)  # a decode group of 2 nodes and a prefill group of 1
+
+    def flapping_rack(nodes):
+        return [replace(n, faults=(flap,)) if n.labels["nvidia.com/gpu.clique"] == "r0" else n for n in nodes]
+
+    # Room elsewhere: the flapping rack is left alone.
+    p = plan(snapshot(md, flapping_rack(nodes_of({"r0": 6, "r1": 6})), {}, {}))
+    assert {cr.domain for r in p.roles for cr in r.create} == {"r1"}
+    # Nowhere else: it takes them.
+    p = plan(snapshot(md, flapping_rack(nodes_of({"r0": 6})), {}, {}))
+    assert {cr.domain for r in p.roles for cr in r.create} == {"r0"}
+    assert not any(r.unplaced for r in p.roles)
+    assert {r.group for r in p.reservations} == _groups(p)  # (the room promised is where they go)
+    # Any other fault still keeps new groups off.
+    sick = [replace(n, faults=(flap, replace(flap, kind="NodeQuarantined"))) for n in nodes_of({"r0": 6})]
+    p = plan(snapshot(md, sick, {}, {}))
+    assert [cr for r in p.roles for cr in r.create] == []
+
+
+def _groups(p):
+    from tokenfab.planning import builders
+
+    owner = builders.Owner(name="deepseek-r1", namespace="ns", uid="uid-1")
+    return {builders.group_name(owner, cr.role, cr.slot) for r in p.roles for cr in r.create}

@@ -407,6 +407,11 @@ def plan(s: Snapshot) -> Plan:
         rdma_resource=s.rdma_resource,
     )
     roles = plan_roles(inputs, capacity, commit=capacity.reserve)
+    if any(r.unplaced for r in roles) and capacity.room.holds_fault("Flapping"):
+        # Nowhere else: nodes that faulted again soon after they healed (a rack lost twice in 10 minutes)
+        # take new groups rather than leave them waiting out the backoff with room in the cluster.
+        capacity = FreeDomains(capacity.room.tolerating("Flapping"), s.spec, s.owner, capacity.rdma)
+        roles = plan_roles(inputs, capacity, commit=capacity.reserve)
     units = role_units(inputs, roles)
     live = set(units.members) if units is not None else set()
     placed = {n for r in roles for cr in r.create for n in cr.nodes} | s.pod_nodes

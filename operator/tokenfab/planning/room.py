@@ -8,7 +8,7 @@ import: a plan's room names its pods with the builders.)"""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tokenfab.api.models import ModelDeploymentSpec, RoleName
 from tokenfab.planning import builders
@@ -45,6 +45,19 @@ class Room:
     @property
     def loaded(self) -> bool:
         return self._value is not None
+
+    def holds_fault(self, kind: str) -> bool:
+        """Whether a node of the room (read already) has a fault of `kind`."""
+        return self._value is not None and any(f.kind == kind for n in self._value[0] for f in n.faults)
+
+    def tolerating(self, kind: str) -> Room:
+        """The same room with faults of `kind` taken off its nodes (a node with no other fault offers its
+        GPUs again)."""
+        nodes, used = self.read()
+        eased = [
+            replace(n, faults=tuple(f for f in n.faults if f.kind != kind)) if n.faults else n for n in nodes
+        ]
+        return Room.fixed(eased, used, self.constraints)
 
 
 @dataclass(frozen=True)
