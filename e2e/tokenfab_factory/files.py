@@ -250,15 +250,21 @@ def write_kubeconfig(f: Layout) -> None:
 # latency: on 2,304 nodes under a burst, Lease renewals fell from about 6,000 to 400-900 a minute and
 # 1,400 nodes went NotReady (their pods never Ready again: kwok does not re-report them as a kubelet
 # would). Enough lease workers keep every Lease renewed while each renewal waits seconds for its answer.
-# Only for factories above LARGE_FACTORY_RACKS: on 4 racks, a run with this (and 16 workers for the pod
-# and node stages) saw kwok renew no Lease after its first minute (9-20 renewals a minute for 72 nodes,
-# against about 200 with kwok's defaults; not reproduced on a quiet factory, not understood), and kwok's
-# defaults hold there.
+# Only for factories above LARGE_FACTORY_RACKS, where kwok's defaults were seen to fail: an earlier
+# version of this document left options unset, and kwok (which does not default a configuration's
+# options) renewed almost no Lease on 4 racks (9-20 renewals a minute for 72 nodes, against about 200).
 LARGE_FACTORY_RACKS = 64
 KWOK_CONFIGURATION = {
     "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
     "kind": "KwokConfiguration",
-    "options": {"nodeLeaseParallelism": 32},
+    # (a KwokConfiguration's options are not defaulted: every parallelism kwok needs is given, the others
+    # at kwok's own defaults; a zero one fails its start-up)
+    "options": {
+        "nodeLeaseParallelism": 32,
+        "nodePlayStageParallelism": 4,
+        "podPlayStageParallelism": 4,
+        "podsOnNodeSyncParallelism": 1,
+    },
 }
 
 
