@@ -368,6 +368,10 @@ COUNTED_KINDS = (
 )
 
 
+# What every namespace holds of its own (Kubernetes' controllers make them): not the fleet's.
+NAMESPACE_OWN = frozenset({"serviceaccount/default", "configmap/kube-root-ca.crt"})
+
+
 def apiserver_metrics(f: Factory) -> dict[str, dict[str, float]]:
     """From the API server's /metrics: apiserver_request_total summed by verb and resource (and
     subresource), and apiserver_watch_events_total (events sent to watchers) by resource."""
@@ -431,6 +435,8 @@ def namespace_objects(f: Factory) -> dict[str, int]:
     for kind in COUNTED_KINDS:  # (one by one: a kind the cluster does not serve fails its own list only)
         out = kubectl(f, "get", kind, "-n", NS, "-o", "name", check=False)
         for line in out.stdout.splitlines():
+            if line in NAMESPACE_OWN:
+                continue
             what = line.split("/", 1)[0]
             counts[what] = counts.get(what, 0) + 1
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
