@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 def test_scale_benchmark_smoke(tmp_path: Path, record_property):
     out = tmp_path / "results"
-    argv = ["--racks", "8", "--deployments", "25", "--no-baseline-ref", "--idle", "20", "--cap", "300"]
+    argv = ["--racks", "8", "--deployments", "25", "--no-baseline-ref", "--idle", "35", "--cap", "300"]
     where = ["--run-dir", str(tmp_path / "run"), "--port-base", str(lanes.port_base() + 200)]
     scale_bench.main([*argv, *where, "--out", str(out)])
     result = json.loads((out / "scale.json").read_text())
