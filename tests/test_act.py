@@ -92,6 +92,41 @@ def test_a_shared_child_the_cluster_holds_is_not_written_again():
     assert any(c[:2] == ("apply", "Deployment") for c in kube.calls)
 
 
+class Shown(Kube):
+    """Records every write, and shows each written object in the view (the watch, at once)."""
+
+    def __init__(self, view: ClusterView) -> None:
+        super().__init__()
+        self.view = view
+
+    def apply(self, m: dict[str, Any], manager: str = "") -> dict[str, Any]:
+        self.view.on_child(m["kind"], "MODIFIED", m)
+        return super().apply(m, manager)
+
+
+def test_a_shared_child_is_written_again_once_its_manifest_changes():
+    # Each pass builds the manifests anew; an unchanged one is recognised by comparison (not hashed
+    # again) and not written, and a changed one is hashed and written.
+    md = deployment(decode=1)
+    snap = snapshot(md, nodes_of({"r0": 6}), {}, {})
+    p = plan(snap)
+    view = ClusterView()
+    kube = Shown(view)
+    ctx = Context(kube=kube, view=view, ledger=Ledger(view), settings=Settings())  # type: ignore[arg-type]
+    key = ("ns", md.metadata.name or "")
+    name = p.writes.workers_service["metadata"]["name"]
+    act.submit(ctx, key, snap, p)
+    assert kube.calls.count(("apply", "Service", name)) == 1
+    act.submit(ctx, key, snap, plan(snap))  # the same manifests, built again
+    assert kube.calls.count(("apply", "Service", name)) == 1
+    service = p.writes.workers_service
+    changed = {**service, "spec": {**service["spec"], "ports": [{"name": "metrics", "port": 9999}]}}
+    act.submit(ctx, key, snap, replace(p, writes=replace(p.writes, workers_service=changed)))
+    assert kube.calls.count(("apply", "Service", name)) == 2
+    act.submit(ctx, key, snap, p)  # and back
+    assert kube.calls.count(("apply", "Service", name)) == 3
+
+
 class Unanswered(Kube):
     """A writer whose writes are never answered (a loaded API server)."""
 

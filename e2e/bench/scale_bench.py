@@ -7,7 +7,8 @@ operator), it records:
 
 - time from apply until every deployment is Ready (and the count Ready over time);
 - the operator's peak RSS and CPU share while converging and at steady state (idle, over `--idle`
-  seconds, never less than one resync period and 5 s), beside kube-controller-manager's CPU share over the same window;
+  seconds, never less than one resync period and 5 s), beside kube-controller-manager's CPU share over
+  the same window;
 - reconcile pass durations (p50/p99, from the operator's own histogram) and API requests per idle pass
   (writes and reads per pass, from its request counters).
 

@@ -262,9 +262,14 @@ def _apply_changed(ctx: Context, key: Key, owner: builders.Owner, wanted: list[O
     mem = ctx.mem(key)
     futures: Tagged = []
     for manifest in wanted:
-        m = builders.with_applied_hash(manifest)
+        ident = (manifest["kind"], manifest["metadata"]["name"])
+        before = mem.hashed.get(ident)
+        if before is not None and before[0] == manifest:
+            m = before[1]
+        else:
+            m = builders.with_applied_hash(manifest)
+            mem.hashed[ident] = (manifest, m)
         h = m["metadata"]["annotations"][builders.applied_annotation(m)]
-        ident = (m["kind"], m["metadata"]["name"])
         seen = ctx.view.child(m["kind"], owner.namespace, m["metadata"]["name"])
         if seen is not None and dict(seen.applied).get(builders.applied_annotation(m)) == h:
             continue

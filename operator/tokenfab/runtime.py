@@ -52,6 +52,9 @@ class Memory:
     """What this process wrote for one deployment that the watch may not show yet."""
 
     applied: dict[tuple[str, str], tuple[str, float]] = field(default_factory=dict)  # child -> hash, when
+    # child -> (the manifest last hashed, its hash with the annotation on): an unchanged manifest, which
+    # most passes build, is compared (a deep ==) instead of serialized and hashed again
+    hashed: dict[tuple[str, str], tuple[Obj, Obj]] = field(default_factory=dict)
     status: tuple[Obj, str, float] | None = None  # status written, resourceVersion returned, when
     errors_posted: dict[str, float] = field(default_factory=dict)  # error text -> when its Event went out
     legacy_checked: str = ""  # the resourceVersion whose old kopf bookkeeping was patched off

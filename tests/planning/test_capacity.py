@@ -327,3 +327,27 @@ def test_snapshot_never_offers_negative_room():
     nodes = [node("a-0")]
     domains = snapshot(nodes, {"a-0": {GPU: 6}}, REQUEST, Constraints())
     assert dict(domains["a"].free) == {"a-0": 0}
+
+
+def test_snapshot_gives_an_unchanged_domain_again_and_remakes_a_changed_one():
+    # Made once per plan on every node of the cluster: a domain whose nodes and usage are what they were
+    # is the same Domain again; any change to one of its nodes, to the usage on it or to the request
+    # makes it anew (and the other domains stay as they were).
+    nodes = [node("a-0"), node("a-1"), node("b-0", "b")]
+    first = snapshot(nodes, {"a-0": {GPU: 2}}, REQUEST, Constraints())
+    again = snapshot(list(nodes), {"a-0": {GPU: 2}}, REQUEST, Constraints())
+    assert again["a"] is first["a"]
+    assert again["b"] is first["b"]
+    used_more = snapshot(nodes, {"a-0": {GPU: 4}}, REQUEST, Constraints())
+    assert dict(used_more["a"].free) == {"a-0": 0, "a-1": 4}
+    assert used_more["b"] is first["b"]
+    cordoned = snapshot([nodes[0], node("a-1", unschedulable=True), nodes[2]], {}, REQUEST, Constraints())
+    assert dict(cordoned["a"].free) == {"a-0": 4}
+    bigger = snapshot(nodes, {}, {**REQUEST, GPU: 4}, Constraints())
+    assert dict(bigger["a"].free) == {"a-0": 4, "a-1": 4}
+    gone = snapshot(nodes[1:], {}, REQUEST, Constraints())
+    assert dict(gone["a"].free) == {"a-1": 4}
+    assert snapshot(nodes, {}, REQUEST, Constraints()) == {
+        "a": Domain("a", 8, {"a-0": 4, "a-1": 4}, 2, 2),
+        "b": Domain("b", 4, {"b-0": 4}, 1, 1),
+    }
