@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import re
 import subprocess
@@ -41,6 +42,7 @@ import yaml
 from e2e import helpers, record
 from e2e.fleetmix import SCALE_MIX, asked_gpus, fleet, worker_pods
 from e2e.helpers import gpu_deployment, install_crds, repeat_for, wait_for, wait_healthy
+from tokenfab.planning import contract
 from tokenfab_factory.config import FactoryConfig
 from tokenfab_factory.factory import Factory
 
@@ -369,7 +371,7 @@ COUNTED_KINDS = (
     "computedomains.resource.nvidia.com",
     "resourceclaimtemplates.resource.k8s.io",
     "resourceclaims.resource.k8s.io",
-    "podgroups.scheduling.x-k8s.io",
+    "podgroups.scheduling.k8s.io",
     "events",
 )
 
@@ -533,6 +535,137 @@ def plain_floor(f: Factory, docs: list[dict[str, Any]], cap: float) -> dict[str,
     }
 
 
+# What the operator writes for a deployment (its children, owned by the ModelDeployment), in the order
+# the objects floor sends them: everything else first, the pods once their channel templates exist.
+OPERATOR_KINDS = (
+    "serviceaccounts",
+    "roles.rbac.authorization.k8s.io",
+    "rolebindings.rbac.authorization.k8s.io",
+    "configmaps",
+    "services",
+    "poddisruptionbudgets.policy",
+    "deployments.apps",
+    "computedomains.resource.nvidia.com",
+    "podgroups.scheduling.k8s.io",
+    "pods",
+)
+WRITERS = 16  # the operator's writer threads (tokenfab.adapters.kube.Kube), as many kubectl at once
+
+
+def operator_objects(f: Factory) -> list[dict[str, Any]]:
+    """The objects the operator made for the fleet (owned by a ModelDeployment), as a client would send
+    them again: name, labels, annotations and spec; no owner (the objects floor has no ModelDeployment),
+    no status, no node (the scheduler binds), and no readiness gate (the operator's routing sets it: a
+    write of the operator's protocol, not an object)."""
+    out = []
+    for kind in OPERATOR_KINDS:
+        got = kubectl(f, "get", kind, "-n", NS, "-o", "json", check=False)
+        if got.returncode != 0:  # (a kind this cluster does not serve)
+            continue
+        for obj in yaml.safe_load(got.stdout)["items"]:
+            meta = obj["metadata"]
+            if not any(r.get("kind") == "ModelDeployment" for r in meta.get("ownerReferences") or []):
+                continue
+            keep = {k: meta[k] for k in ("name", "namespace", "labels", "annotations") if k in meta}
+            doc = {k: v for k, v in obj.items() if k not in ("metadata", "status")}
+            doc["metadata"] = keep
+            if obj["kind"] == "Pod":
+                doc["spec"] = {
+                    k: v for k, v in obj["spec"].items() if k not in ("nodeName", "readinessGates")
+                }
+            out.append(doc)
+    return out
+
+
+def send_sharded(f: Factory, docs: list[dict[str, Any]], shards: int = WRITERS) -> None:
+    """`kubectl apply --server-side` of `docs` by `shards` kubectl processes at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    parts = [docs[i::shards] for i in range(shards)]
+    # (as JSON: YAML would leave a hash such as 4e12345678 unquoted, and kubectl read it as a number)
+    lists = [json.dumps({"apiVersion": "v1", "kind": "List", "items": p}) for p in parts if p]
+    with ThreadPoolExecutor(shards) as pool:
+        done = [
+            pool.submit(kubectl, f, "apply", "--server-side", "--field-manager=floor", "-f", "-", input=text)
+            for text in lists
+        ]
+        for d in done:
+            d.result()
+
+
+def objects_floor(f: Factory, objects: list[dict[str, Any]], n: int, cap: float) -> dict[str, Any]:
+    """The objects tokenfab made for the fleet, sent again with no operator running, by as many kubectl
+    at once as the operator has writers: the control plane's own time to run them (every object but the
+    pods first, then the pods once every ComputeDomain has its channel template, as the operator parks
+    them). What is left above it is the operator's own."""
+    pods = [o for o in objects if o["kind"] == "Pod"]
+    rest = [o for o in objects if o["kind"] != "Pod"]
+    domains = sum(1 for o in rest if o["kind"] == "ComputeDomain")
+    frontends = sum(1 for o in rest if o["kind"] == "Deployment")
+    state = f.read_state()
+    assert state is not None
+    sampler = Sampler({c: state.pids[c] for c in CONTROL_PLANE})
+    api0, cpu0 = apiserver_metrics(f), sampler.cpu()
+    t0 = time.monotonic()
+    send_sharded(f, rest)
+    target = f"{contract.COMPUTE_DOMAIN_TARGET_LABEL}={contract.COMPUTE_DOMAIN_TARGET_WORKLOAD}"
+
+    def templates() -> bool:
+        sampler.sample()
+        got = kubectl(f, "get", "resourceclaimtemplates", "-n", NS, "-l", target, "-o", "name", check=False)
+        return len(got.stdout.split()) >= domains
+
+    wait_for("every channel template", templates, timeout=cap, interval=2)
+    send_sharded(f, pods)
+    sent = round(time.monotonic() - t0, 1)
+
+    def all_ready() -> bool:
+        sampler.sample()
+        items = get_json(f, "pods", "-n", NS)["items"]
+        ready = sum(
+            1
+            for p in items
+            if any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in (p.get("status") or {}).get("conditions") or []
+            )
+        )
+        return ready >= len(pods) + frontends
+
+    took: float | None
+    try:
+        wait_for("the operator's objects Ready", all_ready, timeout=t0 + cap - time.monotonic(), interval=2)
+        took = round(time.monotonic() - t0, 1)
+    except AssertionError:
+        took = None
+    cpu1, t1 = sampler.cpu(), time.monotonic()
+    api1 = apiserver_metrics(f)
+    return {
+        "objects": len(objects),
+        "pods": len(pods),
+        "frontends": frontends,
+        "writers": WRITERS,
+        "sent_seconds": sent,
+        "all_ready_seconds": took,
+        "converging_cpu_share": {k: round((cpu1[k] - cpu0[k]) / (t1 - t0), 3) for k in cpu0},
+        "rss_mb": sampler.rss_mb(),
+        "per_deployment": per_deployment(api0, api1, namespace_objects(f), n),
+    }
+
+
+def clean_objects(f: Factory) -> None:
+    """The objects floor's objects deleted (they have no owner to be collected with), then waited for."""
+    selector = f"{contract.MANAGED_BY}={contract.MANAGED_BY_VALUE}"
+    for kind in OPERATOR_KINDS:
+        kubectl(f, "delete", kind, "-n", NS, "-l", selector, "--wait=false", check=False)
+    wait_for(
+        "the objects floor's objects gone",
+        lambda: not {k: v for k, v in namespace_objects(f).items() if k != "event"},
+        timeout=900,
+        interval=5,
+    )
+
+
 def kubectl_floor(f: Factory, docs: list[dict[str, Any]]) -> dict[str, Any]:
     """The time `kubectl apply` takes to send the fleet with no operator running (the floor a user's
     apply cannot beat), then the deployments deleted again."""
@@ -564,6 +697,7 @@ def run(
     cap: float,
     seed: int = 7,
     repeat: int = 1,
+    objects: bool = True,
 ) -> dict[str, Any]:
     f = Factory(FactoryConfig(run_dir=run_dir, racks=racks, port_base=port_base), say=print)
     t0 = time.monotonic()
@@ -610,9 +744,16 @@ def run(
         print("the floor: kubectl sends the fleet, no operator running")
         result["kubectl_floor"] = kubectl_floor(f, docs)
         print("tokenfab (this checkout)")
+        made: list[dict[str, Any]] = []
         for i in range(repeat):  # (again on the same factory: tokenfab, tokenfab_2, ...)
             runs["tokenfab" + (f"_{i + 1}" if i else "")] = run_operator(f, docs, "operator", port, cap, idle)
+            if not made and objects:
+                made = operator_objects(f)
             clean(f)
+        if made:
+            print(f"the objects floor: the {len(made)} objects tokenfab made, sent again with no operator")
+            runs["tokenfab_objects"] = objects_floor(f, made, len(docs), cap)
+            clean_objects(f)
         if floor:
             print("control-plane floor: plain Deployments of the same pods")
             runs["plain_deployments"] = plain_floor(f, docs, cap)
@@ -648,6 +789,12 @@ def report(result: dict[str, Any]) -> str:
         if name == "plain_deployments":
             lines.append(f"  {name:18} all available after {r['all_available_seconds']} s ({r['pods']} pods)")
             continue
+        if name == "tokenfab_objects":
+            lines.append(
+                f"  {name:18} no operator: {r['objects']} objects ({r['pods']} pods) sent by {r['writers']} "
+                f"kubectl at once in {r['sent_seconds']} s, all Ready after {r['all_ready_seconds']} s"
+            )
+            continue
         ours = r.get("operator_per_deployment")
         if ours:
             lines.append(
@@ -677,7 +824,7 @@ def goals(result: dict[str, Any]) -> list[str]:
     floor = (result.get("kubectl_floor") or {}).get("apply_seconds")
     out = []
     for name, r in result["runs"].items():
-        if not name.startswith("tokenfab"):
+        if not name.startswith("tokenfab") or name == "tokenfab_objects":
             continue
         ready = r.get("all_ready_seconds")
         rss = (r.get("rss_mb") or {}).get("operator", {}).get("peak")
@@ -690,6 +837,12 @@ def goals(result: dict[str, Any]) -> list[str]:
         }
         said = ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in checks.items())
         out.append(f"  goals ({name}: Ready {ready} s, floor {floor} s, {rss} MB, p99 {p99} s): {said}")
+        alone = (result["runs"].get("tokenfab_objects") or {}).get("all_ready_seconds")
+        if alone is not None and ready is not None:
+            out.append(
+                f"  {name}: Ready after {ready} s; its objects alone (sent again by {WRITERS} kubectl, no "
+                f"operator): {alone} s"
+            )
     return out
 
 
@@ -705,6 +858,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-baseline-ref", action="store_true")
     ap.add_argument("--baseline-cap", type=float, default=360.0)
     ap.add_argument("--no-floor", action="store_true")
+    ap.add_argument(
+        "--no-objects-floor", action="store_true", help="skip sending tokenfab's objects with no operator"
+    )
     ap.add_argument("--idle", type=float, default=60.0)
     ap.add_argument("--cap", type=float, default=600.0)
     ap.add_argument("--out", type=Path, default=record.RESULTS, help="directory (<name>.json)")
@@ -724,6 +880,7 @@ def main(argv: list[str] | None = None) -> int:
         args.idle,
         args.cap,
         repeat=args.repeat,
+        objects=not args.no_objects_floor,
     )
     path = record.save(args.name, result, args.out, "e2e.bench.scale_bench", argv, started)
     print(report(result))

@@ -1,7 +1,8 @@
 """The scale benchmark's smoke version (the full one: `python -m e2e.bench.scale_bench`, 64 racks and 200
 deployments, about 15 minutes): 8 racks (144 simulated nodes) and 25 mixed ModelDeployments applied in
 one `kubectl apply`, on a factory of its own, with the control-plane floor (plain Deployments of the same
-pods) measured in the same run. About 2 minutes. The report is printed and the JSON kept in a temporary
+pods) and the objects floor (the objects tokenfab made, sent again with no operator) measured in the
+same run. About 2.5 minutes. The report is printed and the JSON kept in a temporary
 directory (e2e/bench/results/scale.json holds the full run's).
 
 Asserted: every deployment became Ready, and an idle pass reads nothing from the API server and writes
@@ -35,6 +36,11 @@ def test_scale_benchmark_smoke(tmp_path: Path, record_property):
     assert ours["ready_at_end"] == 25, ours["timeline"]
     assert ours["all_ready_seconds"] is not None
     assert result["runs"]["plain_deployments"]["all_available_seconds"] is not None
+    # The objects floor sent every object tokenfab made again, with no operator, and they all ran.
+    alone = result["runs"]["tokenfab_objects"]
+    assert alone["pods"] == result["fleet"]["worker_pods"]
+    assert alone["frontends"] == 25
+    assert alone["all_ready_seconds"] is not None, alone
     steady = ours["steady"]
     assert steady["passes"] > 0
     assert steady["reads_per_pass"] == 0, steady
