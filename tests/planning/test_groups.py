@@ -757,6 +757,7 @@ def test_plan_role_invariants(scenario):
     # The drains under way are reported with how long they have taken, whether or not they end now.
     still = {g.name for g in groups if seen[g.name] == "draining" and g.name not in p.undrain}
     assert p.draining == {n: NOW - by_name[n].draining_since for n in still}
+    assert p.drain_started == pytest.approx({n: by_name[n].draining_since for n in still})
 
     # A drain starts only for a serving group, only when drains are observed, for a surplus or a rollout;
     # a group is drained, deleted, taken back or created at most once.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tokenfab.api.models import (
@@ -254,13 +256,14 @@ def test_reserved_groups_count_as_starting():
 # ------------------------------------------------------------------------------------------------ drains
 
 
-def test_groups_draining_alone_are_progressing_draining_and_say_for_how_long():
-    # One started draining this pass (0 s), one 30 s ago; the groups wanted all serve.
+def test_groups_draining_alone_are_progressing_draining_and_say_since_when():
+    # One starts draining this pass, one started 30 s ago; the groups wanted all serve.
     plan = role_plan(
         desired=1,
         states={"m-decode-0": "serving", "m-decode-1": "draining", "m-decode-2": "draining"},
         drain=[Drain("decode", "m-decode-2", "Surplus", 4)],
         draining={"m-decode-1": 30.4},
+        drain_started={"m-decode-1": 1_800_000_000.0},
     )
     conds = conditions([plan], OBS)
     assert summary(conds) == {
@@ -270,8 +273,12 @@ def test_groups_draining_alone_are_progressing_draining_and_say_for_how_long():
         "Placed": ("True", "AllGroupsPlaced"),
     }
     assert message(conds, "Progressing") == (
-        "2 group(s) out of routing, finishing their requests: m-decode-1 (30 s), m-decode-2 (0 s)"
+        "2 group(s) out of routing, finishing their requests: "
+        "m-decode-1 (since 2027-01-15T08:00:00Z), m-decode-2 (from now)"
     )
+    # A second later the message is the same: a drain's time alone does not rewrite the status.
+    later = replace(plan, draining={"m-decode-1": 31.4})
+    assert conditions([later], OBS) == conds
     # A drain that ends this pass is still reported (its group is deleted now).
     plan = role_plan(
         desired=1,

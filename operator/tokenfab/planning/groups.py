@@ -411,6 +411,7 @@ def _settle_draining(
             current.append(g)
             continue
         plan.draining[g.name] = since
+        plan.drain_started[g.name] = judge.now - since
         inflight = None if leave.inflight is None else leave.inflight.get(g.name)
         if not leave.observed:
             plan.delete.append(Delete(plan.role, g.name, "Drained", inflight, since))

@@ -86,6 +86,9 @@ class RolePlan:
     drain: list[Drain] = field(default_factory=list)  # serving groups to take out of routing now
     undrain: list[str] = field(default_factory=list)  # draining groups needed again: back into routing
     draining: dict[str, float] = field(default_factory=dict)  # group -> seconds it has been draining
+    # group -> when its drain started (epoch seconds): what the status states, so that it changes when a
+    # drain does, not every second
+    drain_started: dict[str, float] = field(default_factory=dict)
     # Groups hit by a hardware fault: lost to a sudden one (deleted, re-placed at once) or moving off an
     # announced one (replaced first, then drained).
     faults: dict[str, GroupFault] = field(default_factory=dict)

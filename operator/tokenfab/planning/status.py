@@ -159,9 +159,12 @@ def _progressing(plans: Sequence[RolePlan]) -> Condition:
     creating = sum(len(p.create) for p in plans)
     deleting = sum(len(p.delete) for p in plans)
     starting = sum(1 for p in plans for s in p.states.values() if s in ("starting", "reserved"))
-    drains = {g: t for p in plans for g, t in p.draining.items()} | {
-        d.name: 0.0 for p in plans for d in p.drain
-    }
+    # When each drain started, not for how long: the status changes when a drain does, not every second.
+    drains = {
+        g: f"since {rfc3339(p.drain_started[g])}" if g in p.drain_started else "draining"
+        for p in plans
+        for g in p.draining
+    } | {d.name: "from now" for p in plans for d in p.drain}
     broken = _broken(plans)
     if drains and not (rolling or any(p.old_groups for p in plans)):
         return _cond(
@@ -169,7 +172,7 @@ def _progressing(plans: Sequence[RolePlan]) -> Condition:
             True,
             "Draining",
             f"{len(drains)} group(s) out of routing, finishing their requests: "
-            + ", ".join(f"{g} ({t:.0f} s)" for g, t in sorted(drains.items())),
+            + ", ".join(f"{g} ({since})" for g, since in sorted(drains.items())),
         )
     if rolling or any(p.old_groups for p in plans):
         return _cond(
