@@ -83,6 +83,7 @@ def test_closed_loop_scales_decode_with_the_burst_and_back(live):
         signals.QUEUE_METRIC,
         signals.INFLIGHT_METRIC,
         signals.FRONTEND_REQUESTS,
+        signals.FRONTEND_REQUESTS_TOTAL,
         signals.FRONTEND_INPUT_TOKENS,
         signals.FRONTEND_INFLIGHT,
     ):

@@ -202,6 +202,8 @@ def test_the_metric_names_the_autoscaler_reads_are_dynamos():
         "'dp_rank': p.labels.DP_RANK,"
         "'inflight': p.name_prefix.COMPONENT + '_' + p.work_handler.INFLIGHT_REQUESTS,"
         "'started': p.name_prefix.FRONTEND + '_' + p.frontend_service.REQUESTS_STARTED_TOTAL,"
+        "'finished': p.name_prefix.FRONTEND + '_' + p.frontend_service.REQUESTS_TOTAL,"
+        "'statuses': [p.frontend_service.status.SUCCESS, p.frontend_service.status.ERROR],"
         "'frontend_inflight': p.name_prefix.FRONTEND + '_' + p.frontend_service.INFLIGHT_REQUESTS,"
         "'input_tokens': p.name_prefix.FRONTEND + '_' + p.frontend_service.INPUT_SEQUENCE_TOKENS}))"
     )
@@ -212,6 +214,8 @@ def test_the_metric_names_the_autoscaler_reads_are_dynamos():
     assert names["dp_rank"] == "dp_rank"
     assert names["inflight"] == metrics.INFLIGHT_METRIC
     assert names["started"] == metrics.FRONTEND_REQUESTS
+    assert names["finished"] == metrics.FRONTEND_REQUESTS_TOTAL
+    assert names["statuses"] == ["success", "error"]  # (the benchmarks' frontend counts by status)
     assert names["frontend_inflight"] == metrics.FRONTEND_INFLIGHT
     assert names["input_tokens"] + "_sum" == metrics.FRONTEND_INPUT_TOKENS
     assert metrics.QUEUE_METRIC in TRTLLM["metrics"]

@@ -1,4 +1,4 @@
-"""Autoscaling policies on a live local fleet: `python -m e2e.bench.fleet_bench`.
+"""Autoscalers on a live local fleet: `python -m e2e.bench.fleet_bench`.
 
 Three load traces of the same length (aiperf, one request-rate series each) are played against copies of
 one small disaggregated ModelDeployment (decode groups of 2 GPUs, prefill 1 GPU at 1:2), each copy in
@@ -9,34 +9,38 @@ e2e/fleet/runner.py), on one local AI factory:
 - repeated_burst: three short bursts 90 s apart;
 - ramp:           a linear ramp up to the peak, a hold, a ramp back down.
 
-Policies, all copies of one trace at once (so they share the machine's load; `--batch` runs them in
+Contestants, all copies of one trace at once (so they share the machine's load; `--batch` runs them in
 smaller groups when two cores cannot carry them all, and the JSON says so):
 
 - tokenfab:          the operator's autoscaler, policy "leading" (forecast arrival rate, queues, KV guard);
-- tokenfab_kv_only:  the operator's autoscaler, policy "kv" (KV-cache utilization alone: the old policy);
-- static:            autoscaling off, decode replicas = the maximum (peak provisioning);
-- threshold:         a naive +-1 controller on mean decode KV (above 0.8 / below 0.3, 10 s cooldown);
-- planner_baseline:  a controller following the published logic of Dynamo's planner (reactive, static
-                     thresholds on each decode worker's KV demand; e2e/fleet/scenario.PlannerBaseline).
-The last two are BASELINES written in this benchmark, not tokenfab features: with them the operator's
-autoscaler is off and they write spec.decode.replicas. One more, not in the default set:
+- hpa:               Kubernetes' HPA algorithm on the decode KV-cache series (a RE-IMPLEMENTATION:
+                     e2e/fleet/contestants.HpaStyle);
+- keda:              a KEDA Prometheus trigger on the requests in flight at the frontend, through the HPA
+                     algorithm (a RE-IMPLEMENTATION: contestants.KedaStyle);
+- planner_baseline:  the published reactive logic of Dynamo's planner (a RE-IMPLEMENTATION:
+                     contestants.PlannerBaseline; Dynamo's own cannot run here, PLANNER_NOTE);
+- static:            autoscaling off, decode replicas = the maximum: the capacity reference, not a
+                     competitor;
+- oracle:            the BOUND (contestants.BoundingOracle): it knows the trace and the path's measured
+                     group start time, starts each group that long before the trace needs it and holds
+                     capacity through short gaps.
+Also available (`--policies`): tokenfab_kv_only (the operator's KV-only policy), threshold (a naive +-1
+controller), reactive_oracle (the trace known, no lead: the benchmark's oracle before it bounded).
 
-- oracle:            a BOUND, not a policy: it knows the trace and sets 4 decode groups the moment each
-                     burst starts and 1 the moment it ends (scenario.OracleController). No policy that
-                     learns of a burst from the burst itself reacts sooner, so its goodput is what any of
-                     them can reach at this machine's group start-up time (`--policies ...,oracle`).
+With the baselines and the oracle the operator's autoscaler is off and they write spec.decode.replicas.
+`--cold-start S` adds a variant where the runner holds each new engine back S seconds (no model cache;
+fleet_bench_cold.py is the variant with the cache). `--repeat` (2 by default) runs everything again.
 
-The whole set runs twice: as is (the mocker registers within seconds) and with a cold start (the runner
-holds each new engine back `--cold-start` seconds, 60 by default, as weight loading would). Reported per
-trace and policy: GPU-minutes held (desired groups x GPUs, integrated), SLO goodput (aiperf, per request:
-TTFT and ITL within the targets), TTFT/ITL p50/p99, direction reversals of the decode count, and the
-time from each rise of the load to the first new decode group Ready. Printed as tables; saved to
-e2e/bench/results/fleet_bench.json and fleet_bench.png. `--repeat 2` runs everything twice (the machine
-is noisy) and keeps every run.
+Reported per trace and contestant: GPU-minutes held (desired groups x GPUs, integrated), SLO goodput
+(aiperf, per request: TTFT and ITL within the targets, of every request intended), TTFT/ITL p50/p99,
+direction reversals of the decode count, the time from each rise of the load to the first new decode
+group Ready, and every request counted by two observers (the load generator's records and the frontend's
+own counters by status), which must agree (load.reconcile). Judged in the file (fleet_goals): the
+run-to-run noise, no contestant above the oracle by more than it (a run where one is fails), and the
+goals against the autoscalers. Saved to e2e/bench/results/fleet_bench.json and fleet_bench.png.
 
 Absolute latencies on 2 shared cores are not those of GPUs (the mocker emulates engine timing); the
-comparison between policies under the same load is the point. Dynamo's own planner cannot run here
-(PLANNER_NOTE).
+comparison between contestants under the same load is the point.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from e2e import record
+from e2e.bench import fleet_goals
 from e2e.fleet import fleet, plot, scenario
 from tokenfab_factory.factory import Factory
 
@@ -74,6 +79,8 @@ SUMMARY_KEYS = (
     "first_serve_per_rise_s",
     "aiperf_exit_code",
     "weights_paths",
+    "prestage",
+    "parameters",
 )
 
 
@@ -102,7 +109,9 @@ def run_trace(
 
     def one(policy: str, cfg: scenario.Config) -> None:
         try:
-            results[policy] = scenario.run_policy(f, tools, cfg, work / trace / policy)
+            results[policy] = r = scenario.run_policy(f, tools, cfg, work / trace / policy)
+            if r["requests"]["problems"]:  # two observers disagree: nothing of this cell is trusted
+                errors[policy] = "the counts disagree: " + "; ".join(r["requests"]["problems"])
         except Exception as exc:
             errors[policy] = f"{type(exc).__name__}: {exc}"
         finally:
@@ -253,6 +262,14 @@ def scale_down_window(a: argparse.Namespace) -> dict[str, Any]:
     return {} if a.scale_down_window is None else {"scale_down_window": a.scale_down_window}
 
 
+def oracle_path(delay: float, cache: bool = False) -> dict[str, Any]:
+    """The configs' keywords for the bounding oracle's path: warm from a model cache, cold when the runner
+    holds new engines back (`delay`), else plain."""
+    if cache:
+        return {"oracle_path": "warm"}
+    return {"oracle_path": "cold", "engine_hold_s": delay} if delay > 0 else {"oracle_path": "plain"}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -261,15 +278,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=record.RESULTS)
     ap.add_argument("--traces", default=",".join(scenario.TRACES))
     ap.add_argument("--policies", default=",".join(scenario.POLICIES))
-    ap.add_argument("--batch", type=int, default=5, help="policies of one trace run at once")
-    ap.add_argument("--cold-start", type=float, default=COLD_START_S, help="seconds; 0: skip that variant")
-    ap.add_argument("--repeat", type=int, default=1, help="run everything this many times")
+    ap.add_argument("--batch", type=int, default=0, help="contestants of one trace run at once (0: all)")
+    ap.add_argument("--cold-start", type=float, default=0.0, help="seconds; > 0 adds that variant")
+    ap.add_argument("--repeat", type=int, default=2, help="run everything this many times")
     ap.add_argument("--cold-start-only", action="store_true", help="skip the plain variant")
     add_scale_down_window(ap)
     a = ap.parse_args(argv)
     started = time.time()
     traces = tuple(t for t in a.traces.split(",") if t)
     policies = tuple(p for p in a.policies.split(",") if p)
+    batch = a.batch or len(policies)
     tools = fleet.tools()
     users = scenario.already_up(a.run_dir, a.port_base)  # a factory this run starts, it also stops
     f = scenario.bring_up(a.run_dir, a.port_base)
@@ -287,9 +305,9 @@ def main(argv: list[str] | None = None) -> int:
                 fleet.start_runner(
                     f, tools, namespaces=tuple(namespace(p) for p in policies), start_delay=delay
                 )
-                kw = scale_down_window(a)
+                kw = {**scale_down_window(a), **oracle_path(delay)}
                 work = f.run / "fleet-bench" / f"{i}-{variant}"
-                bench = run(f, tools, work, traces, policies, a.batch, **kw)
+                bench = run(f, tools, work, traces, policies, batch, **kw)
                 f.stop_extra(fleet.RUNNER)
                 run_out[variant] = {
                     "start_delay_s": delay,
@@ -308,9 +326,34 @@ def main(argv: list[str] | None = None) -> int:
         f.stop_extra(fleet.RUNNER)
         if not users:
             f.down()
-    paths = save(runs, errors, a.out, time.monotonic() - t0, argv, started)
+    paths, doc = save(runs, errors, a.out, time.monotonic() - t0, argv, started)
+    print(verdict(doc))
     print("saved: " + ", ".join(str(p) for p in paths.values()))
-    return 0 if not errors else 1
+    return 0 if not doc["errors"] else 1
+
+
+def judged(runs: list[dict[str, dict[str, Any]]], variant: str) -> dict[str, Any]:
+    """The noise over `runs` (each a run's traces), the oracle bound checked in each run, and the goals of
+    each run (fleet_goals)."""
+    n = fleet_goals.noise(runs)
+    return {
+        "noise": n,
+        "beyond_oracle": [fleet_goals.beyond_oracle(r, n["points"]) for r in runs],
+        "goals": [fleet_goals.judge(r, n["points"], variant) for r in runs],
+    }
+
+
+def verdict(doc: dict[str, Any]) -> str:
+    """The judged part of a saved document, printed after the tables."""
+    out = []
+    for variant, j in (doc.get("judged") or {}).items():
+        n = j["noise"]
+        how = f"measured over {n['runs']} runs, largest at {n['where']}" if n["measured"] else "one run"
+        out.append(f"{variant}: noise {n['points']} points ({how})")
+        for i, (beyond, goals) in enumerate(zip(j["beyond_oracle"], j["goals"], strict=True), 1):
+            met = "met" if goals["met"] else "NOT met"
+            out.append(f"  run {i}: goals {met}; above the oracle: {beyond or 'none'}")
+    return "\n".join(out)
 
 
 def save(
@@ -320,15 +363,26 @@ def save(
     wall: float,
     argv: list[str],
     started: float,
-) -> dict[str, Path]:
+) -> tuple[dict[str, Path], dict[str, Any]]:
     """fleet_bench.json (e2e/record.py): the first run's plain traces at the top (`traces`), its
-    cold-start traces under `cold_start`, and every run under `runs`."""
+    cold-start traces under `cold_start`, every run under `runs`, and per variant the noise, the oracle
+    bound checked in each run (a contestant above it is an error) and the goals (`judged`)."""
     paths = {"png": out / "fleet_bench.png"}
     first = runs[0] if runs else {}
+    verdicts: dict[str, Any] = {}
+    errors = dict(errors)
+    for variant in ("plain", "cold_start"):
+        traces = [r[variant]["traces"] for r in runs if r.get(variant)]
+        if traces:
+            verdicts[variant] = judged(traces, variant)
+            for i, beyond in enumerate(verdicts[variant]["beyond_oracle"], 1):
+                for line in beyond:
+                    errors[f"run{i}/{variant}/oracle"] = line
     doc = {
         "traces": (first.get("plain") or {}).get("traces", {}),
         "cold_start": first.get("cold_start"),
         "runs": runs,
+        "judged": verdicts,
         "errors": errors,
         "dynamo_planner": {"ran": False, "why": PLANNER_NOTE},
         "wall_seconds": round(wall, 1),
@@ -336,7 +390,7 @@ def save(
     paths["json"] = record.save("fleet_bench", doc, out, "e2e.bench.fleet_bench", argv, started)
     if doc["traces"]:
         plot.traces(doc, paths["png"])
-    return paths
+    return paths, doc
 
 
 if __name__ == "__main__":

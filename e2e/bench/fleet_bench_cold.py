@@ -14,8 +14,12 @@ engine whose node's cache is still downloading waits for that download. Policies
                      the next groups would take, new groups go to the warmest nodes they fit whole on,
                      and each learned start time per path is the autoscaler's forecast horizon;
 - tokenfab_nocache:  the same with no model cache (an emptyDir per pod): every new engine is cold;
-- oracle:            a BOUND that knows the trace (scenario.OracleController), with the same cache;
-- static:            autoscaling off at the maximum (peak provisioning), with the same cache.
+- hpa, keda, planner_baseline: the real autoscalers' algorithms (RE-IMPLEMENTATIONS,
+                     e2e/fleet/contestants.py), with the same cache and pre-staged headroom;
+- oracle:            the BOUND (contestants.BoundingOracle), with the same cache: it acts one warm group
+                     start ahead of the trace;
+- static:            autoscaling off at the maximum (peak provisioning), with the same cache: the capacity
+                     reference.
 
 A policy with a cache plays its trace once its pre-staged headroom holds the weights (the steady state of
 a deployment that has served for a while before a burst), or after 300 s; each result's `prestage` says
@@ -25,8 +29,9 @@ Each policy's result carries `weights_paths`: the engines started during the tra
 came (warm / fetching / cold), and `first_serve_per_rise_s`: per rise of the load, the seconds until a new
 decode group served; and `start_s` per engine: from its pod's creation (the scale-up) to its first healthy
 readiness probe, which `goals` compares per path (warm with the cache against cold without). `--repeat 2`
-(the default) runs it all twice: the first run is `traces`, the others under `repeats`. Saved to
-e2e/bench/results/fleet_bench_cold.json with its history copy.
+(the default) runs it all twice: the first run is `traces`, the others under `repeats`; `judged` holds the
+noise between them, the oracle bound checked in each run and the goals against the autoscalers
+(fleet_goals, variant cold). Saved to e2e/bench/results/fleet_bench_cold.json with its history copy.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from e2e.bench import fleet_bench
 from e2e.fleet import fleet, scenario, weights_model
 from tokenfab_factory.drivers import STORAGE_CLASS
 
-POLICIES = ("tokenfab", "tokenfab_nocache", "oracle", "static")
+POLICIES = ("tokenfab", "tokenfab_nocache", "hpa", "keda", "planner_baseline", "static", "oracle")
 
 
 def _gp(r: dict[str, Any] | None) -> float | None:
@@ -98,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=record.RESULTS)
     ap.add_argument("--traces", default=",".join(scenario.TRACES))
     ap.add_argument("--policies", default=",".join(POLICIES))
-    ap.add_argument("--batch", type=int, default=4, help="policies of one trace run at once")
+    ap.add_argument("--batch", type=int, default=0, help="contestants of one trace run at once (0: all)")
     ap.add_argument(
         "--cold-start", type=float, default=fleet_bench.COLD_START_S, help="the hub path, seconds"
     )
@@ -133,8 +138,9 @@ def main(argv: list[str] | None = None) -> int:
                 work,
                 traces,
                 policies,
-                a.batch,
+                a.batch or len(policies),
                 cache_class=STORAGE_CLASS,
+                **fleet_bench.oracle_path(a.cold_start, cache=True),
                 prestage_groups=a.prestage,
                 **fleet_bench.scale_down_window(a),
             )
@@ -157,9 +163,10 @@ def main(argv: list[str] | None = None) -> int:
         f.stop_extra(fleet.RUNNER)
         if not users:
             f.down()
-    path = save(runs, errors, a, time.monotonic() - t0, argv, started)
+    path, doc = save(runs, errors, a, time.monotonic() - t0, argv, started)
+    print(fleet_bench.verdict(doc))
     print(f"saved: {path}")
-    return 0 if not errors else 1
+    return 0 if not doc["errors"] else 1
 
 
 def save(
@@ -169,12 +176,19 @@ def save(
     wall: float,
     argv: list[str],
     started: float,
-) -> Path:
-    """fleet_bench_cold.json: the first run's traces at the top (`traces`), the others under `repeats`."""
+) -> tuple[Path, dict[str, Any]]:
+    """fleet_bench_cold.json: the first run's traces at the top (`traces`), the others under `repeats`,
+    and the noise, the oracle bound and the goals (`judged`; a contestant above the oracle is an error)."""
+    judged = fleet_bench.judged([r["traces"] for r in runs], "cold") if runs else None
+    errors = dict(errors)
+    for i, beyond in enumerate((judged or {}).get("beyond_oracle") or [], 1):
+        for line in beyond:
+            errors[f"run{i}/oracle"] = line
     doc = {
         "traces": runs[0]["traces"] if runs else {},
         "repeats": [r["traces"] for r in runs[1:]],
         "goals": [goals(r["traces"]) for r in runs],
+        "judged": {"cold": judged} if judged else {},
         "modeled": {
             "what": "weight loading times are modeled (e2e/fleet/weights_model.py, docs/weights-timing.md)",
             "cold_s": a.cold_start,
@@ -189,7 +203,7 @@ def save(
         "errors": errors,
         "wall_seconds": round(wall, 1),
     }
-    return record.save("fleet_bench_cold", doc, a.out, "e2e.bench.fleet_bench_cold", argv, started)
+    return record.save("fleet_bench_cold", doc, a.out, "e2e.bench.fleet_bench_cold", argv, started), doc
 
 
 if __name__ == "__main__":

@@ -176,3 +176,100 @@ def test_a_cache_benchmark_starts_its_trace_once_the_headroom_is_staged_or_after
     monkeypatch.setattr(fleet, "prestaged_warm", lambda *a: False)
     monkeypatch.setattr(scenario, "PRESTAGE_WAIT_S", 0.0)
     assert scenario.prestage_settled(None, cfg, cached)["complete"] is False  # type: ignore[arg-type]
+
+
+def test_two_observers_agree_on_a_run_and_one_record_dropped_is_caught():
+    """The load generator's records and the frontend's own counters are counted apart; dropping one record
+    (or one success at the frontend) makes them disagree, and the problem says which count."""
+    records = [req(), req(), req(tokens=40), req(error="500")]
+    # (the stream of 40 tokens ended without an error: a success to the frontend, short to the client)
+    frontend = {"started": 4, "success": 3, "error": 1, "inflight": 0}
+    q = load.reconcile(records, 10, frontend, OSL)
+    assert q["problems"] == []
+    assert (q["intended"], q["sent"], q["completed"], q["failed"], q["never_sent"]) == (10, 4, 2, 2, 6)
+    assert q["short"] == 1
+    dropped = load.reconcile(records[1:], 10, frontend, OSL)
+    assert dropped["problems"] == [
+        "the client recorded 3 requests, the frontend started 4",
+        "the client got 2 answers without an error, the frontend counted 3 successes",
+    ]
+    one_less = load.reconcile(records, 10, {**frontend, "success": 2}, OSL)
+    assert one_less["problems"] == [
+        "the client got 3 answers without an error, the frontend counted 2 successes"
+    ]
+    assert load.reconcile(records, 10, None, OSL)["problems"] == ["the frontend's counters could not be read"]
+    # More sent than the trace intended (beyond the integral's rounding) is not clamped away.
+    assert "more than the 2 the trace intended" in load.reconcile(records, 2, frontend, OSL)["problems"][-1]
+
+
+def test_the_results_check_reads_history_copies_and_flags_uncommitted_code(tmp_path: Path, monkeypatch):
+    from e2e.bench import summary
+
+    git = record._git
+    monkeypatch.setattr(record, "_git", lambda *a: "" if a[0] == "status" else git(*a))
+    record.save("drain", {"scenarios": {}}, tmp_path, "e2e.bench.drain_bench", [], 0.0)
+    assert summary.check(tmp_path) == []
+    monkeypatch.setattr(record, "_git", lambda *a: " M e2e/x.py\n" if a[0] == "status" else git(*a))
+    record.save("drain", {"scenarios": {}}, tmp_path / "other", "e2e.bench.drain_bench", [], 100.0)
+    (copy,) = (tmp_path / "other" / "history").iterdir()
+    copy.rename(tmp_path / "history" / copy.name)
+    problems = summary.check(tmp_path)
+    assert f"history/{copy.name}: ran with uncommitted changes ['e2e/x.py']" in problems
+    # A history copy whose observers disagree is caught too.
+    doc = json.loads((tmp_path / "history" / copy.name).read_text())
+    doc["run"]["uncommitted_changes"] = []
+    doc["x"] = {"requests": {"intended": 2, "completed": 1, "failed": 0, "never_sent": 1, "problems": ["p"]}}
+    (tmp_path / "history" / copy.name).write_text(json.dumps(doc))
+    problems = summary.check(tmp_path)
+    assert f"history/{copy.name}/x: the two observers disagree: ['p']" in problems
+    assert not any("uncommitted" in p for p in problems)
+
+
+def test_the_goals_are_judged_against_the_noise_and_the_oracle_bounds():
+    from e2e.bench import fleet_goals
+
+    def r(gp: float, gpu: float, vs_static: float | None = None) -> dict[str, object]:
+        return {"slo": {"goodput_fraction": gp}, "gpu_minutes": gpu, "gpu_minutes_vs_static": vs_static}
+
+    run1 = {"ramp": {"tokenfab": r(0.90, 20, 0.5), "hpa": r(0.85, 20), "static": r(0.99, 40, 1.0),
+                     "oracle": r(0.93, 30)}}  # fmt: skip
+    run2 = {"ramp": {"tokenfab": r(0.88, 21, 0.52), "hpa": r(0.80, 19), "static": r(0.98, 40, 1.0),
+                     "oracle": r(0.94, 30)}}  # fmt: skip
+    n = fleet_goals.noise([run1, run2])
+    assert (n["points"], n["where"], n["measured"]) == (5.0, "ramp/hpa", True)
+    assert fleet_goals.noise([run1])["measured"] is False
+    assert fleet_goals.beyond_oracle(run1, 5.0) == []
+    g = fleet_goals.judge(run1, 5.0, "plain")
+    assert g["ramp"]["vs_autoscalers"]["hpa"]["dominates_tokenfab"] is False
+    assert g["ramp"]["oracle"] == {
+        "goodput_pct": 93.0,
+        "points_below": 3.0,
+        "points_below_static": 6.0,
+        "within_5_points": True,
+    }
+    assert g["met"] is True
+    # An autoscaler with more goodput at no more GPU-minutes dominates: the goal is not met.
+    run1["ramp"]["hpa"] = r(0.92, 19)
+    g = fleet_goals.judge(run1, 5.0, "plain")
+    assert g["ramp"]["vs_autoscalers"]["hpa"]["dominates_tokenfab"] is True
+    assert g["met"] is False
+    # A contestant above the oracle by more than the noise: the bound broke, said so.
+    run1["ramp"]["hpa"] = r(0.99, 19)
+    assert fleet_goals.beyond_oracle(run1, 5.0) == [
+        "ramp: hpa's goodput 99.0% beats the bounding oracle's 93.0% by more than the noise (5.0 points)"
+    ]
+
+
+def test_a_result_is_its_benchmarks_newest_run(tmp_path: Path, monkeypatch):
+    from e2e.bench import summary
+
+    git = record._git
+    monkeypatch.setattr(record, "_git", lambda *a: "" if a[0] == "status" else git(*a))
+    first = record.save("drain", {"scenarios": {"a": {}}}, tmp_path, "e2e.bench.drain_bench", [], 0.0)
+    kept = first.read_text()
+    record.save("drain", {"scenarios": {"b": {}}}, tmp_path, "e2e.bench.drain_bench", [], 100.0)
+    assert summary.check(tmp_path) == []
+    first.write_text(kept)  # the older run put back: a later one exists
+    (newer,) = [c for c in (tmp_path / "history").iterdir() if "19700101T000140Z" in c.name]
+    problems = summary.check(tmp_path)
+    assert f"drain.json: not the newest run; {newer.name} is newer" in problems

@@ -1,17 +1,18 @@
-"""The fleet benchmark's smoke version (the full one: `python -m e2e.bench.fleet_bench`, about 2 hours):
-one short burst played at once against tokenfab's leading policy, its KV-only policy, static peak, the
-planner baseline and the oracle bound, each on its own live Dynamo fleet. About 5 minutes on 2 cores. The
-table is printed and the JSON kept in the run directory (outside the checkout; `python -m
-e2e.bench.fleet_bench` saves the full run's to e2e/bench/results/).
+"""The fleet benchmark's smoke version (the full one: `python -m e2e.bench.fleet_bench`, about 80 minutes):
+one short burst played at once against every contestant of the full benchmark (tokenfab, the HPA-style
+and KEDA-style scalers, the planner baseline, static peak and the bounding oracle), each on its own live
+Dynamo fleet. About 5 minutes on 2 cores. The table is printed and the JSON kept in the run directory
+(outside the checkout; `python -m e2e.bench.fleet_bench` saves the full run's to e2e/bench/results/).
 
-Asserted: every policy ran the whole trace and every request the trace intended is accounted for (intended =
-completed + failed + never sent); static peak sent at least 95% of them and tokenfab 80% (the load was
-delivered; a baseline's unsent requests are misses in its goodput); static peak holds the most GPU-minutes;
-both tokenfab policies hold fewer than static and brought a new decode group to serve during the burst; the
-oracle asked for its new group within 8 s of the burst's start and it served. Quality, against floors
-measured in the same run: tokenfab's goodput (completed within the SLO, of every request intended) is at
-least that of the KV-only policy and of the planner baseline, less 5 points for the noise of 2 shared cores
-(measured at f2914d2: 89.8% against 75.5% and 83.7%). Latency is printed, not asserted.
+Asserted: every contestant ran the whole trace, and every request the trace intended is accounted for
+(intended = completed + failed + never sent) by two observers that agree: the load generator's records and
+the frontend's own counters by status (a disagreement is an error of the run). Static peak sent at least
+95% of the requests and tokenfab 80% (the load was delivered); static peak holds the most GPU-minutes;
+tokenfab holds fewer and brought a new decode group to serve during the burst. The bound: the oracle asked
+for its groups before the burst (one start time ahead) and no contestant beats its goodput by more than
+fleet_goals.DEFAULT_NOISE_POINTS (one run: the noise is not measured here). Quality, against floors
+measured in the same run: tokenfab's goodput is at least each real autoscaler's less that allowance.
+Latency is printed, not asserted.
 """
 
 from __future__ import annotations
@@ -20,12 +21,12 @@ import json
 
 import pytest
 
-from e2e.bench import fleet_bench
+from e2e.bench import fleet_bench, fleet_goals
 from e2e.fleet import fleet, load
 from tokenfab_factory.factory import Factory
 
 pytestmark = pytest.mark.slow
-POLICIES = ("tokenfab", "tokenfab_kv_only", "static", "planner_baseline", "oracle")
+POLICIES = ("tokenfab", "hpa", "keda", "planner_baseline", "static", "oracle")
 
 
 def test_fleet_benchmark_smoke(operator: Factory, record_property):
@@ -71,20 +72,20 @@ def test_fleet_benchmark_smoke(operator: Factory, record_property):
     assert by["static"]["requests"]["sent"] >= 0.95 * by["static"]["requests"]["intended"], by["static"]
     assert by["tokenfab"]["requests"]["sent"] >= 0.8 * by["tokenfab"]["requests"]["intended"], by["tokenfab"]
     assert by["static"]["gpu_minutes"] >= max(r["gpu_minutes"] for r in by.values())
-    for name in ("tokenfab", "tokenfab_kv_only"):
-        assert by[name]["gpu_minutes"] < by["static"]["gpu_minutes"], name
-        assert by[name]["first_serve_s"] is not None, f"{name} brought no new group to serve in the burst"
+    assert by["tokenfab"]["gpu_minutes"] < by["static"]["gpu_minutes"]
+    assert by["tokenfab"]["first_serve_s"] is not None, "tokenfab brought no new group to serve in the burst"
+    for name, r in by.items():  # two observers counted every request, and agree
+        assert r["requests"]["problems"] == [], (name, r["requests"])
+        assert r["requests"]["frontend"]["started"] == r["requests"]["recorded"], (name, r["requests"])
+    allowance = fleet_goals.DEFAULT_NOISE_POINTS / 100
+    assert fleet_goals.beyond_oracle(traces, fleet_goals.DEFAULT_NOISE_POINTS) == []
     goodput = {name: r["slo"]["goodput_fraction"] or 0.0 for name, r in by.items()}
-    floor = max(goodput["tokenfab_kv_only"], goodput["planner_baseline"])
-    assert goodput["tokenfab"] >= floor - 0.05, goodput
-    assert by["oracle"]["first_serve_s"] is not None, "the oracle brought no new group to serve in the burst"
-    # The oracle acts on the trace, not on the load: its decode groups rise at the burst's start. Asserted on
-    # the groups it asked for, not on when they served, which is the machine's group start time (14.5 s in the
-    # committed full run, 16 s in suite runs here, 26 s once in CI on a slower machine).
+    for name in ("hpa", "keda", "planner_baseline"):
+        assert goodput["tokenfab"] >= goodput[name] - allowance, goodput
+    # The bound acts on the trace, one start time ahead: its decode groups rise before the burst starts.
     oracle = bench["traces"]["single_burst"]["oracle"]
+    assert oracle["parameters"]["path"] == "plain"
     start = load.rises([load.Point(**p) for p in oracle["trace"]])[0]
-    base = next(r["groups"].get("decode") or 0 for r in reversed(oracle["series"]) if r["t"] <= start)
-    rose = [r["t"] for r in oracle["series"] if r["t"] > start and (r["groups"].get("decode") or 0) > base]
+    rose = [r["t"] for r in oracle["series"] if (r["groups"].get("decode") or 0) > 1]
     assert rose, "the oracle never asked for another decode group"
-    # (the committed full run: 3.8 s after the rise, one sampling interval and a reconcile)
-    assert rose[0] - start < 8, (rose[0], start)
+    assert rose[0] <= start, (rose[0], start)

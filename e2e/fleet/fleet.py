@@ -235,6 +235,41 @@ def requests_started(url: str) -> int | None:
     return round(total)
 
 
+def frontend_counts(url: str) -> dict[str, int] | None:
+    """The frontend's own request counters, read from its /metrics (every model): `started`
+    (dynamo_frontend_requests_started_total), `success` and `error` (dynamo_frontend_requests_total by its
+    status label) and `inflight` (dynamo_frontend_inflight_requests, a gauge); None if it does not answer.
+    The difference of two readings is what the frontend saw of a run."""
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as r:
+            text = r.read().decode(errors="replace")
+    except OSError:
+        return None
+    out = {"started": 0.0, "success": 0.0, "error": 0.0, "inflight": 0.0}
+    for line in text.splitlines():
+        if line.startswith("#") or " " not in line:
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        value = float(line.rsplit(" ", 1)[1])
+        if name == metrics.FRONTEND_REQUESTS:
+            out["started"] += value
+        elif name == metrics.FRONTEND_REQUESTS_TOTAL:
+            status = "success" if 'status="success"' in line else "error"
+            out[status] += value
+        elif name == metrics.FRONTEND_INFLIGHT:
+            out["inflight"] += value
+    return {k: round(v) for k, v in out.items()}
+
+
+def frontend_delta(before: dict[str, int] | None, after: dict[str, int] | None) -> dict[str, int] | None:
+    """What the frontend counted between two readings (its in-flight gauge as of the second)."""
+    if before is None or after is None:
+        return None
+    return {k: after[k] - before[k] for k in ("started", "success", "error")} | {
+        "inflight": after["inflight"]
+    }
+
+
 def serving(f: Factory, namespace: str, name: str, timeout: float = 180) -> str:
     """Wait until the deployment serves: its frontend lists the model, then one small chat request is
     served end to end (retried while the router learns the workers; the engines export their KV gauges

@@ -143,6 +143,54 @@ def account(records: list[Request], intended_n: int, sent: int | None, osl: int)
     }
 
 
+def reconcile(
+    records: list[Request], intended_n: int, frontend: dict[str, int] | None, osl: int
+) -> dict[str, Any]:
+    """The requests of a run as two observers count them, and whether they agree; no count is derived
+    from the other observer's or clamped to it.
+
+    - client (the load generator's records): `recorded` (every request it issued and wrote down) and
+      `completed` (no error, every token asked for);
+    - frontend (Dynamo's own counters over the run, `frontend`: started, success, error):
+      `sent` (requests it accepted), `success`, `error`.
+
+    They agree when recorded == started and the client's answers without an error == success. (A stream
+    that ended without an error but with fewer tokens than asked is a success to the frontend and not
+    completed to the client: counted as failed, `short`, and no disagreement.) Returned with the counts as
+    `account` gives them (from the frontend's `sent`) and `problems`, a line per disagreement (none:
+    [])."""
+    recorded = len(records)
+    completed = sum(1 for r in records if r.complete(osl))
+    answered = sum(1 for r in records if not r.error)
+    problems: list[str] = []
+    if frontend is None:
+        problems.append("the frontend's counters could not be read")
+        sent = recorded
+    else:
+        sent = frontend["started"]
+        if recorded != sent:
+            problems.append(f"the client recorded {recorded} requests, the frontend started {sent}")
+        if answered != frontend["success"]:
+            problems.append(
+                f"the client got {answered} answers without an error, the frontend counted "
+                f"{frontend['success']} successes"
+            )
+    if sent > intended_n + 1:  # (the integral rounds: one more is the client rounding up)
+        problems.append(f"{sent} requests were sent, more than the {intended_n} the trace intended")
+    intended_n = max(intended_n, sent)
+    return {
+        "intended": intended_n,
+        "sent": sent,
+        "completed": completed,
+        "failed": sent - completed,
+        "never_sent": intended_n - sent,
+        "recorded": recorded,
+        "short": answered - completed,
+        "frontend": dict(frontend) if frontend is not None else None,
+        "problems": problems,
+    }
+
+
 @dataclass
 class Slo:
     ttft_ms: float = 2000.0

@@ -22,79 +22,24 @@ import os
 import sys
 import threading
 import time
-import urllib.request
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from e2e import record
-from e2e.fleet import fleet, load
-from e2e.helpers import apply_yaml, install_crds, kubectl, start_operator, wait_for
+from e2e.fleet import contestants, fleet, load
+from e2e.fleet.config import Config as Config
+from e2e.fleet.config import ci_config as ci_config
+from e2e.helpers import apply_yaml, install_crds, start_operator, wait_for
 from tokenfab.planning import contract
 from tokenfab_factory import process
 from tokenfab_factory.config import FactoryConfig
 from tokenfab_factory.factory import Factory
 
-POLICIES = ("tokenfab", "tokenfab_kv_only", "static", "threshold", "planner_baseline")
+# every real autoscaler (tokenfab and the re-implementations of e2e/fleet/contestants.py), static peak as
+# the capacity reference, and the bounding oracle
+POLICIES = ("tokenfab", "hpa", "keda", "planner_baseline", "static", "oracle")
 TRACES = ("single_burst", "repeated_burst", "ramp")
-
-
-@dataclass
-class Config:
-    namespace: str = "live-fleet"  # live-*: the runner plays these pods' readiness
-    name: str = "tiny"
-    policy: str = "tokenfab"
-    trace_name: str = "single_burst"
-    quiet_qps: float = 0.3
-    burst_qps: float = 2.0
-    before_s: float = 30
-    burst_s: float = 150
-    after_s: float = 150
-    isl: int = 160
-    osl: int = 64
-    max_decode: int = 4
-    target: float = 0.6
-    scale_down_window: int = 60
-    rate_window_s: int = 10  # the arrival-rate query's window (Prometheus scrapes every 2 s here)
-    sample_s: float = 3.0
-    window_s: float = 10.0
-    slo: load.Slo = field(default_factory=load.Slo)
-    # the naive threshold baseline
-    threshold_up: float = 0.8
-    threshold_down: float = 0.3
-    threshold_cooldown_s: float = 10.0
-    # the planner baseline (see PlannerBaseline)
-    planner_up: float = 1.0
-    planner_down: float = 0.6
-    kv_tokens_per_gpu: int = 48 * 16  # the runner's KV blocks per GPU x block size
-    oracle_lead_s: float = 0.0  # the oracle bound (OracleController): how far ahead of the trace it acts
-    # the StorageClass of a node-local model cache for the weights (none: an emptyDir per pod); the
-    # policy tokenfab_nocache never has one
-    cache_class: str | None = None
-    prestage_groups: int = 0  # with a model cache: groups of headroom whose weights are staged ahead
-
-    @property
-    def total_s(self) -> float:
-        return self.before_s + self.burst_s + self.after_s
-
-    def trace(self) -> list[load.Point]:
-        """The trace by name; every trace lasts total_s seconds and peaks at burst_qps."""
-        q, b, t0, total = self.quiet_qps, self.burst_qps, self.before_s, self.total_s
-        if self.trace_name == "single_burst":
-            return load.burst(q, b, t0, self.burst_s, self.after_s)
-        if self.trace_name == "repeated_burst":  # three bursts 90 s apart, a quarter of the burst each
-            return load.repeated_burst(q, b, t0, self.burst_s / 4, 90.0, 3, total)
-        if self.trace_name == "ramp":  # up and down over the burst's span and a little more
-            span = total - 2 * t0
-            return load.ramp_up_down(q, b, t0, span * 0.4, span * 0.2, span * 0.4, total)
-        raise ValueError(f"unknown trace {self.trace_name!r}")
-
-
-def ci_config(**kw: Any) -> Config:
-    """Sized for CI on 2 shared cores: the whole loop in about 5 minutes of load."""
-    base: dict[str, Any] = {"before_s": 20, "burst_s": 120, "after_s": 120}
-    base.update(kw)
-    return Config(**base)
 
 
 class Sampler(threading.Thread):
@@ -136,142 +81,6 @@ class Sampler(threading.Thread):
             self.stop_event.wait(max(0.2, self.cfg.sample_s - (time.monotonic() - t)))
 
 
-class Controller(threading.Thread):
-    """A baseline autoscaler outside the operator: every 5 s it reads Prometheus and may write
-    spec.decode.replicas (the operator's own autoscaler is off for these deployments)."""
-
-    period_s = 5.0
-
-    def __init__(self, f: Factory, cfg: Config) -> None:
-        super().__init__(daemon=True)
-        self.f, self.cfg = f, cfg
-        self.replicas = 1
-        self.last_change = 0.0
-        self.decisions: list[dict[str, Any]] = []
-        self.stop_event = threading.Event()
-
-    def want(self) -> tuple[int, dict[str, Any]] | None:
-        raise NotImplementedError
-
-    def run(self) -> None:
-        cfg = self.cfg
-        while not self.stop_event.wait(self.period_s):
-            try:
-                got = self.want()
-            except Exception as exc:  # a lost decision is not a lost run
-                print(f"{cfg.policy}: {exc}", file=sys.stderr)
-                continue
-            if got is None:
-                continue
-            want, why = got
-            want = max(1, min(cfg.max_decode, want))
-            if want == self.replicas:
-                continue
-            kubectl(
-                self.f,
-                "patch",
-                "mdep",
-                cfg.name,
-                "-n",
-                cfg.namespace,
-                "--type=merge",
-                "-p",
-                json.dumps({"spec": {"decode": {"replicas": want}}}),
-            )
-            self.decisions.append({"time": time.time(), "from": self.replicas, "to": want, **why})
-            self.replicas, self.last_change = want, time.monotonic()
-
-
-class ThresholdController(Controller):
-    """The naive baseline: mean decode KV > up -> replicas + 1, < down -> replicas - 1, after a short
-    cooldown."""
-
-    def want(self) -> tuple[int, dict[str, Any]] | None:
-        cfg = self.cfg
-        kv = fleet.kv_by_group(self.f, cfg.namespace, cfg.name, "decode")
-        if not kv or time.monotonic() - self.last_change < cfg.threshold_cooldown_s:
-            return None
-        mean = sum(kv.values()) / len(kv)
-        if mean > cfg.threshold_up:
-            return self.replicas + 1, {"kv": mean}
-        if mean < cfg.threshold_down:
-            return self.replicas - 1, {"kv": mean}
-        return None
-
-
-class PlannerBaseline(Controller):
-    """A baseline that follows the published logic of NVIDIA Dynamo's planner in its reactive, load-based
-    form with static thresholds (the planner guide's default "throughput" target: no profile, no SLA
-    model), written here from that description: every 5 s, each decode worker's load is the KV cache its
-    running requests hold plus the KV its queued requests will need, over its KV capacity. Any worker
-    above the scale-up threshold (1.0: demand exceeds its cache) adds one worker; every worker below the
-    scale-down threshold (0.6), with the load of all of them spread over one worker fewer still below the
-    scale-up threshold, removes one. Prefill follows decode by the deployment's fixed ratio."""
-
-    def want(self) -> tuple[int, dict[str, Any]] | None:
-        cfg = self.cfg
-        kv = fleet.kv_by_group(self.f, cfg.namespace, cfg.name, "decode")
-        waiting = fleet.waiting_by_group(self.f, cfg.namespace, cfg.name, "decode")
-        if not kv:
-            return None
-        capacity = cfg.kv_tokens_per_gpu * 2  # decode groups of 2 GPUs (fleet.manifest)
-        load_ = {g: v + waiting.get(g, 0.0) * (cfg.isl + cfg.osl) / capacity for g, v in kv.items()}
-        n = len(load_)
-        if any(u > cfg.planner_up for u in load_.values()):
-            return self.replicas + 1, {"load": load_}
-        spread = sum(load_.values()) / (n - 1) if n > 1 else float("inf")
-        if all(u < cfg.planner_down for u in load_.values()) and spread < cfg.planner_up:
-            return self.replicas - 1, {"load": load_}
-        return None
-
-
-class OracleController(Controller):
-    """A bound, not a policy: it knows the trace and sets the decode count for each phase the moment the
-    phase starts (`oracle_lead_s` earlier if positive): max_decode while the offered load is above the
-    midpoint of quiet and burst, 1 otherwise. Its clock starts at the first request the frontend counts
-    after the warm-up (read from the frontend's own /metrics every 0.2 s). No policy that learns of a burst
-    from the burst itself can react sooner, so its goodput bounds what any of them reaches at the same
-    group start-up time."""
-
-    period_s = 0.2
-
-    def __init__(self, f: Factory, cfg: Config) -> None:
-        super().__init__(f, cfg)
-        self.url = fleet.frontend_url(f, cfg.namespace, cfg.name)
-        self.baseline: float | None = None
-        self.t0: float | None = None
-
-    def started(self) -> float:
-        with urllib.request.urlopen(f"{self.url}/metrics", timeout=2) as r:
-            text = r.read().decode()
-        return sum(
-            float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith("dynamo_frontend_requests_started_total")
-        )
-
-    def want(self) -> tuple[int, dict[str, Any]] | None:
-        cfg = self.cfg
-        if self.t0 is None:
-            n = self.started()
-            if self.baseline is None:
-                self.baseline = n
-                return None
-            if n <= self.baseline:
-                return None
-            self.t0 = time.monotonic()
-        t = time.monotonic() - self.t0 + cfg.oracle_lead_s
-        high = load.rate_at(cfg.trace(), t) > (cfg.quiet_qps + cfg.burst_qps) / 2
-        return (cfg.max_decode if high else 1), {"t": round(t, 2)}
-
-
-CONTROLLERS: dict[str, type[Controller]] = {
-    "threshold": ThresholdController,
-    "planner_baseline": PlannerBaseline,
-    "oracle": OracleController,
-}
-
-
 def deployment(f: Factory, cfg: Config) -> dict[str, Any]:
     """The policy's ModelDeployment. tokenfab_nocache is tokenfab (policy leading) with no model cache."""
     cache = None if cfg.policy == "tokenfab_nocache" else cfg.cache_class
@@ -304,7 +113,7 @@ def deployment(f: Factory, cfg: Config) -> dict[str, Any]:
             cache_class=cache,
             prestage=staged,
         )
-    if cfg.policy in CONTROLLERS:
+    if cfg.policy in contestants.CONTROLLERS:
         return fleet.manifest(
             f, cfg.namespace, cfg.name, False, 1, cfg.max_decode, cache_class=cache, prestage=staged
         )
@@ -347,12 +156,13 @@ def run_policy(f: Factory, tools: fleet.Tools, cfg: Config, out_dir: Path) -> di
         slo=cfg.slo,
     )
     sampler = Sampler(f, cfg)
-    controller = CONTROLLERS[cfg.policy](f, cfg) if cfg.policy in CONTROLLERS else None
+    kind = contestants.CONTROLLERS.get(cfg.policy)
+    controller = kind(f, cfg) if kind else None
     sampler.start()
     if controller:
         controller.start()
     t_start = time.time()
-    started_before = fleet.requests_started(url)
+    before = fleet.frontend_counts(url)
     run.start()
     try:
         rc = run.wait(timeout=load.duration(cfg.trace()) + run.grace_s + 240)
@@ -365,17 +175,46 @@ def run_policy(f: Factory, tools: fleet.Tools, cfg: Config, out_dir: Path) -> di
         if controller:
             controller.join(timeout=30)
     records = run.records()
-    started_after = fleet.requests_started(url)
-    sent = None if started_before is None or started_after is None else started_after - started_before
-    result = analyse(cfg, doc, sampler.rows, records, t_start, rc, sent)
+    frontend = fleet.frontend_delta(before, settled_counts(url))
+    result = analyse(cfg, doc, sampler.rows, records, t_start, rc, frontend)
     result["weights_paths"] = weights_paths(fleet.runner_state(f), cfg.namespace, t_start, applied)
     result["prestage"] = staged
+    result["parameters"] = parameters(cfg)
     if controller:
         result["controller_decisions"] = controller.decisions
     (out_dir / "result.json").write_text(json.dumps(result, indent=1))
     if not records:
         raise RuntimeError(f"aiperf sent no request (exit code {rc}): see {out_dir}/aiperf/aiperf.log")
     return result
+
+
+def settled_counts(url: str, wait_s: float = 30.0) -> dict[str, int] | None:
+    """The frontend's counters once the requests the client left behind have finished there (its in-flight
+    gauge at 0), or after `wait_s`: the frontend counts a request when it ends."""
+    deadline = time.monotonic() + wait_s
+    counts = fleet.frontend_counts(url)
+    while counts is not None and counts["inflight"] > 0 and time.monotonic() < deadline:
+        time.sleep(0.5)
+        counts = fleet.frontend_counts(url)
+    return counts
+
+
+def parameters(cfg: Config) -> dict[str, Any]:
+    """What the contestant ran with: the controller's parameters, or tokenfab's autoscaling settings."""
+    kind = contestants.CONTROLLERS.get(cfg.policy)
+    if kind is not None:
+        return {"controller": kind.__name__, **kind.parameters(cfg)}
+    if cfg.policy == "static":
+        return {"decode_replicas": cfg.max_decode}
+    return {
+        "autoscaling_policy": "kv" if cfg.policy == "tokenfab_kv_only" else "leading",
+        "target": cfg.target,
+        "scale_down_window_s": cfg.scale_down_window,
+        "rate_window_s": cfg.rate_window_s,
+        "max_decode": cfg.max_decode,
+        "model_cache": None if cfg.policy == "tokenfab_nocache" else cfg.cache_class,
+        "prestage_groups": cfg.prestage_groups if cfg.cache_class and cfg.policy != "tokenfab_nocache" else 0,
+    }
 
 
 PRESTAGE_WAIT_S = 300.0
@@ -404,10 +243,11 @@ def analyse(
     records: list[load.Request],
     t_start: float,
     rc: int,
-    sent: int | None = None,
+    frontend: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """Align samples and aiperf records on the trace's clock (0 = aiperf's first request); count every
-    request the trace intended (`load.account`; `sent` is the frontend's own count over the run)."""
+    request the trace intended as the client and the frontend (`frontend`: its own counters over the run)
+    saw them (`load.reconcile`: `requests.problems` names any disagreement)."""
     t0 = records[0].start if records else t_start
     trace = cfg.trace()
     gpus = fleet.role_gpus(doc)
@@ -445,7 +285,7 @@ def analyse(
     for w in win:
         w["offered_qps"] = round(load.rate_at(trace, w["t"]), 3)
     serve = first_serve(series, trace)
-    requests = load.account(records, load.intended(trace), sent, cfg.osl)
+    requests = load.reconcile(records, load.intended(trace), frontend, cfg.osl)
     return {
         "policy": cfg.policy,
         "trace_name": cfg.trace_name,

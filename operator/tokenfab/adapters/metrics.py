@@ -33,6 +33,9 @@ from tokenfab.planning.autoscaler.signals import (
     FRONTEND_REQUESTS as FRONTEND_REQUESTS,
 )
 from tokenfab.planning.autoscaler.signals import (
+    FRONTEND_REQUESTS_TOTAL as FRONTEND_REQUESTS_TOTAL,
+)
+from tokenfab.planning.autoscaler.signals import (
     INFLIGHT_METRIC as INFLIGHT_METRIC,
 )
 from tokenfab.planning.autoscaler.signals import (

@@ -44,6 +44,8 @@ def inflight_query(namespace: str, deployment: str) -> str:
 
 
 FRONTEND_REQUESTS = "dynamo_frontend_requests_started_total"
+# requests the frontend finished, by its `status` label (success | error): the benchmarks' second observer
+FRONTEND_REQUESTS_TOTAL = "dynamo_frontend_requests_total"
 FRONTEND_INPUT_TOKENS = "dynamo_frontend_input_sequence_tokens_sum"
 FRONTEND_INFLIGHT = "dynamo_frontend_inflight_requests"
 
