@@ -33,8 +33,7 @@ for name in "${wanted[@]}"; do
     faults) run e2e.bench.fault_bench ;;
     closed_loop) run e2e.fleet.scenario --run-dir "$work/run" --port-base 31100 ;;
     fleet)
-      run e2e.bench.fleet_bench --run-dir "$work/run" --port-base 31200 --batch 6 \
-        --policies tokenfab,tokenfab_kv_only,static,threshold,planner_baseline,oracle
+      run e2e.bench.fleet_bench --run-dir "$work/run" --port-base 31200
       ;;
     fleet_cold) run e2e.bench.fleet_bench_cold --run-dir "$work/run" --port-base 31300 ;;
     fabric) run e2e.bench.fabric_bench ;;
