@@ -1,4 +1,4 @@
-"""The fleet benchmark's smoke version (the full one: `python -m e2e.bench.fleet_bench`, about 80 minutes):
+"""The fleet benchmark's smoke version (the full one: `python -m e2e.bench.fleet_bench`, about 40 minutes):
 one short burst played at once against every contestant of the full benchmark (tokenfab, the HPA-style
 and KEDA-style scalers, the planner baseline, static peak and the bounding oracle), each on its own live
 Dynamo fleet. About 5 minutes on 2 cores. The table is printed and the JSON kept in the run directory
