@@ -272,28 +272,39 @@ def summary(results: Path) -> str:
 
 
 def markdown_fleet(doc: dict[str, Any]) -> str:
-    """fleet_bench.json's tables as the README shows them, one per run, variant and trace."""
+    """fleet_bench.json's tables as the README shows them: per variant and trace, each contestant's figures
+    of every run side by side (run 1 / run 2 / ...), then the judged noise and goals."""
     from e2e.bench.fleet_bench import row
 
     out = []
-    for i, run in enumerate(doc.get("runs") or [], 1):
-        for variant in ("plain", "cold_start"):
-            for trace, by in ((run.get(variant) or {}).get("traces") or {}).items():
-                out += [
-                    f"**{trace}** ({variant.replace('_', ' ')}, run {i})",
-                    "",
-                    "| policy | GPU-min | vs static | SLO goodput | intended = completed + failed + "
-                    "never sent | TTFT p50 / p99 ms | ITL p50 / p99 ms | reversals | first serve |",
-                    "|---|---:|---:|---:|---|---:|---:|---:|---:|",
-                ]
-                for name, r in by.items():
-                    x = row(name, r)
-                    out.append(
-                        f"| {x.policy} | {x.gpu_minutes} | {x.vs_static} | {x.goodput} | {x.requests} | "
-                        f"{x.ttft_p50} / {x.ttft_p99} | {x.itl_p50} / {x.itl_p99} | {x.reversals} | "
-                        f"{x.first_serve_per_rise} |"
-                    )
-                out.append("")
+    for variant in ("plain", "cold_start"):
+        runs = [(run.get(variant) or {}).get("traces") or {} for run in doc.get("runs") or []]
+        runs = [r for r in runs if r]
+        if not runs:
+            continue
+        label = " / ".join(f"run {i}" for i in range(1, len(runs) + 1))
+        for trace in runs[0]:
+            out += [
+                f"**{trace}** ({variant.replace('_', ' ')}; {label})",
+                "",
+                "| contestant | GPU-min (vs static) | SLO goodput | intended = completed + failed + "
+                "never sent | TTFT p50, p99 ms | reversals | first serve per rise |",
+                "|---|---:|---:|---|---|---:|---|",
+            ]
+            for name in runs[0][trace]:
+                xs = [row(name, r) for run in runs if (r := (run.get(trace) or {}).get(name))]
+                out.append(
+                    f"| {name} | {' / '.join(f'{x.gpu_minutes} ({x.vs_static})' for x in xs)} | "
+                    f"{' / '.join(x.goodput for x in xs)} | {' / '.join(x.requests for x in xs)} | "
+                    f"{' / '.join(f'{x.ttft_p50}, {x.ttft_p99}' for x in xs)} | "
+                    f"{' / '.join(x.reversals for x in xs)} | "
+                    f"{' / '.join(x.first_serve_per_rise for x in xs)} |"
+                )
+            out.append("")
+    from e2e.bench.fleet_bench import verdict
+
+    if doc.get("judged"):
+        out += ["```", verdict(doc), "```", ""]
     return "\n".join(out)
 
 

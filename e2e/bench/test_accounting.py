@@ -273,3 +273,31 @@ def test_a_result_is_its_benchmarks_newest_run(tmp_path: Path, monkeypatch):
     (newer,) = [c for c in (tmp_path / "history").iterdir() if "19700101T000140Z" in c.name]
     problems = summary.check(tmp_path)
     assert f"drain.json: not the newest run; {newer.name} is newer" in problems
+
+
+def test_the_fleet_tables_show_every_run_side_by_side_with_the_verdict() -> None:
+    from e2e.bench import summary
+
+    def result(goodput: float) -> dict[str, object]:
+        return {
+            "gpu_minutes": 30.0,
+            "gpu_minutes_vs_static": 0.7,
+            "slo": {"goodput_fraction": goodput, "ttft_p50_ms": 200.0, "ttft_p99_ms": 900.0},
+            "requests": {"intended": 10, "completed": 9, "failed": 0, "never_sent": 1},
+            "first_serve_per_rise_s": [12.0],
+            "reversals": 1,
+        }
+
+    runs = [{"plain": {"traces": {"ramp": {"tokenfab": result(g)}}}} for g in (0.9, 0.8)]
+    noise = {"points": 10.0, "measured": True, "runs": 2, "where": "ramp/tokenfab"}
+    judged = {"noise": noise, "beyond_oracle": [[], []], "goals": [{"met": True}, {"met": False}]}
+    doc = {"runs": runs, "judged": {"plain": judged}}
+    text = summary.markdown_fleet(doc)
+    assert "**ramp** (plain; run 1 / run 2)" in text
+    line = next(x for x in text.splitlines() if x.startswith("| tokenfab |"))
+    assert line == (
+        "| tokenfab | 30.00 (0.70) / 30.00 (0.70) | 90.0% / 80.0% | 10 = 9 + 0 + 1 / 10 = 9 + 0 + 1 | "
+        "200, 900 / 200, 900 | 1 / 1 | 12 s / 12 s |"
+    )
+    assert "plain: noise 10.0 points (measured over 2 runs, largest at ramp/tokenfab)" in text
+    assert "  run 2: goals NOT met; above the oracle: none" in text
