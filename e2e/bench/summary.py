@@ -205,11 +205,8 @@ def check_history(results: Path) -> list[str]:
 
 
 # Results older than a later history copy of theirs, until their benchmark runs again in full (then the
-# entry goes): the later copies are runs of other settings (a 20 s scale-down window, a subset of the
-# contestants) that were kept as history only.
-NOT_NEWEST = {
-    "fleet_bench_cold": "later copies: --scale-down-window 20 (83e7691, 917196b); rerun it in full",
-}
+# entry goes), each with why (none now).
+NOT_NEWEST: dict[str, str] = {}
 
 
 def not_newest(results: Path) -> list[str]:
@@ -338,6 +335,10 @@ def markdown_cold(doc: dict[str, Any]) -> str:
                 + " |"
             )
         out.append("")
+    if doc.get("judged"):
+        from e2e.bench.fleet_bench import verdict
+
+        out += ["```", verdict(doc), "```", ""]
     return "\n".join(out)
 
 
